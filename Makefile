@@ -1,0 +1,52 @@
+# rlhost: the two commands that matter are `make demo` and `make test`; both work from a fresh
+# clone (they run scripts/setup.sh first, which is quick when everything is already installed).
+#
+# One cargo profile everywhere (release): each profile compiles torch-sys' C++ again.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+ENV_FILE := .rlhost-env
+# Every recipe line that runs cargo or the binary sources the env file written by setup.
+WITH_ENV := source $(ENV_FILE) &&
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+HOST := $(TARGET_DIR)/release/host
+
+.PHONY: all setup setup-py-reference build demo test fmt fmt-check clippy unit
+
+all: build
+
+## setup: toolchain, libtorch, env file (idempotent)
+setup:
+	bash scripts/setup.sh
+
+## setup-py-reference: the Python reference venv (.venv-ref) that parity tests compare against
+setup-py-reference:
+	bash scripts/setup-py-reference.sh
+
+## build: the host binary
+build: setup
+	$(WITH_ENV) cargo build --release --workspace
+
+## demo: the main job, the most complete user journey that exists today
+demo: build
+	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
+
+fmt:
+	cargo fmt --all
+
+fmt-check: setup
+	cargo fmt --all -- --check
+
+clippy: setup
+	$(WITH_ENV) cargo clippy --release --workspace --all-targets -- -D warnings
+
+## test: setup + formatting + lints + build + every test (unit, end-to-end, doc)
+# Tests that skip (a missing reference venv, say) write why to $$RLHOST_SKIP_LOG; the summary line
+# counts them and prints the reasons, since cargo hides the output of passing tests.
+test: setup fmt-check clippy
+	@mkdir -p $(TARGET_DIR) && : > $(TARGET_DIR)/skipped-tests.txt
+	$(WITH_ENV) RLHOST_SKIP_LOG=$(abspath $(TARGET_DIR))/skipped-tests.txt \
+	  cargo test --release --workspace 2>&1 | tee $(TARGET_DIR)/test-output.log
+	@cat $(TARGET_DIR)/skipped-tests.txt
+	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' \
+	  s=$$(wc -l < $(TARGET_DIR)/skipped-tests.txt) $(TARGET_DIR)/test-output.log

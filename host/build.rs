@@ -1,0 +1,75 @@
+//! Build script for the `host` binary.
+//!
+//! - Puts libtorch's library folder on the binary's rpath: tch does not, and a `host` that only
+//!   runs with `LD_LIBRARY_PATH` set is a trap for users.
+//! - With the `cuda` feature, forces `libtorch_cuda.so` into the link (`--as-needed` drops it).
+//! - Records the versions of the heavy runtime dependencies from `Cargo.lock` and libtorch's
+//!   `version.py`, so `host doctor` reports what was really built, not what a constant claims.
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+
+    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    }
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+        println!("cargo:rustc-link-arg=-ltorch_cuda");
+        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    }
+
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let lock = manifest_dir.join("../Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let lock_text = std::fs::read_to_string(&lock).unwrap_or_default();
+    for (krate, var) in [
+        ("wasmtime", "RLHOST_BUILD_WASMTIME_VERSION"),
+        ("tch", "RLHOST_BUILD_TCH_VERSION"),
+    ] {
+        let version = locked_version(&lock_text, krate).unwrap_or_else(|| "unknown".into());
+        println!("cargo:rustc-env={var}={version}");
+    }
+
+    let libtorch = std::env::var("LIBTORCH").ok().map(PathBuf::from);
+    let torch_version = libtorch
+        .as_deref()
+        .and_then(|dir| libtorch_version(&dir.join("version.py")))
+        .unwrap_or_else(|| "unknown".into());
+    if let Some(dir) = &libtorch {
+        println!(
+            "cargo:rerun-if-changed={}",
+            dir.join("version.py").display()
+        );
+    }
+    println!("cargo:rustc-env=RLHOST_BUILD_LIBTORCH_VERSION={torch_version}");
+}
+
+/// The version of `krate` in a Cargo.lock (the first entry, if several).
+fn locked_version(lock: &str, krate: &str) -> Option<String> {
+    let wanted = format!("name = \"{krate}\"");
+    let mut lines = lock.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == wanted {
+            let next = lines.next()?;
+            return next
+                .trim()
+                .strip_prefix("version = \"")
+                .and_then(|v| v.strip_suffix('"'))
+                .map(str::to_owned);
+        }
+    }
+    None
+}
+
+/// `__version__` from the `version.py` that PyTorch's wheel ships beside its `lib/` folder.
+fn libtorch_version(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("__version__")?;
+        let value = rest.trim_start().strip_prefix('=')?.trim();
+        Some(value.trim_matches(|c| c == '\'' || c == '"').to_owned())
+    })
+}

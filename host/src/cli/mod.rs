@@ -1,0 +1,141 @@
+//! The `host` command line. Thin by design: each subcommand parses its arguments, calls one library
+//! function, and prints the result. No logic that a test would want to reach lives here.
+//!
+//! Subcommand groups that are not built yet are still listed (so `host --help` shows the whole
+//! product), but they refuse to run with a "not implemented yet" error and a non-zero exit: they
+//! never pretend to work.
+
+mod doctor;
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, Parser, Subcommand};
+
+/// rlhost: reinforcement learning of LLMs on verifiable tasks, in one binary.
+///
+/// Install sandboxed environment plugins from a registry, serve a model over an OpenAI-compatible
+/// API, evaluate it, and train it with GRPO.
+#[derive(Debug, Parser)]
+#[command(name = "host", version = crate::VERSION, propagate_version = true)]
+pub struct Cli {
+    /// More log output (-v: debug, -vv: trace). `RLHOST_LOG` (tracing filter syntax) overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommand groups of `host`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Environment plugins: install (`host env install will/math-python`), list, remove, pack, init.
+    Env(Pending),
+    /// The plugin registry: serve an index, publish, yank, search, manage keys.
+    Registry(Pending),
+    /// Models: create tiny Qwen3-architecture models (`host model init`), inspect, convert.
+    Model(Pending),
+    /// The Python tool sandbox (CPython in WebAssembly): run code, build the interpreter.
+    Sandbox(Pending),
+    /// Serve a model over an OpenAI-compatible API with tool calling.
+    Inference(Pending),
+    /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
+    Eval(Pending),
+    /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
+    Rl(Pending),
+    /// Supervised fine-tuning on environment datasets (warm-up before RL).
+    Sft(Pending),
+    /// Benchmarks that compare rlhost with a peer measured in the same run.
+    Bench(Pending),
+    /// Check this installation: versions, CUDA, threads, plugin ABIs, paths, registry.
+    Doctor(doctor::DoctorArgs),
+}
+
+/// Arguments of a subcommand group that is not built yet: accepted and ignored, so that
+/// `host env install x` reports "not implemented yet" instead of an argument error.
+#[derive(Debug, Args)]
+pub struct Pending {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<String>,
+}
+
+impl Command {
+    /// The subcommand's name as typed on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Env(_) => "env",
+            Command::Registry(_) => "registry",
+            Command::Model(_) => "model",
+            Command::Sandbox(_) => "sandbox",
+            Command::Inference(_) => "inference",
+            Command::Eval(_) => "eval",
+            Command::Rl(_) => "rl",
+            Command::Sft(_) => "sft",
+            Command::Bench(_) => "bench",
+            Command::Doctor(_) => "doctor",
+        }
+    }
+}
+
+/// Runs a parsed command line. Returns the process exit code for outcomes that are not errors
+/// (e.g. `host doctor` found problems and said so).
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Doctor(args) => doctor::run(args),
+        other => bail!(
+            "`host {}` is not implemented yet in rlhost {}",
+            other.name(),
+            crate::VERSION
+        ),
+    }
+}
+
+/// Sets up `tracing` output on stderr: `RLHOST_LOG` if set, else a level from `-v` flags.
+pub fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("RLHOST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // A second initialisation (tests calling `run` twice) is harmless: keep the first.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_group_name_matches_its_clap_name() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            let parsed = Cli::try_parse_from(["host", sub.get_name()]).expect("parses");
+            assert_eq!(parsed.command.name(), sub.get_name());
+        }
+    }
+
+    #[test]
+    fn pending_groups_refuse_to_run() {
+        let cli = Cli::try_parse_from(["host", "env", "install", "will/math-python", "--force"])
+            .expect("pending groups accept any arguments");
+        let err = run(cli).expect_err("must not pretend to work");
+        assert!(
+            err.to_string()
+                .contains("`host env` is not implemented yet"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! The installation report behind `host doctor`: what this binary was built with, what it finds at
+//! run time, and where it keeps things. Collecting never fails: each part that cannot be read is
+//! reported as a problem, so one broken piece does not hide the others.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::device::CudaStatus;
+use crate::home::{REGISTRY_ENV, RlhostHome};
+
+/// The libtorch version tch 0.26.0 is written against; anything else is a problem.
+pub const EXPECTED_LIBTORCH: &str = "2.13.0";
+
+/// Plugin ABI versions (WIT packages) this host can load. Empty until the plugin runtime lands.
+pub const SUPPORTED_PLUGIN_ABIS: &[&str] = &[];
+
+/// Everything `host doctor` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorReport {
+    /// rlhost's own version.
+    pub rlhost_version: String,
+    /// libtorch as loaded by this process.
+    pub libtorch: LibtorchInfo,
+    /// CUDA: compiled in, available, devices.
+    pub cuda: CudaInfo,
+    /// Number of intra-op threads libtorch uses.
+    pub torch_threads: i32,
+    /// wasmtime, the plugin runtime.
+    pub wasmtime: WasmtimeInfo,
+    /// Plugin ABI versions this host loads.
+    pub plugin_abis: Vec<String>,
+    /// Where rlhost keeps things.
+    pub paths: Option<PathsInfo>,
+    /// The registry `host env install` uses.
+    pub registry: Option<RegistryInfo>,
+    /// What is wrong, in words; empty when all is well.
+    pub problems: Vec<String>,
+}
+
+/// libtorch as found at run time.
+#[derive(Debug, Clone, Serialize)]
+pub struct LibtorchInfo {
+    /// `__version__` of the libtorch actually loaded (from `version.py` beside its `lib/`), or
+    /// the build-time one when the loaded library cannot be located.
+    pub version: String,
+    /// The version the binary was built against.
+    pub built_against: String,
+    /// The loaded `libtorch_cpu.so`, from `/proc/self/maps`.
+    pub library: Option<PathBuf>,
+    /// tch (the Rust binding) version.
+    pub tch_version: String,
+}
+
+/// CUDA, as this build and machine offer it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaInfo {
+    /// Built with the `cuda` feature.
+    pub compiled: bool,
+    /// At least one device is usable.
+    pub available: bool,
+    /// Number of devices libtorch sees.
+    pub device_count: usize,
+    /// cuDNN is usable.
+    pub cudnn: bool,
+}
+
+/// The WebAssembly runtime.
+#[derive(Debug, Clone, Serialize)]
+pub struct WasmtimeInfo {
+    /// wasmtime crate version compiled in.
+    pub version: String,
+    /// An engine with the host's configuration could be created (Cranelift supports this CPU).
+    pub engine_ok: bool,
+}
+
+/// Where rlhost keeps things.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathsInfo {
+    /// `$RLHOST_HOME`.
+    pub home: PathBuf,
+    /// Installed plugins.
+    pub plugins: PathBuf,
+    /// Caches.
+    pub cache: PathBuf,
+    /// The settings file, and whether it exists.
+    pub config: PathBuf,
+    /// Whether the settings file exists.
+    pub config_exists: bool,
+}
+
+/// The registry in use.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegistryInfo {
+    /// Its URL.
+    pub url: String,
+    /// Where it was configured: `$RLHOST_REGISTRY`, a settings file path, or `default`.
+    pub source: String,
+}
+
+/// Collects the report for this process.
+pub fn collect() -> DoctorReport {
+    let mut problems = Vec::new();
+
+    let built_against = env!("RLHOST_BUILD_LIBTORCH_VERSION").to_owned();
+    let library = loaded_library("libtorch_cpu.so");
+    let version = library
+        .as_deref()
+        .and_then(version_beside_library)
+        .unwrap_or_else(|| built_against.clone());
+    if release_of(&version) != EXPECTED_LIBTORCH {
+        problems.push(format!(
+            "libtorch {version} is loaded but tch {} needs {EXPECTED_LIBTORCH}: re-run scripts/setup.sh",
+            env!("RLHOST_BUILD_TCH_VERSION")
+        ));
+    }
+    let libtorch = LibtorchInfo {
+        version,
+        built_against,
+        library,
+        tch_version: env!("RLHOST_BUILD_TCH_VERSION").to_owned(),
+    };
+
+    let status = CudaStatus::probe();
+    let cuda = CudaInfo {
+        compiled: status.compiled,
+        available: status.available(),
+        device_count: status.device_count,
+        cudnn: status.available() && tch::Cuda::cudnn_is_available(),
+    };
+
+    let engine_ok = match wasmtime::Engine::new(&wasmtime::Config::new()) {
+        Ok(_) => true,
+        Err(e) => {
+            problems.push(format!("wasmtime cannot create an engine here: {e:#}"));
+            false
+        }
+    };
+
+    let (paths, registry) = match RlhostHome::from_env() {
+        Ok(home) => {
+            let config = home.config_path();
+            let paths = PathsInfo {
+                home: home.root().to_owned(),
+                plugins: home.plugins_dir(),
+                cache: home.cache_dir(),
+                config_exists: config.is_file(),
+                config,
+            };
+            let registry = match home.registry(std::env::var(REGISTRY_ENV).ok()) {
+                Ok(r) => Some(RegistryInfo {
+                    url: r.url,
+                    source: r.origin.to_string(),
+                }),
+                Err(e) => {
+                    problems.push(error_chain(&e));
+                    None
+                }
+            };
+            (Some(paths), registry)
+        }
+        Err(e) => {
+            problems.push(error_chain(&e));
+            (None, None)
+        }
+    };
+
+    DoctorReport {
+        rlhost_version: crate::VERSION.to_owned(),
+        libtorch,
+        cuda,
+        torch_threads: tch::get_num_threads(),
+        wasmtime: WasmtimeInfo {
+            version: env!("RLHOST_BUILD_WASMTIME_VERSION").to_owned(),
+            engine_ok,
+        },
+        plugin_abis: SUPPORTED_PLUGIN_ABIS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        paths,
+        registry,
+        problems,
+    }
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `2.13.0+cu130` → `2.13.0`.
+fn release_of(version: &str) -> &str {
+    version.split('+').next().unwrap_or(version)
+}
+
+/// The path of a shared library mapped into this process whose file name starts with `name`.
+fn loaded_library(name: &str) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .map(Path::new)
+        .find(|p| {
+            p.file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(name))
+        })
+        .map(Path::to_owned)
+}
+
+/// PyTorch wheels keep `version.py` one folder above `lib/libtorch_cpu.so`.
+fn version_beside_library(lib: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(lib.parent()?.parent()?.join("version.py")).ok()?;
+    text.lines().find_map(|line| {
+        let value = line.trim().strip_prefix("__version__")?.trim_start();
+        let value = value.strip_prefix('=')?.trim();
+        Some(value.trim_matches(|c| c == '\'' || c == '"').to_owned())
+    })
+}
+
+impl DoctorReport {
+    /// The human-readable report, one fact per line.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let mut line = |key: &str, value: String| {
+            let _ = writeln!(out, "{key}: {value}");
+        };
+        line("rlhost", self.rlhost_version.clone());
+        let lib = self
+            .libtorch
+            .library
+            .as_ref()
+            .map(|p| format!(" ({})", p.display()))
+            .unwrap_or_default();
+        line("libtorch", format!("{}{lib}", self.libtorch.version));
+        line("tch", self.libtorch.tch_version.clone());
+        let cuda = match (&self.cuda.compiled, self.cuda.available) {
+            (_, true) => format!(
+                "available, {} device(s){}",
+                self.cuda.device_count,
+                if self.cuda.cudnn { ", cudnn" } else { "" }
+            ),
+            (true, false) => "not available (compiled in, but no device found)".to_owned(),
+            (false, false) => {
+                "not available (not compiled in: build with `--features cuda`)".to_owned()
+            }
+        };
+        line("cuda", cuda);
+        line("torch threads", self.torch_threads.to_string());
+        line(
+            "wasmtime",
+            format!(
+                "{} (engine {})",
+                self.wasmtime.version,
+                if self.wasmtime.engine_ok {
+                    "ok"
+                } else {
+                    "FAILED"
+                }
+            ),
+        );
+        line(
+            "plugin ABIs",
+            if self.plugin_abis.is_empty() {
+                "none yet (the plugin runtime is not built)".to_owned()
+            } else {
+                self.plugin_abis.join(", ")
+            },
+        );
+        if let Some(p) = &self.paths {
+            line("home", p.home.display().to_string());
+            line("plugins", p.plugins.display().to_string());
+            line("cache", p.cache.display().to_string());
+            let exists = if p.config_exists {
+                ""
+            } else {
+                " (absent: defaults)"
+            };
+            line("settings", format!("{}{exists}", p.config.display()));
+        }
+        if let Some(r) = &self.registry {
+            line("registry", format!("{} (from {})", r.url, r.source));
+        }
+        if self.problems.is_empty() {
+            out.push_str("\nno problems found\n");
+        } else {
+            out.push_str("\nproblems:\n");
+            for p in &self.problems {
+                let _ = writeln!(out, "  - {p}");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_strips_local_version() {
+        assert_eq!(release_of("2.13.0+cu130"), "2.13.0");
+        assert_eq!(release_of("2.13.0"), "2.13.0");
+    }
+
+    #[test]
+    fn reads_version_py_beside_lib() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("lib")).unwrap();
+        std::fs::write(
+            dir.path().join("version.py"),
+            "from typing import Optional\n__version__ = '2.13.0+cu130'\ndebug = False\n",
+        )
+        .unwrap();
+        let lib = dir.path().join("lib/libtorch_cpu.so");
+        assert_eq!(
+            version_beside_library(&lib).as_deref(),
+            Some("2.13.0+cu130")
+        );
+        assert_eq!(version_beside_library(Path::new("/libtorch_cpu.so")), None);
+    }
+
+    #[test]
+    fn finds_libtorch_in_this_process() {
+        // Touch libtorch so the question is meaningful even if the linker were lazy.
+        let _ = tch::get_num_threads();
+        let lib = loaded_library("libtorch_cpu.so").expect("libtorch_cpu.so is mapped");
+        assert!(lib.is_file(), "{}", lib.display());
+    }
+}

@@ -1,0 +1,20 @@
+//! rlhost: reinforcement learning of LLMs on verifiable tasks, in one binary.
+//!
+//! This library is everything behind the `host` binary; the binary itself (`src/main.rs`) only
+//! parses arguments and reports errors. The intended shape (one folder per concern, data flowing
+//! from plugins through the rollout loop to the trainer) is described in the repository's
+//! `ARCHITECTURE.md`. What exists today:
+//!
+//! - [`cli`]: the `host` command line (clap); thin, it calls library functions and prints.
+//! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
+//! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
+//! - [`doctor`]: the installation report behind `host doctor`.
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod device;
+pub mod doctor;
+pub mod home;
+
+/// This build's rlhost version (the workspace version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

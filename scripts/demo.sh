@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The CPU demo (`make demo`). Its final form: install plugins from a registry, evaluate a tiny
+# Qwen3-architecture model, train it with GRPO, evaluate again and show the gain. It runs the most
+# complete journey that exists today and grows as each piece lands.
+set -euo pipefail
+HOST=${HOST:-target/release/host}
+
+echo "== host doctor: what this installation has"
+"$HOST" doctor

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One-command setup for rlhost developers and CI. Idempotent: safe to re-run; each step says what it
+# does and skips work that is already done.
+#
+#   1. the pinned Rust toolchain (rust-toolchain.toml) with clippy, rustfmt and wasm32-wasip2;
+#   2. libtorch for tch, from PyPI's torch wheel, minimal `--no-deps --target` install, cached under
+#      ~/.cache/rlhost (see ../shared/SETUP-NOTES.md for why each piece is there);
+#   3. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rlhost"
+ENV_FILE="$ROOT/.rlhost-env"
+
+# Pins. tch 0.26.0 accepts exactly this libtorch; the two CUDA wheels carry the shared objects that
+# libtorch_cpu.so itself links against (libcudart.so.13, libcupti.so.13).
+RUST_VERSION=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$ROOT/rust-toolchain.toml")
+TORCH_VERSION=2.13.0
+CUDA_RUNTIME_VERSION=13.0.96
+CUDA_CUPTI_VERSION=13.0.85
+LIBTORCH_DIR="$CACHE/libtorch-$TORCH_VERSION"
+
+say() { printf '==> %s\n' "$*"; }
+
+# --- 1. Rust toolchain ------------------------------------------------------------------------
+# RUSTUP_AUTO_INSTALL=0 is set on our machines, so rust-toolchain.toml alone installs nothing.
+if rustup run "$RUST_VERSION" rustc --version >/dev/null 2>&1 \
+  && rustup component list --toolchain "$RUST_VERSION" --installed 2>/dev/null | grep -q '^clippy' \
+  && rustup component list --toolchain "$RUST_VERSION" --installed 2>/dev/null | grep -q '^rustfmt' \
+  && rustup target list --toolchain "$RUST_VERSION" --installed 2>/dev/null | grep -qx 'wasm32-wasip2'; then
+  say "rust $RUST_VERSION with clippy, rustfmt, wasm32-wasip2: already installed"
+else
+  say "installing rust $RUST_VERSION (clippy, rustfmt, wasm32-wasip2)"
+  rustup toolchain install "$RUST_VERSION" --profile minimal -c clippy -c rustfmt -t wasm32-wasip2
+fi
+
+# --- 2. libtorch ------------------------------------------------------------------------------
+PYTHON=${PYTHON:-python3}
+if [ -f "$LIBTORCH_DIR/.complete" ] && [ -f "$LIBTORCH_DIR/torch/lib/libtorch_cpu.so" ]; then
+  say "libtorch $TORCH_VERSION: already in $LIBTORCH_DIR"
+else
+  say "installing libtorch $TORCH_VERSION from PyPI into $LIBTORCH_DIR (about 1.2 GB)"
+  # Install into a temporary folder and rename, so an interrupted download never looks complete.
+  tmp="$LIBTORCH_DIR.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$CACHE"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --target "$tmp" \
+    "torch==$TORCH_VERSION" \
+    "nvidia-cuda-runtime==$CUDA_RUNTIME_VERSION" \
+    "nvidia-cuda-cupti==$CUDA_CUPTI_VERSION"
+  touch "$tmp/.complete"
+  rm -rf "$LIBTORCH_DIR"
+  mv "$tmp" "$LIBTORCH_DIR"
+fi
+
+# libtorch_cpu.so finds libcudart/libcupti through LD_LIBRARY_PATH; collect their folders.
+CUDA_LIBS=$(find "$LIBTORCH_DIR/nvidia" -name 'libcu*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: -)
+
+# --- 3. env file ------------------------------------------------------------------------------
+say "writing $ENV_FILE"
+tmp_env="$ENV_FILE.tmp.$$"
+cat >"$tmp_env" <<ENV
+# Written by scripts/setup.sh; sourced by the Makefile and .ci/run. Do not edit: re-run the script.
+export LIBTORCH="$LIBTORCH_DIR/torch"
+export LIBTORCH_CXX11_ABI=1
+export LD_LIBRARY_PATH="$LIBTORCH_DIR/torch/lib${CUDA_LIBS:+:$CUDA_LIBS}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export OMP_WAIT_POLICY=PASSIVE
+ENV
+mv "$tmp_env" "$ENV_FILE"
+say "done: source $ENV_FILE (the Makefile does this for you)"

@@ -1,0 +1,75 @@
+//! End-to-end: the `host` command line as a user meets it.
+
+mod common;
+
+use common::{host, run, texts};
+
+const GROUPS: &[&str] = &[
+    "env",
+    "registry",
+    "model",
+    "sandbox",
+    "inference",
+    "eval",
+    "rl",
+    "sft",
+    "bench",
+    "doctor",
+];
+
+#[test]
+fn help_lists_every_group_with_its_purpose() {
+    let home = tempfile::tempdir().unwrap();
+    let out = run(host(home.path()).arg("--help"));
+    assert!(out.status.success());
+    let (stdout, _) = texts(&out);
+    for group in GROUPS {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{group} ")))
+            .unwrap_or_else(|| panic!("`{group}` missing from --help:\n{stdout}"));
+        assert!(
+            line.split_whitespace().count() > 2,
+            "`{group}` has no description: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn version_is_the_workspace_version() {
+    let home = tempfile::tempdir().unwrap();
+    let out = run(host(home.path()).arg("--version"));
+    assert!(out.status.success());
+    assert_eq!(texts(&out).0.trim(), format!("host {}", rlhost::VERSION));
+}
+
+#[test]
+fn unbuilt_groups_fail_loudly_and_touch_nothing() {
+    let home = tempfile::tempdir().unwrap();
+    for group in GROUPS.iter().filter(|g| **g != "doctor") {
+        let out = run(host(home.path()).args([group, "some-arg", "--flag"]));
+        let (stdout, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "`host {group}`: {stderr}");
+        assert!(
+            stdout.is_empty(),
+            "`host {group}` printed to stdout: {stdout}"
+        );
+        assert!(
+            stderr.contains(&format!("`host {group}` is not implemented yet")),
+            "`host {group}`: {stderr}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(home.path()).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "pending commands wrote into RLHOST_HOME: {left:?}"
+    );
+}
+
+#[test]
+fn unknown_subcommand_is_a_usage_error() {
+    let home = tempfile::tempdir().unwrap();
+    let out = run(host(home.path()).arg("trian"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(texts(&out).1.contains("unrecognized subcommand 'trian'"));
+}

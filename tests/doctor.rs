@@ -1,0 +1,123 @@
+//! End-to-end: `host doctor` reports the real installation, as text and as JSON.
+
+mod common;
+
+use common::{host, reference_python, run, texts};
+use serde_json::Value;
+
+fn doctor_json(cmd: &mut std::process::Command) -> (Option<i32>, Value) {
+    let out = run(cmd.args(["doctor", "--json"]));
+    let (stdout, stderr) = texts(&out);
+    let json = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{stdout}\n{stderr}"));
+    (out.status.code(), json)
+}
+
+#[test]
+fn json_report_describes_this_machine() {
+    let home = tempfile::tempdir().unwrap();
+    let (code, r) = doctor_json(&mut host(home.path()));
+    assert_eq!(code, Some(0), "{r:#}");
+    assert_eq!(r["problems"], Value::Array(vec![]), "{r:#}");
+    assert_eq!(r["rlhost_version"], rlhost::VERSION);
+
+    let torch = r["libtorch"]["version"].as_str().unwrap();
+    assert!(torch.starts_with("2.13.0"), "libtorch {torch}");
+    let lib = r["libtorch"]["library"].as_str().expect("library path");
+    assert!(lib.ends_with("libtorch_cpu.so"), "{lib}");
+    assert_eq!(r["libtorch"]["tch_version"], "0.26.0");
+
+    let compiled = r["cuda"]["compiled"].as_bool().unwrap();
+    assert_eq!(compiled, cfg!(feature = "cuda"));
+    if !compiled {
+        assert_eq!(r["cuda"]["available"], false);
+        assert_eq!(r["cuda"]["device_count"], 0);
+    }
+    assert!(r["torch_threads"].as_i64().unwrap() >= 1);
+    assert_eq!(r["wasmtime"]["version"], "49.0.5");
+    assert_eq!(r["wasmtime"]["engine_ok"], true);
+
+    let home_str = home.path().to_str().unwrap();
+    assert_eq!(r["paths"]["home"], home_str);
+    assert_eq!(r["paths"]["plugins"], format!("{home_str}/plugins"));
+    assert_eq!(r["paths"]["config_exists"], false);
+    assert_eq!(r["registry"]["url"], format!("file://{home_str}/registry"));
+    assert_eq!(r["registry"]["source"], "default");
+    assert!(r["plugin_abis"].is_array());
+}
+
+#[test]
+fn text_report_says_cuda_is_not_available_on_a_cpu_build() {
+    let home = tempfile::tempdir().unwrap();
+    let out = run(host(home.path()).arg("doctor"));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("libtorch: 2.13.0"), "{stdout}");
+    if !cfg!(feature = "cuda") {
+        assert!(stdout.contains("cuda: not available"), "{stdout}");
+    }
+    assert!(stdout.contains("no problems found"), "{stdout}");
+}
+
+#[test]
+fn runs_without_library_path_thanks_to_rpath() {
+    // Users run the binary without sourcing our env file: libtorch must be found via rpath.
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = host(home.path());
+    cmd.env_remove("LD_LIBRARY_PATH");
+    let (code, r) = doctor_json(&mut cmd);
+    assert_eq!(code, Some(0), "{r:#}");
+}
+
+#[test]
+fn registry_comes_from_settings_then_environment() {
+    let home = tempfile::tempdir().unwrap();
+    let settings = home.path().join("config.toml");
+    std::fs::write(&settings, "[registry]\ndefault = \"http://127.0.0.1:9\"\n").unwrap();
+    let (_, r) = doctor_json(&mut host(home.path()));
+    assert_eq!(r["registry"]["url"], "http://127.0.0.1:9");
+    assert_eq!(r["registry"]["source"], settings.to_str().unwrap());
+    assert_eq!(r["paths"]["config_exists"], true);
+
+    let (_, r) = doctor_json(host(home.path()).env("RLHOST_REGISTRY", "https://r.example"));
+    assert_eq!(r["registry"]["url"], "https://r.example");
+    assert_eq!(r["registry"]["source"], "$RLHOST_REGISTRY");
+}
+
+#[test]
+fn malformed_settings_are_reported_with_file_and_key_and_fail() {
+    let home = tempfile::tempdir().unwrap();
+    let settings = home.path().join("config.toml");
+    let original = "[registry]\nurl = \"http://x\"\n";
+    std::fs::write(&settings, original).unwrap();
+    let out = run(host(home.path()).arg("doctor"));
+    let (stdout, _) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("problems:"), "{stdout}");
+    assert!(stdout.contains(settings.to_str().unwrap()), "{stdout}");
+    assert!(stdout.contains("unknown field `url`"), "{stdout}");
+    // The rest of the report is still there, and the user's file is untouched.
+    assert!(stdout.contains("libtorch: 2.13.0"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), original);
+}
+
+#[test]
+fn libtorch_matches_the_python_reference() {
+    let Some(python) = reference_python("libtorch_matches_the_python_reference") else {
+        return;
+    };
+    let out =
+        run(std::process::Command::new(python)
+            .args(["-c", "import torch; print(torch.__version__)"]));
+    assert!(out.status.success(), "{}", texts(&out).1);
+    let reference = texts(&out).0.trim().to_owned();
+    let home = tempfile::tempdir().unwrap();
+    let (_, r) = doctor_json(&mut host(home.path()));
+    let ours = r["libtorch"]["version"].as_str().unwrap();
+    // Same release; the local part (+cu130) may differ between wheels of one release.
+    assert_eq!(
+        ours.split('+').next(),
+        reference.split('+').next(),
+        "ours {ours}, reference {reference}"
+    );
+}
