@@ -12,9 +12,6 @@ use crate::home::{REGISTRY_ENV, RlhostHome};
 /// The libtorch version tch 0.26.0 is written against; anything else is a problem.
 pub const EXPECTED_LIBTORCH: &str = "2.13.0";
 
-/// Plugin ABI versions (WIT packages) this host can load. Empty until the plugin runtime lands.
-pub const SUPPORTED_PLUGIN_ABIS: &[&str] = &[];
-
 /// Everything `host doctor` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct DoctorReport {
@@ -174,10 +171,7 @@ pub fn collect() -> DoctorReport {
             version: env!("RLHOST_BUILD_WASMTIME_VERSION").to_owned(),
             engine_ok,
         },
-        plugin_abis: SUPPORTED_PLUGIN_ABIS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        plugin_abis: crate::plugin::abi::supported_names(),
         paths,
         registry,
         problems,

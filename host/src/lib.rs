@@ -9,12 +9,16 @@
 //! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
 //! - [`doctor`]: the installation report behind `host doctor`.
+//! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
+//! - [`sandbox`]: the Python tool sandbox seam.
 #![deny(missing_docs)]
 
 pub mod cli;
 pub mod device;
 pub mod doctor;
 pub mod home;
+pub mod plugin;
+pub mod sandbox;
 
 /// This build's rlhost version (the workspace version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,13 +1,130 @@
-//! The rlhost plugin SDK: what third parties depend on to write environment and reward plugins.
+//! The rlhost plugin SDK: write environment and reward plugins for rlhost.
 //!
-//! It will hold the plugin ABI (one frozen WIT directory per released version under `sdk/wit/`),
-//! the Rust guest bindings behind a small trait and export macro, and helpers every plugin author
-//! needs. It compiles for the host and for `wasm32-wasip2`, and must never depend on the host.
+//! Implement [`Environment`] (or [`RewardFunction`]) and export it with one line:
 //!
-//! Status: the ABI and bindings land with the plugin-runtime work; until then this crate only
-//! fixes its name and place in the workspace.
+//! ```ignore
+//! use rlhost_sdk::prelude::*;
+//!
+//! struct Arith;
+//!
+//! impl Environment for Arith {
+//!     fn info() -> EnvInfo { /* name, rubric, splits … */ }
+//!     fn dataset(split: &str, offset: u64, limit: u32) -> Result<DatasetPage, PluginError> { … }
+//!     fn initial_prompt(example: Example, env_args: &str) -> Result<EpisodeStart, PluginError> { … }
+//!     fn score(rollout: Rollout) -> Result<Vec<Metric>, PluginError> { … }
+//! }
+//!
+//! rlhost_sdk::export_environment!(Arith);
+//! ```
+//!
+//! Built with `cargo build --release --target wasm32-wasip2` the crate becomes a sandboxed
+//! WebAssembly component targeting the ABI in `sdk/wit/v0.1.0/` (`rlhost:env@0.1.0`); built for
+//! the host target it becomes a native plugin (a C-ABI shared library, see [`native`]), which the
+//! host loads only with `--allow-native`. Give the crate `crate-type = ["cdylib"]`.
+//!
+//! The SDK must never depend on the host.
 #![deny(missing_docs)]
-#![no_std]
 
-/// This SDK's version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+// The generated bindings refer to `::rlhost_sdk::…` so they also resolve inside plugin crates.
+extern crate self as rlhost_sdk;
+
+pub mod answer;
+pub mod dataset;
+pub mod host;
+pub mod messages;
+pub mod native;
+pub mod plugin;
+pub mod rubric;
+pub mod schema;
+pub mod types;
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod __wasm {
+    //! Component glue; reached only through the export macros.
+    pub use crate::wasm::*;
+}
+#[cfg(target_arch = "wasm32")]
+mod wasm;
+
+pub use plugin::{Environment, RewardFunction};
+pub use schemars;
+pub use serde_json;
+
+/// The plugin ABI (WIT package) version this SDK builds against.
+pub const ABI_VERSION: &str = "0.1.0";
+/// The WIT package name.
+pub const ABI_PACKAGE: &str = "rlhost:env";
+
+/// Everything a plugin usually imports.
+pub mod prelude {
+    pub use crate::answer::{extract_boxed, extract_boxed_with};
+    pub use crate::messages::{assistant, system, tool_result, user};
+    pub use crate::plugin::{Environment, RewardFunction};
+    pub use crate::rubric::{Rubric, flag, metric};
+    pub use crate::types::*;
+}
+
+/// Exports a type implementing [`Environment`] as this crate's plugin: a WebAssembly component
+/// on `wasm32`, a native C-ABI library elsewhere.
+#[macro_export]
+macro_rules! export_environment {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __RlhostEnvironment = $crate::__wasm::EnvAdapter<$ty>;
+            $crate::__wasm::env_world::__export_environment_world!(
+                __RlhostEnvironment with_types_in $crate::__wasm::env_world
+            );
+        };
+
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            /// ABI version of this native plugin.
+            #[unsafe(no_mangle)]
+            pub extern "C" fn rlhost_abi_version() -> *const ::core::ffi::c_char {
+                $crate::native::ABI_VERSION_C.as_ptr()
+            }
+
+            /// The environment's vtable.
+            #[unsafe(no_mangle)]
+            pub extern "C" fn rlhost_environment_v0() -> *const $crate::native::PluginVtable {
+                static VTABLE: ::std::sync::OnceLock<$crate::native::PluginVtable> =
+                    ::std::sync::OnceLock::new();
+                VTABLE.get_or_init($crate::native::env_vtable::<$ty>)
+            }
+        };
+    };
+}
+
+/// Exports a type implementing [`RewardFunction`] as this crate's plugin: a WebAssembly
+/// component on `wasm32`, a native C-ABI library elsewhere.
+#[macro_export]
+macro_rules! export_reward {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __RlhostReward = $crate::__wasm::RewardAdapter<$ty>;
+            $crate::__wasm::reward_world::__export_reward_world!(
+                __RlhostReward with_types_in $crate::__wasm::reward_world
+            );
+        };
+
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            /// ABI version of this native plugin.
+            #[unsafe(no_mangle)]
+            pub extern "C" fn rlhost_abi_version() -> *const ::core::ffi::c_char {
+                $crate::native::ABI_VERSION_C.as_ptr()
+            }
+
+            /// The reward function's vtable.
+            #[unsafe(no_mangle)]
+            pub extern "C" fn rlhost_reward_v0() -> *const $crate::native::PluginVtable {
+                static VTABLE: ::std::sync::OnceLock<$crate::native::PluginVtable> =
+                    ::std::sync::OnceLock::new();
+                VTABLE.get_or_init($crate::native::reward_vtable::<$ty>)
+            }
+        };
+    };
+}

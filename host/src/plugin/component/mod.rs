@@ -1,0 +1,753 @@
+//! WebAssembly component plugins, run by wasmtime.
+//!
+//! - One [`ComponentRuntime`] per process: the engine, a linker with WASI p2 (nothing granted
+//!   but the plugin's data folder, read-only, at `/data`) and the `host` imports, and an epoch
+//!   ticker thread that lets calls yield and be interrupted.
+//! - Components are compiled once and cached on disk (`<cache>/components/*.cwasm`, keyed by
+//!   the content hash and the engine's compatibility hash), then pre-instantiated
+//!   (`InstancePre`); each rollout instantiates into a fresh `Store`, so rollouts never share
+//!   state and a crash poisons only its own rollout.
+//! - Limits: a wall-clock deadline per call (the guest yields every epoch tick, so a
+//!   `tokio::time::timeout` can drop it while other rollouts run), a memory cap (a limiter that
+//!   remembers it said no, so the error says "out of memory"), optional fuel.
+//! - Determinism: clocks are frozen and WASI randomness is derived from the rollout seed.
+
+mod v0_1_0;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rlhost_registry::manifest::PluginKind;
+use rlhost_sdk::types::{
+    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, RewardInfo, Rollout,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::abi::{self, ExportedWorld};
+use super::host_api::HostContext;
+use super::{
+    EnvSession, Environment, HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId,
+    PluginLimits, RewardFn, validate,
+};
+
+/// How often the epoch advances; a running guest yields to the async runtime this often.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// Guest stderr kept for error messages (a panic message lands here).
+const STDERR_CAPACITY: usize = 64 * 1024;
+
+/// What a store holds for one instance.
+pub(crate) struct GuestState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryCap,
+    host: Arc<HostContext>,
+    seed: u64,
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Caps linear memory and remembers having refused, to tell an out-of-memory crash apart.
+struct MemoryCap {
+    max_bytes: usize,
+    refused: bool,
+}
+
+impl wasmtime::ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = desired <= self.max_bytes;
+        self.refused |= !ok;
+        Ok(ok)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+}
+
+/// Frozen clocks: plugins get no time beyond what the host gives them.
+struct FrozenClock;
+
+impl wasmtime_wasi::HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// Deterministic bytes from a seed (SplitMix64), for WASI randomness.
+fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rlhost-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The engine, linker and compile cache shared by all component plugins.
+pub struct ComponentRuntime {
+    engine: Engine,
+    linker: Arc<Linker<GuestState>>,
+    cache_dir: Option<PathBuf>,
+    _ticker: EpochTicker,
+}
+
+fn runtime_id() -> PluginId {
+    PluginId {
+        name: "(plugin runtime)".into(),
+        version: semver::Version::new(0, 0, 0),
+    }
+}
+
+impl ComponentRuntime {
+    /// Builds the engine for `limits` (fuel metering is compiled in only when asked for) and
+    /// caches compiled components in `cache_dir`.
+    pub fn new(limits: &PluginLimits, cache_dir: Option<PathBuf>) -> Result<Self, PluginError> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            PluginErrorKind::Malformed(format!("{what}: {e}")).of(&runtime_id())
+        };
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            .consume_fuel(limits.fuel.is_some())
+            .max_wasm_stack(1 << 20)
+            .async_stack_size(4 << 20);
+        let engine = Engine::new(&config).map_err(|e| fail("cannot create the engine", &e))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| fail("cannot link WASI", &e))?;
+        v0_1_0::add_to_linker(&mut linker).map_err(|e| fail("cannot link the host API", &e))?;
+        let ticker = EpochTicker::start(engine.clone())
+            .map_err(|e| fail("cannot start the epoch thread", &e))?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            cache_dir,
+            _ticker: ticker,
+        })
+    }
+
+    /// Reads, checks and compiles (or loads from cache) a plugin's component.
+    fn compile(&self, folder: &PluginFolder) -> Result<Component, PluginError> {
+        let id = &folder.id;
+        let bytes = std::fs::read(&folder.artifact).map_err(|e| {
+            PluginErrorKind::Io {
+                path: folder.artifact.clone(),
+                message: e.to_string(),
+            }
+            .of(id)
+        })?;
+        let (world, version) = abi::read_component_abi(&bytes)
+            .map_err(|m| PluginErrorKind::Malformed(format!("{}: {m}", folder.artifact.display())).of(id))?;
+        let want = match folder.manifest.plugin.kind {
+            PluginKind::Environment => ExportedWorld::Environment,
+            PluginKind::Reward => ExportedWorld::Reward,
+        };
+        if world != want {
+            return Err(PluginErrorKind::Malformed(format!(
+                "plugin.toml says {want} but the component exports {world}"
+            ))
+            .of(id));
+        }
+        if abi::supported_for(&version).is_none() {
+            return Err(PluginErrorKind::AbiMismatch {
+                found: version,
+                supported: abi::supported_description(),
+            }
+            .of(id));
+        }
+        let declared = folder.manifest.abi_version();
+        if !abi::compatible(&declared, &version) {
+            return Err(PluginErrorKind::Malformed(format!(
+                "plugin.toml says rlhost:env@{declared} but the component exports rlhost:env@{version}"
+            ))
+            .of(id));
+        }
+        self.compile_cached(&bytes).map_err(|e| {
+            PluginErrorKind::Malformed(format!("cannot compile the component: {e:#}")).of(id)
+        })
+    }
+
+    fn compile_cached(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
+        let Some(dir) = &self.cache_dir else {
+            return Component::new(&self.engine, bytes);
+        };
+        let path = dir.join("components").join(self.cache_key(bytes));
+        if path.is_file() {
+            // SAFETY: the file was written by `precompile_component` of an engine with the same
+            // compatibility hash (part of the key), in a cache only this host writes.
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => tracing::warn!("ignoring unusable cache entry {}: {e:#}", path.display()),
+            }
+        }
+        let compiled = self.engine.precompile_component(bytes)?;
+        if let Err(e) = write_atomically(&path, &compiled) {
+            tracing::warn!("cannot cache compiled component at {}: {e}", path.display());
+        }
+        // SAFETY: the bytes were produced just now by this engine.
+        unsafe { Component::deserialize(&self.engine, &compiled) }
+    }
+
+    fn cache_key(&self, bytes: &[u8]) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut engine_hash);
+        let digest = Sha256::digest(bytes);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "{hex}-{:016x}-wasmtime{}.cwasm",
+            engine_hash.finish(),
+            env!("RLHOST_BUILD_WASMTIME_VERSION")
+        )
+    }
+
+    /// Loads an environment component.
+    pub(crate) async fn load_environment(
+        &self,
+        folder: PluginFolder,
+        parts: HostParts,
+    ) -> Result<ComponentEnvironment, PluginError> {
+        let component = self.compile(&folder)?;
+        let id = folder.id.clone();
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(v0_1_0::env_world::EnvironmentPre::new)
+            .map_err(|e| PluginErrorKind::Malformed(format!("cannot link: {e:#}")).of(&id))?;
+        let shared = Arc::new(EnvShared {
+            host: Arc::new(parts.context(&folder)),
+            limits: parts.limits,
+            pre,
+            runtime: self.handle(),
+        });
+        let mut first = ComponentEnvSession::new(&shared, 0).await?;
+        let info = first.info().await?;
+        Ok(ComponentEnvironment {
+            shared,
+            info,
+            dataset_session: Mutex::new(Some(first)),
+        })
+    }
+
+    /// Loads a reward-function component.
+    pub(crate) async fn load_reward(
+        &self,
+        folder: PluginFolder,
+        parts: HostParts,
+    ) -> Result<ComponentReward, PluginError> {
+        let component = self.compile(&folder)?;
+        let id = folder.id.clone();
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(v0_1_0::reward_world::RewardPre::new)
+            .map_err(|e| PluginErrorKind::Malformed(format!("cannot link: {e:#}")).of(&id))?;
+        let mut reward = ComponentReward {
+            host: Arc::new(parts.context(&folder)),
+            limits: parts.limits,
+            pre,
+            runtime: self.handle(),
+            info: RewardInfo {
+                name: String::new(),
+                version: String::new(),
+                description: String::new(),
+                metrics: Vec::new(),
+            },
+        };
+        reward.info = reward.read_info().await?;
+        Ok(reward)
+    }
+
+    fn handle(&self) -> RuntimeHandle {
+        RuntimeHandle {
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// What sessions need of the runtime (the engine; the ticker lives as long as the runtime).
+#[derive(Clone)]
+struct RuntimeHandle {
+    engine: Engine,
+}
+
+impl RuntimeHandle {
+    /// A fresh store for one instance: WASI with nothing granted but `/data` (read-only),
+    /// frozen clocks, seeded randomness, captured stderr, memory cap, epoch yielding, fuel.
+    fn store(
+        &self,
+        host: &Arc<HostContext>,
+        limits: &PluginLimits,
+        seed: u64,
+        stderr: &MemoryOutputPipe,
+    ) -> Result<Store<GuestState>, PluginError> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .wall_clock(FrozenClock)
+            .monotonic_clock(FrozenClock)
+            .secure_random(wasmtime_wasi::Deterministic::new(seeded_bytes(seed, 4096)))
+            .insecure_random(wasmtime_wasi::Deterministic::new(seeded_bytes(!seed, 4096)))
+            .insecure_random_seed(u128::from(seed))
+            .stderr(stderr.clone());
+        if let Some(data) = &host.data {
+            wasi.preopened_dir(data.root(), "/data", wasmtime_wasi::FsPerms::ReadOnly)
+                .map_err(|e| {
+                    PluginErrorKind::Io {
+                        path: data.root().to_owned(),
+                        message: e.to_string(),
+                    }
+                    .of(&host.plugin)
+                })?;
+        }
+        let state = GuestState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: MemoryCap {
+                max_bytes: limits.memory_bytes,
+                refused: false,
+            },
+            host: host.clone(),
+            seed,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_async_yield_and_update(1);
+        if let Some(fuel) = limits.fuel {
+            store.set_fuel(fuel).map_err(|e| {
+                PluginErrorKind::Malformed(format!("cannot set fuel: {e}")).of(&host.plugin)
+            })?;
+        }
+        Ok(store)
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("cache paths have a parent");
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Turns the outcome of a guarded guest call into a result, telling timeouts, memory
+/// exhaustion, fuel exhaustion and crashes apart.
+fn settle<R>(
+    store: &Store<GuestState>,
+    stderr: &MemoryOutputPipe,
+    limits: &PluginLimits,
+    call: &'static str,
+    outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+) -> Result<R, PluginErrorKind> {
+    let err = match outcome {
+        Ok(Ok(r)) => return Ok(r),
+        Err(_) => {
+            return Err(PluginErrorKind::Timeout {
+                call,
+                limit: limits.call_timeout,
+            });
+        }
+        Ok(Err(e)) => e,
+    };
+    if store.data().limiter.refused {
+        return Err(PluginErrorKind::OutOfMemory {
+            call,
+            limit_mib: limits.memory_bytes >> 20,
+        });
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => Err(PluginErrorKind::OutOfFuel {
+            call,
+            fuel: limits.fuel.unwrap_or(0),
+        }),
+        Some(Trap::Interrupt) => Err(PluginErrorKind::Timeout {
+            call,
+            limit: limits.call_timeout,
+        }),
+        _ => {
+            let headline = err.to_string();
+            let printed = String::from_utf8_lossy(&stderr.contents()).trim().to_owned();
+            let message = if printed.is_empty() {
+                headline
+            } else {
+                // The tail holds the panic message, if the guest panicked.
+                let tail: String = printed
+                    .chars()
+                    .rev()
+                    .take(2000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                format!("{headline}; plugin stderr: {tail}")
+            };
+            Err(PluginErrorKind::Crash { call, message })
+        }
+    }
+}
+
+/// Runs one guest call with the session's deadline and fuel, settles it, and poisons the
+/// session if the instance may be broken (anything but a clean return).
+macro_rules! guest_call {
+    ($session:expr, $exports:ident, $call:literal, |$e:ident, $store:ident| $body:expr) => {{
+        let session = &mut *$session;
+        if session.poisoned {
+            return Err(PluginErrorKind::Poisoned.of(&session.host.plugin));
+        }
+        if let Some(fuel) = session.limits.fuel {
+            session.store.set_fuel(fuel).map_err(|e| {
+                PluginErrorKind::Malformed(format!("cannot set fuel: {e}")).of(&session.host.plugin)
+            })?;
+        }
+        let limit = session.limits.call_timeout;
+        let outcome = {
+            let $e = session.bindings.$exports();
+            let $store = &mut session.store;
+            tokio::time::timeout(limit, $body).await
+        };
+        let settled = settle(
+            &session.store,
+            &session.stderr,
+            &session.limits,
+            $call,
+            outcome,
+        );
+        if settled.is_err() {
+            session.poisoned = true;
+        }
+        let guest_result = settled.map_err(|k| k.of(&session.host.plugin))?;
+        guest_result.map_err(|error| {
+            PluginErrorKind::Guest {
+                call: $call,
+                error: v0_1_0::error_out(error),
+            }
+            .of(&session.host.plugin)
+        })
+    }};
+}
+
+/// Instantiates into a fresh store, under the call deadline.
+async fn instantiate<B>(
+    runtime: &RuntimeHandle,
+    host: &Arc<HostContext>,
+    limits: &PluginLimits,
+    seed: u64,
+    make: impl AsyncFnOnce(&mut Store<GuestState>) -> wasmtime::Result<B>,
+) -> Result<(Store<GuestState>, MemoryOutputPipe, B), PluginError> {
+    let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+    let mut store = runtime.store(host, limits, seed, &stderr)?;
+    let outcome = tokio::time::timeout(limits.call_timeout, make(&mut store)).await;
+    let bindings =
+        settle(&store, &stderr, limits, "instantiate", outcome).map_err(|k| k.of(&host.plugin))?;
+    Ok((store, stderr, bindings))
+}
+
+struct EnvShared {
+    host: Arc<HostContext>,
+    limits: PluginLimits,
+    pre: v0_1_0::env_world::EnvironmentPre<GuestState>,
+    runtime: RuntimeHandle,
+}
+
+/// One rollout's instance of an environment component.
+pub(crate) struct ComponentEnvSession {
+    host: Arc<HostContext>,
+    limits: PluginLimits,
+    store: Store<GuestState>,
+    stderr: MemoryOutputPipe,
+    bindings: v0_1_0::env_world::Environment,
+    poisoned: bool,
+}
+
+impl ComponentEnvSession {
+    async fn new(shared: &EnvShared, seed: u64) -> Result<Self, PluginError> {
+        let pre = shared.pre.clone();
+        let (store, stderr, bindings) = instantiate(
+            &shared.runtime,
+            &shared.host,
+            &shared.limits,
+            seed,
+            async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
+        )
+        .await?;
+        Ok(Self {
+            host: shared.host.clone(),
+            limits: shared.limits.clone(),
+            store,
+            stderr,
+            bindings,
+            poisoned: false,
+        })
+    }
+
+    async fn info(&mut self) -> Result<EnvInfo, PluginError> {
+        let info = guest_call!(self, rlhost_env_env, "info", |e, s| async {
+            e.call_info(s).await.map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
+        })?;
+        let info = v0_1_0::env_info_out(info);
+        validate::env_info(&info).map_err(|message| {
+            PluginErrorKind::InvalidReturn {
+                call: "info",
+                message,
+            }
+            .of(&self.host.plugin)
+        })?;
+        Ok(info)
+    }
+
+    async fn dataset(
+        &mut self,
+        split: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<DatasetPage, PluginError> {
+        let page = guest_call!(self, rlhost_env_env, "dataset", |e, s| e
+            .call_dataset(s, split, offset, limit))?;
+        Ok(v0_1_0::page_out(page))
+    }
+}
+
+#[async_trait]
+impl EnvSession for ComponentEnvSession {
+    async fn initial_prompt(
+        &mut self,
+        example: &Example,
+        env_args: &str,
+    ) -> Result<EpisodeStart, PluginError> {
+        let example = v0_1_0::example_in(example);
+        let start = guest_call!(self, rlhost_env_env, "initial-prompt", |e, s| e
+            .call_initial_prompt(s, &example, env_args))?;
+        Ok(v0_1_0::episode_start_out(start))
+    }
+
+    async fn env_response(
+        &mut self,
+        conversation: &[Message],
+        state: &str,
+    ) -> Result<EnvStep, PluginError> {
+        let conversation: Vec<_> = conversation.iter().map(v0_1_0::message_in).collect();
+        let step = guest_call!(self, rlhost_env_env, "env-response", |e, s| e
+            .call_env_response(s, &conversation, state))?;
+        Ok(v0_1_0::env_step_out(step))
+    }
+
+    async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError> {
+        let rollout = v0_1_0::rollout_in(rollout);
+        let metrics = guest_call!(self, rlhost_env_env, "score", |e, s| e.call_score(s, &rollout))?;
+        let metrics = v0_1_0::metrics_out(metrics);
+        validate::metrics(&metrics).map_err(|message| {
+            PluginErrorKind::InvalidReturn {
+                call: "score",
+                message,
+            }
+            .of(&self.host.plugin)
+        })?;
+        Ok(metrics)
+    }
+}
+
+/// An environment component, loaded.
+pub(crate) struct ComponentEnvironment {
+    shared: Arc<EnvShared>,
+    info: EnvInfo,
+    /// Dataset pages are served by one long-lived instance, so a plugin parses its data once.
+    dataset_session: Mutex<Option<ComponentEnvSession>>,
+}
+
+#[async_trait]
+impl Environment for ComponentEnvironment {
+    fn id(&self) -> &PluginId {
+        &self.shared.host.plugin
+    }
+
+    fn info(&self) -> &EnvInfo {
+        &self.info
+    }
+
+    async fn dataset(
+        &self,
+        split: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<DatasetPage, PluginError> {
+        let mut slot = self.dataset_session.lock().await;
+        if slot.as_ref().is_none_or(|s| s.poisoned) {
+            *slot = Some(ComponentEnvSession::new(&self.shared, 0).await?);
+        }
+        let session = slot.as_mut().expect("filled above");
+        session.dataset(split, offset, limit).await
+    }
+
+    async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
+        Ok(Box::new(ComponentEnvSession::new(&self.shared, seed).await?))
+    }
+}
+
+/// A reward-function component, loaded. Every `score` runs in a fresh instance.
+pub(crate) struct ComponentReward {
+    host: Arc<HostContext>,
+    limits: PluginLimits,
+    pre: v0_1_0::reward_world::RewardPre<GuestState>,
+    runtime: RuntimeHandle,
+    info: RewardInfo,
+}
+
+/// One instance of a reward component.
+struct RewardInstance {
+    host: Arc<HostContext>,
+    limits: PluginLimits,
+    store: Store<GuestState>,
+    stderr: MemoryOutputPipe,
+    bindings: v0_1_0::reward_world::Reward,
+    poisoned: bool,
+}
+
+impl ComponentReward {
+    async fn instance(&self, seed: u64) -> Result<RewardInstance, PluginError> {
+        let pre = self.pre.clone();
+        let (store, stderr, bindings) = instantiate(
+            &self.runtime,
+            &self.host,
+            &self.limits,
+            seed,
+            async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
+        )
+        .await?;
+        Ok(RewardInstance {
+            host: self.host.clone(),
+            limits: self.limits.clone(),
+            store,
+            stderr,
+            bindings,
+            poisoned: false,
+        })
+    }
+
+    async fn read_info(&self) -> Result<RewardInfo, PluginError> {
+        let mut inst = self.instance(0).await?;
+        let info = guest_call!(&mut inst, rlhost_env_reward_fn, "info", |e, s| async {
+            e.call_info(s).await.map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
+        })?;
+        let info = v0_1_0::reward_info_out(info);
+        validate::reward_info(&info).map_err(|message| {
+            PluginErrorKind::InvalidReturn {
+                call: "info",
+                message,
+            }
+            .of(&self.host.plugin)
+        })?;
+        Ok(info)
+    }
+}
+
+#[async_trait]
+impl RewardFn for ComponentReward {
+    fn id(&self) -> &PluginId {
+        &self.host.plugin
+    }
+
+    fn info(&self) -> &RewardInfo {
+        &self.info
+    }
+
+    async fn score(
+        &self,
+        completion: &str,
+        answer: &str,
+        info: &str,
+        seed: u64,
+    ) -> Result<Vec<Metric>, PluginError> {
+        let mut inst = self.instance(seed).await?;
+        let metrics = guest_call!(&mut inst, rlhost_env_reward_fn, "score", |e, s| e
+            .call_score(s, completion, answer, info))?;
+        let metrics = v0_1_0::metrics_out(metrics);
+        validate::metrics(&metrics).map_err(|message| {
+            PluginErrorKind::InvalidReturn {
+                call: "score",
+                message,
+            }
+            .of(&self.host.plugin)
+        })?;
+        Ok(metrics)
+    }
+}

@@ -1,0 +1,373 @@
+//! Plugins: environments and reward functions, loaded from a plugin folder behind two traits,
+//! [`Environment`] and [`RewardFn`], whatever runs them underneath:
+//!
+//! - [`component`]: WebAssembly components (the primary ABI), sandboxed by wasmtime: no network,
+//!   no host files beyond the plugin's own read-only data folder, deadlines, memory caps.
+//! - [`native`]: C-ABI shared libraries for trusted, speed-critical code; **not** sandboxed, so
+//!   loaded only when the host is told `allow_native`.
+//!
+//! A plugin folder holds `plugin.toml` (see [`rlhost_registry::manifest`]), the artifact and an
+//! optional `data/` folder. Every failure names the plugin and its version, and a failure in one
+//! rollout fails that rollout only: each rollout gets its own [`EnvSession`] (for components, a
+//! fresh store and instance).
+//!
+//! This module must never contain logic specific to one plugin.
+
+pub mod abi;
+pub mod capability;
+pub mod component;
+mod host_api;
+pub mod limits;
+pub mod native;
+mod validate;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rlhost_registry::manifest::{Manifest, ManifestError, PluginKind, Runtime};
+use rlhost_sdk::types::{
+    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, RewardInfo, Rollout,
+};
+
+pub use capability::Grants;
+pub use limits::PluginLimits;
+
+use crate::sandbox::Sandbox;
+
+/// A plugin's identity in messages: `owner/name v1.2.3`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PluginId {
+    /// `owner/name`.
+    pub name: String,
+    /// Its version.
+    pub version: semver::Version,
+}
+
+impl std::fmt::Display for PluginId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} v{}", self.name, self.version)
+    }
+}
+
+/// A plugin failure: which plugin, and what went wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("plugin {plugin}: {kind}")]
+pub struct PluginError {
+    /// The plugin (or, before its manifest is read, its folder).
+    pub plugin: PluginId,
+    /// What went wrong.
+    pub kind: PluginErrorKind,
+}
+
+/// What went wrong with a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginErrorKind {
+    /// A file of the plugin cannot be read.
+    #[error("cannot read {path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        message: String,
+    },
+    /// `plugin.toml` is invalid.
+    #[error("{0}")]
+    Manifest(#[from] ManifestError),
+    /// The plugin targets an ABI this host has no adapter for.
+    #[error("targets rlhost:env@{found}, this host supports {supported}")]
+    AbiMismatch {
+        /// The plugin's ABI version.
+        found: semver::Version,
+        /// What this host supports.
+        supported: String,
+    },
+    /// The artifact is not a valid plugin (wrong format, missing exports, wrong kind).
+    #[error("{0}")]
+    Malformed(String),
+    /// A call ran past its deadline.
+    #[error("`{call}` timed out after {limit:?}")]
+    Timeout {
+        /// The call.
+        call: &'static str,
+        /// The deadline.
+        limit: Duration,
+    },
+    /// A call hit the memory cap.
+    #[error("`{call}` ran out of memory (limit {limit_mib} MiB)")]
+    OutOfMemory {
+        /// The call.
+        call: &'static str,
+        /// The cap.
+        limit_mib: usize,
+    },
+    /// A call used up its fuel.
+    #[error("`{call}` ran out of fuel ({fuel} units)")]
+    OutOfFuel {
+        /// The call.
+        call: &'static str,
+        /// The fuel given.
+        fuel: u64,
+    },
+    /// The plugin crashed (a trap, a panic).
+    #[error("`{call}` crashed: {message}")]
+    Crash {
+        /// The call.
+        call: &'static str,
+        /// The trap and anything the plugin printed to stderr.
+        message: String,
+    },
+    /// The plugin reported an error.
+    #[error("`{call}` failed: {error}")]
+    Guest {
+        /// The call.
+        call: &'static str,
+        /// The plugin's error.
+        error: rlhost_sdk::types::PluginError,
+    },
+    /// The plugin returned something invalid.
+    #[error("`{call}` returned invalid data: {message}")]
+    InvalidReturn {
+        /// The call.
+        call: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// A native plugin was found but native plugins are not allowed.
+    #[error("is a native plugin, which is not sandboxed; allow native plugins to load it")]
+    NativeNotAllowed,
+    /// An earlier call of this session failed, leaving its instance unusable.
+    #[error("this rollout's plugin instance is unusable after an earlier failure")]
+    Poisoned,
+}
+
+impl PluginErrorKind {
+    /// Attaches the plugin's identity.
+    pub fn of(self, plugin: &PluginId) -> PluginError {
+        PluginError {
+            plugin: plugin.clone(),
+            kind: self,
+        }
+    }
+}
+
+/// An environment plugin, loaded.
+#[async_trait]
+pub trait Environment: Send + Sync {
+    /// Its identity.
+    fn id(&self) -> &PluginId;
+    /// What it is (read once at load).
+    fn info(&self) -> &EnvInfo;
+    /// Rows `offset..offset + limit` of a split.
+    async fn dataset(
+        &self,
+        split: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<DatasetPage, PluginError>;
+    /// Starts one rollout: isolated state, seeded with `seed`.
+    async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError>;
+}
+
+/// One rollout's conversation with an environment.
+#[async_trait]
+pub trait EnvSession: Send {
+    /// The prompt for `example`; `env_args` is a JSON object.
+    async fn initial_prompt(
+        &mut self,
+        example: &Example,
+        env_args: &str,
+    ) -> Result<EpisodeStart, PluginError>;
+    /// The environment's turn after an assistant message.
+    async fn env_response(
+        &mut self,
+        conversation: &[Message],
+        state: &str,
+    ) -> Result<EnvStep, PluginError>;
+    /// Metric values of the finished rollout.
+    async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError>;
+}
+
+/// A reward-function plugin, loaded.
+#[async_trait]
+pub trait RewardFn: Send + Sync {
+    /// Its identity.
+    fn id(&self) -> &PluginId;
+    /// What it is (read once at load).
+    fn info(&self) -> &RewardInfo;
+    /// Scores a completion against a reference answer (`info` is JSON object text), in a fresh
+    /// instance seeded with `seed`.
+    async fn score(
+        &self,
+        completion: &str,
+        answer: &str,
+        info: &str,
+        seed: u64,
+    ) -> Result<Vec<Metric>, PluginError>;
+}
+
+/// How plugins are loaded: limits, capability grants, the sandbox offered, native or not.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Limits of every call.
+    pub limits: PluginLimits,
+    /// Capabilities the host grants.
+    pub grants: Grants,
+    /// Load native (unsandboxed) plugins.
+    pub allow_native: bool,
+    /// The Python sandbox behind `run-python`, if any.
+    pub sandbox: Option<Arc<dyn Sandbox>>,
+}
+
+/// Loads plugin folders. Owns the WebAssembly engine (one per process is plenty).
+pub struct PluginLoader {
+    runtime: component::ComponentRuntime,
+    options: LoadOptions,
+}
+
+/// A plugin folder's manifest, identity and paths.
+pub(crate) struct PluginFolder {
+    pub manifest: Manifest,
+    pub id: PluginId,
+    pub artifact: PathBuf,
+    pub data: Option<capability::DataDir>,
+}
+
+impl PluginLoader {
+    /// A loader; compiled components are cached in `cache_dir` (none: compile every time).
+    pub fn new(options: LoadOptions, cache_dir: Option<PathBuf>) -> Result<Self, PluginError> {
+        let runtime = component::ComponentRuntime::new(&options.limits, cache_dir)?;
+        Ok(Self { runtime, options })
+    }
+
+    /// Loads the environment in `dir`.
+    pub async fn load_environment(&self, dir: &Path) -> Result<Arc<dyn Environment>, PluginError> {
+        let folder = self.read_folder(dir, PluginKind::Environment)?;
+        match folder.manifest.plugin.runtime {
+            Runtime::Wasm => Ok(Arc::new(
+                self.runtime
+                    .load_environment(folder, self.host_context_parts())
+                    .await?,
+            )),
+            Runtime::Native => {
+                self.check_native(&folder)?;
+                Ok(Arc::new(
+                    native::NativeEnvironment::load(folder, self.host_context_parts()).await?,
+                ))
+            }
+        }
+    }
+
+    /// Loads the reward function in `dir`.
+    pub async fn load_reward(&self, dir: &Path) -> Result<Arc<dyn RewardFn>, PluginError> {
+        let folder = self.read_folder(dir, PluginKind::Reward)?;
+        match folder.manifest.plugin.runtime {
+            Runtime::Wasm => Ok(Arc::new(
+                self.runtime
+                    .load_reward(folder, self.host_context_parts())
+                    .await?,
+            )),
+            Runtime::Native => {
+                self.check_native(&folder)?;
+                Ok(Arc::new(
+                    native::NativeReward::load(folder, self.host_context_parts()).await?,
+                ))
+            }
+        }
+    }
+
+    fn check_native(&self, folder: &PluginFolder) -> Result<(), PluginError> {
+        if self.options.allow_native {
+            Ok(())
+        } else {
+            Err(PluginErrorKind::NativeNotAllowed.of(&folder.id))
+        }
+    }
+
+    fn host_context_parts(&self) -> HostParts {
+        HostParts {
+            limits: self.options.limits.clone(),
+            grants: self.options.grants.clone(),
+            sandbox: self.options.sandbox.clone(),
+        }
+    }
+
+    fn read_folder(&self, dir: &Path, want: PluginKind) -> Result<PluginFolder, PluginError> {
+        // Before the manifest is read, the folder is the best identity there is.
+        let provisional = PluginId {
+            name: dir.display().to_string(),
+            version: semver::Version::new(0, 0, 0),
+        };
+        let manifest = Manifest::load(&dir.join("plugin.toml"))
+            .map_err(|e| PluginErrorKind::Manifest(e).of(&provisional))?;
+        let id = PluginId {
+            name: manifest.full_name(),
+            version: manifest.plugin.version.clone(),
+        };
+        if manifest.plugin.kind != want {
+            return Err(PluginErrorKind::Malformed(format!(
+                "is {}, not {}",
+                kind_words(manifest.plugin.kind),
+                kind_words(want)
+            ))
+            .of(&id));
+        }
+        let abi = manifest.abi_version();
+        if abi::supported_for(&abi).is_none() {
+            return Err(PluginErrorKind::AbiMismatch {
+                found: abi,
+                supported: abi::supported_description(),
+            }
+            .of(&id));
+        }
+        let artifact = dir.join(manifest.artifact());
+        let data_path = dir.join(manifest.data_dir());
+        let data = if data_path.is_dir() {
+            Some(
+                capability::DataDir::new(&data_path).map_err(|e| {
+                    PluginErrorKind::Io {
+                        path: data_path.clone(),
+                        message: e.to_string(),
+                    }
+                    .of(&id)
+                })?,
+            )
+        } else {
+            None
+        };
+        Ok(PluginFolder {
+            manifest,
+            id,
+            artifact,
+            data,
+        })
+    }
+}
+
+fn kind_words(kind: PluginKind) -> &'static str {
+    match kind {
+        PluginKind::Environment => "an environment",
+        PluginKind::Reward => "a reward function",
+    }
+}
+
+/// The loader-wide pieces every backend builds its host context from.
+#[derive(Clone)]
+pub(crate) struct HostParts {
+    pub limits: PluginLimits,
+    pub grants: Grants,
+    pub sandbox: Option<Arc<dyn Sandbox>>,
+}
+
+impl HostParts {
+    pub fn context(&self, folder: &PluginFolder) -> host_api::HostContext {
+        let effective = self.grants.effective(&folder.manifest.plugin.capabilities);
+        host_api::HostContext {
+            plugin: folder.id.clone(),
+            data: folder.data.clone(),
+            python_granted: effective.iter().any(|c| c == "sandbox.python"),
+            sandbox: self.sandbox.clone(),
+        }
+    }
+}

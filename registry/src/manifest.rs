@@ -1,0 +1,302 @@
+//! `plugin.toml`: what a plugin package says about itself.
+//!
+//! ```toml
+//! [plugin]
+//! owner = "will"
+//! name = "math-python"
+//! version = "0.1.0"
+//! kind = "environment"          # or "reward"
+//! abi = "rlhost:env@0.1.0"      # the WIT package the plugin was built against
+//! runtime = "wasm"              # or "native" (a C-ABI shared library; never sandboxed)
+//! description = "MATH problems with a Python tool"
+//! license = "Apache-2.0"
+//! tags = ["math", "tools"]
+//! capabilities = ["sandbox.python"]
+//! # artifact = "plugin.wasm"    # default: plugin.wasm (wasm) or plugin.so (native)
+//! # data = "data"               # default: data (the plugin's read-only data folder)
+//!
+//! [dependencies]                # reward plugins it uses, with semver requirements
+//! "will/math-verify" = "^0.1"
+//! ```
+//!
+//! Parsing validates everything it can without the artifact: names, versions, ABI string,
+//! capability names, and that paths stay inside the package.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors reading or validating a manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The manifest file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key, or a wrong type.
+    #[error("invalid manifest {origin}: {message}")]
+    Syntax {
+        /// File path or other origin.
+        origin: String,
+        /// Parser message with line and column.
+        message: String,
+    },
+    /// A field has an invalid value.
+    #[error("invalid manifest {origin}: `{field}` {problem}")]
+    Field {
+        /// File path or other origin.
+        origin: String,
+        /// The field.
+        field: String,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+}
+
+/// The parsed `plugin.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The `[plugin]` table.
+    pub plugin: PluginSection,
+    /// Reward plugins used: `owner/name` → semver requirement.
+    #[serde(default)]
+    pub dependencies: BTreeMap<String, semver::VersionReq>,
+}
+
+/// What kind of plugin a package holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginKind {
+    /// Exports the `environment` world.
+    Environment,
+    /// Exports the `reward` world.
+    Reward,
+}
+
+/// How a plugin runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// A WebAssembly component, sandboxed.
+    Wasm,
+    /// A native shared library with the C ABI: trusted code, not sandboxed.
+    Native,
+}
+
+/// The `[plugin]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSection {
+    /// Publisher name (`[a-z0-9-]`, 1–64 chars).
+    pub owner: String,
+    /// Plugin name (`[a-z0-9-]`, 1–64 chars).
+    pub name: String,
+    /// Plugin version.
+    pub version: semver::Version,
+    /// Environment or reward function.
+    pub kind: PluginKind,
+    /// ABI targeted, e.g. `rlhost:env@0.1.0`.
+    pub abi: String,
+    /// Wasm or native.
+    pub runtime: Runtime,
+    /// One line for humans.
+    #[serde(default)]
+    pub description: String,
+    /// SPDX license expression.
+    #[serde(default)]
+    pub license: Option<String>,
+    /// Search tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Capabilities asked for, e.g. `sandbox.python`.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// The component or library, relative to the package root.
+    #[serde(default)]
+    pub artifact: Option<PathBuf>,
+    /// The read-only data folder, relative to the package root.
+    #[serde(default)]
+    pub data: Option<PathBuf>,
+}
+
+/// Capabilities a plugin may ask for.
+pub const KNOWN_CAPABILITIES: &[&str] = &["sandbox.python"];
+
+impl Manifest {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates manifest text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ManifestError> {
+        let m: Manifest = toml::from_str(text).map_err(|e| ManifestError::Syntax {
+            origin: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        m.validate(origin)?;
+        Ok(m)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ManifestError> {
+        let bad = |field: &str, problem: String| ManifestError::Field {
+            origin: origin.to_owned(),
+            field: field.to_owned(),
+            problem,
+        };
+        let p = &self.plugin;
+        for (field, value) in [("plugin.owner", &p.owner), ("plugin.name", &p.name)] {
+            if !is_slug(value) {
+                return Err(bad(
+                    field,
+                    format!("is {value:?}: expected 1-64 of [a-z0-9-], not starting with '-'"),
+                ));
+            }
+        }
+        parse_abi(&p.abi).map_err(|problem| bad("plugin.abi", problem))?;
+        for cap in &p.capabilities {
+            if !KNOWN_CAPABILITIES.contains(&cap.as_str()) {
+                return Err(bad(
+                    "plugin.capabilities",
+                    format!("has unknown capability {cap:?} (known: {KNOWN_CAPABILITIES:?})"),
+                ));
+            }
+        }
+        for (field, path) in [("plugin.artifact", &p.artifact), ("plugin.data", &p.data)] {
+            if let Some(path) = path
+                && !is_inside(path)
+            {
+                return Err(bad(
+                    field,
+                    format!("{} leaves the package: use a relative path without `..`", path.display()),
+                ));
+            }
+        }
+        for dep in self.dependencies.keys() {
+            let ok = dep
+                .split_once('/')
+                .is_some_and(|(o, n)| is_slug(o) && is_slug(n));
+            if !ok {
+                return Err(bad(
+                    "dependencies",
+                    format!("has key {dep:?}: expected \"owner/name\""),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `owner/name`.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.plugin.owner, self.plugin.name)
+    }
+
+    /// The ABI version targeted (validated at parse time).
+    pub fn abi_version(&self) -> semver::Version {
+        parse_abi(&self.plugin.abi).expect("validated when parsed")
+    }
+
+    /// The artifact's path relative to the package root.
+    pub fn artifact(&self) -> PathBuf {
+        self.plugin
+            .artifact
+            .clone()
+            .unwrap_or_else(|| match self.plugin.runtime {
+                Runtime::Wasm => PathBuf::from("plugin.wasm"),
+                Runtime::Native => PathBuf::from("plugin.so"),
+            })
+    }
+
+    /// The data folder's path relative to the package root.
+    pub fn data_dir(&self) -> PathBuf {
+        self.plugin.data.clone().unwrap_or_else(|| PathBuf::from("data"))
+    }
+}
+
+/// `rlhost:env@0.1.0` → `0.1.0`.
+pub fn parse_abi(abi: &str) -> Result<semver::Version, String> {
+    let version = abi
+        .strip_prefix("rlhost:env@")
+        .ok_or_else(|| format!("is {abi:?}: expected \"rlhost:env@X.Y.Z\""))?;
+    semver::Version::parse(version).map_err(|e| format!("is {abi:?}: bad version: {e}"))
+}
+
+fn is_slug(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn is_inside(path: &Path) -> bool {
+    path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        && path.components().next().is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[plugin]
+owner = "will"
+name = "math-python"
+version = "0.1.0"
+kind = "environment"
+abi = "rlhost:env@0.1.0"
+runtime = "wasm"
+capabilities = ["sandbox.python"]
+
+[dependencies]
+"will/math-verify" = "^0.1"
+"#;
+
+    #[test]
+    fn parses_a_full_manifest() {
+        let m = Manifest::parse(GOOD, "plugin.toml").unwrap();
+        assert_eq!(m.full_name(), "will/math-python");
+        assert_eq!(m.abi_version(), semver::Version::new(0, 1, 0));
+        assert_eq!(m.artifact(), PathBuf::from("plugin.wasm"));
+        assert_eq!(m.data_dir(), PathBuf::from("data"));
+        assert!(m.dependencies["will/math-verify"].matches(&semver::Version::new(0, 1, 5)));
+    }
+
+    fn err_of(replace: (&str, &str)) -> String {
+        let text = GOOD.replace(replace.0, replace.1);
+        Manifest::parse(&text, "x/plugin.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let e = err_of(("name = \"math-python\"", "name = \"Math Python\""));
+        assert!(e.contains("plugin.name") && e.contains("x/plugin.toml"), "{e}");
+        let e = err_of(("rlhost:env@0.1.0", "rlhost:env@one"));
+        assert!(e.contains("plugin.abi"), "{e}");
+        let e = err_of(("\"sandbox.python\"", "\"network\""));
+        assert!(e.contains("unknown capability \"network\""), "{e}");
+        let e = err_of(("runtime = \"wasm\"", "runtime = \"wasm\"\nartifact = \"../evil.so\""));
+        assert!(e.contains("plugin.artifact") && e.contains("leaves the package"), "{e}");
+        let e = err_of(("version = \"0.1.0\"", "version = \"1\""));
+        assert!(e.contains("version"), "{e}");
+        let e = err_of(("\"will/math-verify\"", "\"math-verify\""));
+        assert!(e.contains("owner/name"), "{e}");
+        let e = err_of(("kind = \"environment\"", "kind = \"environment\"\nkinds = 1"));
+        assert!(e.contains("unknown field `kinds`"), "{e}");
+    }
+
+    #[test]
+    fn absolute_data_path_is_refused() {
+        let e = err_of(("runtime = \"wasm\"", "runtime = \"wasm\"\ndata = \"/etc\""));
+        assert!(e.contains("plugin.data"), "{e}");
+    }
+}
