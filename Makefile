@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: all setup setup-py-reference build demo test fmt fmt-check clippy unit
+.PHONY: all setup setup-py-reference build plugins demo test fmt fmt-check clippy
 
 all: build
 
@@ -27,23 +27,31 @@ setup-py-reference:
 build: setup
 	$(WITH_ENV) cargo build --release --workspace
 
+## plugins: first-party plugins and test fixtures (wasm32-wasip2 components, a few native
+## builds), assembled into loadable folders under plugins/target/dist/
+plugins: setup
+	$(WITH_ENV) bash scripts/build-plugins.sh
+
 ## demo: the main job, the most complete user journey that exists today
-demo: build
+demo: build plugins
 	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
 
 fmt:
 	cargo fmt --all
+	cd plugins && cargo fmt --all
 
 fmt-check: setup
 	cargo fmt --all -- --check
+	cd plugins && cargo fmt --all -- --check
 
 clippy: setup
 	$(WITH_ENV) cargo clippy --release --workspace --all-targets -- -D warnings
+	cd plugins && cargo clippy --release --workspace --all-targets -- -D warnings
 
 ## test: setup + formatting + lints + build + every test (unit, end-to-end, doc)
 # Tests that skip (a missing reference venv, say) write why to $$RLHOST_SKIP_LOG; the summary line
 # counts them and prints the reasons, since cargo hides the output of passing tests.
-test: setup fmt-check clippy
+test: setup fmt-check clippy plugins
 	@mkdir -p $(TARGET_DIR) && : > $(TARGET_DIR)/skipped-tests.txt
 	$(WITH_ENV) RLHOST_SKIP_LOG=$(abspath $(TARGET_DIR))/skipped-tests.txt \
 	  cargo test --release --workspace 2>&1 | tee $(TARGET_DIR)/test-output.log

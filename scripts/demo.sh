@@ -4,6 +4,10 @@
 # complete journey that exists today and grows as each piece lands.
 set -euo pipefail
 HOST=${HOST:-target/release/host}
+DIST=plugins/target/dist
 
 echo "== host doctor: what this installation has"
 "$HOST" doctor
+echo
+echo "== host bench plugins: the arith environment as a sandboxed component vs a native library"
+"$HOST" bench plugins --component "$DIST/arith" --native "$DIST/arith-native"

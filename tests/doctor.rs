@@ -43,7 +43,7 @@ fn json_report_describes_this_machine() {
     assert_eq!(r["paths"]["config_exists"], false);
     assert_eq!(r["registry"]["url"], format!("file://{home_str}/registry"));
     assert_eq!(r["registry"]["source"], "default");
-    assert!(r["plugin_abis"].is_array());
+    assert_eq!(r["plugin_abis"], serde_json::json!(["rlhost:env@0.1.0"]));
 }
 
 #[test]

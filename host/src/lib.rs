@@ -5,6 +5,7 @@
 //! from plugins through the rollout loop to the trainer) is described in the repository's
 //! `ARCHITECTURE.md`. What exists today:
 //!
+//! - [`bench`]: benchmarks against peers measured in the same run (`host bench …`).
 //! - [`cli`]: the `host` command line (clap); thin, it calls library functions and prints.
 //! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
@@ -13,6 +14,7 @@
 //! - [`sandbox`]: the Python tool sandbox seam.
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod doctor;

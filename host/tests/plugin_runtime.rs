@@ -170,7 +170,10 @@ async fn arith_component_runs_a_rollout() {
     let wrong = arith_rollout(env.as_ref(), r"\boxed{ANSWER1}").await;
     assert_eq!(wrong, vec![("correct".into(), 0.0), ("boxed".into(), 1.0)]);
     let unboxed = arith_rollout(env.as_ref(), "ANSWER").await;
-    assert_eq!(unboxed, vec![("correct".into(), 0.0), ("boxed".into(), 0.0)]);
+    assert_eq!(
+        unboxed,
+        vec![("correct".into(), 0.0), ("boxed".into(), 0.0)]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,10 +184,13 @@ async fn guest_errors_are_reported_and_leave_the_instance_usable() {
         .await
         .unwrap();
     let err = env.dataset("validation", 0, 1).await.unwrap_err();
-    assert!(matches!(
-        &err.kind,
-        PluginErrorKind::Guest { call: "dataset", error: GuestError::UnknownSplit(s) } if s == "validation"
-    ), "{err}");
+    assert!(
+        matches!(
+            &*err.kind,
+            PluginErrorKind::Guest { call: "dataset", error: GuestError::UnknownSplit(s) } if s == "validation"
+        ),
+        "{err}"
+    );
     let mut session = env.start(1).await.unwrap();
     let ex = example("What is 1 + 1?", "2");
     let err = session
@@ -258,8 +264,14 @@ async fn native_plugins_need_permission() {
     .await
     .err()
     .unwrap();
-    assert!(matches!(err.kind, PluginErrorKind::NativeNotAllowed), "{err}");
-    assert!(err.to_string().starts_with("plugin test/arith v0.1.0: is a native plugin"));
+    assert!(
+        matches!(*err.kind, PluginErrorKind::NativeNotAllowed),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("plugin test/arith v0.1.0: is a native plugin")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,9 +304,15 @@ async fn native_plugin_with_a_wrong_abi_is_refused_before_any_other_call() {
 async fn infinite_loop_times_out_while_other_rollouts_go_on() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(&loader, tmp.path(), "looper", &ENV_WASM, &wasm("fixture-looper"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "looper",
+        &ENV_WASM,
+        &wasm("fixture-looper"),
+    )
+    .await
+    .unwrap();
     let ex = example("q", "a");
     let rollout = Rollout {
         example: ex.clone(),
@@ -322,7 +340,7 @@ async fn infinite_loop_times_out_while_other_rollouts_go_on() {
     let err = looping.await.unwrap().unwrap_err();
     let waited = started.elapsed();
     assert!(
-        matches!(err.kind, PluginErrorKind::Timeout { call: "score", .. }),
+        matches!(*err.kind, PluginErrorKind::Timeout { call: "score", .. }),
         "{err}"
     );
     assert_eq!(
@@ -348,9 +366,15 @@ async fn fuel_stops_an_infinite_loop_deterministically() {
         ..quick_limits()
     };
     let loader = loader(limits, false);
-    let env = load_env(&loader, tmp.path(), "looper", &ENV_WASM, &wasm("fixture-looper"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "looper",
+        &ENV_WASM,
+        &wasm("fixture-looper"),
+    )
+    .await
+    .unwrap();
     let mut s = env.start(1).await.unwrap();
     let err = s
         .score(&Rollout {
@@ -362,7 +386,13 @@ async fn fuel_stops_an_infinite_loop_deterministically() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err.kind, PluginErrorKind::OutOfFuel { call: "score", fuel: 50_000_000 }),
+        matches!(
+            *err.kind,
+            PluginErrorKind::OutOfFuel {
+                call: "score",
+                fuel: 50_000_000
+            }
+        ),
         "{err}"
     );
 }
@@ -371,9 +401,15 @@ async fn fuel_stops_an_infinite_loop_deterministically() {
 async fn memory_bomb_is_stopped_at_the_cap() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(&loader, tmp.path(), "bomb", &ENV_WASM, &wasm("fixture-memory-bomb"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "bomb",
+        &ENV_WASM,
+        &wasm("fixture-memory-bomb"),
+    )
+    .await
+    .unwrap();
     let mut s = env.start(1).await.unwrap();
     let err = s
         .initial_prompt(&example("q", "a"), "{}")
@@ -384,8 +420,11 @@ async fn memory_bomb_is_stopped_at_the_cap() {
         "plugin test/bomb v0.1.0: `initial-prompt` ran out of memory (limit 64 MiB)"
     );
     // That session is done for; a new one is fresh.
-    let again = s.initial_prompt(&example("q", "a"), "{}").await.unwrap_err();
-    assert!(matches!(again.kind, PluginErrorKind::Poisoned), "{again}");
+    let again = s
+        .initial_prompt(&example("q", "a"), "{}")
+        .await
+        .unwrap_err();
+    assert!(matches!(*again.kind, PluginErrorKind::Poisoned), "{again}");
     let mut fresh = env.start(2).await.unwrap();
     let rollout = Rollout {
         example: example("q", "a"),
@@ -400,12 +439,21 @@ async fn memory_bomb_is_stopped_at_the_cap() {
 async fn panicking_guest_names_the_plugin_and_the_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(&loader, tmp.path(), "panicker", &ENV_WASM, &wasm("fixture-panicker"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "panicker",
+        &ENV_WASM,
+        &wasm("fixture-panicker"),
+    )
+    .await
+    .unwrap();
     let mut s = env.start(1).await.unwrap();
     let start = s.initial_prompt(&example("q", "a"), "{}").await.unwrap();
-    let err = s.env_response(&start.messages, &start.state).await.unwrap_err();
+    let err = s
+        .env_response(&start.messages, &start.state)
+        .await
+        .unwrap_err();
     let text = err.to_string();
     assert!(
         text.starts_with("plugin test/panicker v0.1.0: `env-response` crashed:"),
@@ -425,20 +473,32 @@ async fn future_abi_is_refused_before_instantiation() {
         abi: "rlhost:env@0.2.0",
         ..ENV_WASM
     };
-    let err = load_env(&loader, tmp.path(), "future", &honest, &wasm("fixture-future-abi"))
-        .await
-        .err()
-        .unwrap();
+    let err = load_env(
+        &loader,
+        tmp.path(),
+        "future",
+        &honest,
+        &wasm("fixture-future-abi"),
+    )
+    .await
+    .err()
+    .unwrap();
     assert_eq!(
         err.to_string(),
         "plugin test/future v0.1.0: targets rlhost:env@0.2.0, this host supports \
          rlhost:env@0.1.0..<0.2.0"
     );
     // …and a manifest that lies is caught by the version inside the component.
-    let err = load_env(&loader, tmp.path(), "liar", &ENV_WASM, &wasm("fixture-future-abi"))
-        .await
-        .err()
-        .unwrap();
+    let err = load_env(
+        &loader,
+        tmp.path(),
+        "liar",
+        &ENV_WASM,
+        &wasm("fixture-future-abi"),
+    )
+    .await
+    .err()
+    .unwrap();
     assert_eq!(
         err.to_string(),
         "plugin test/liar v0.1.0: targets rlhost:env@0.2.0, this host supports \
@@ -454,12 +514,21 @@ async fn compatible_newer_patch_abi_is_accepted_and_runs() {
         abi: "rlhost:env@0.1.1",
         ..ENV_WASM
     };
-    let env = load_env(&loader, tmp.path(), "compat", &folder, &wasm("fixture-compat-minor"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "compat",
+        &folder,
+        &wasm("fixture-compat-minor"),
+    )
+    .await
+    .unwrap();
     assert_eq!(env.info().name, "compat-minor");
     let mut s = env.start(3).await.unwrap();
-    let start = s.initial_prompt(&example("hello", "x"), "{}").await.unwrap();
+    let start = s
+        .initial_prompt(&example("hello", "x"), "{}")
+        .await
+        .unwrap();
     assert_eq!(start.messages, vec![user("hello")]);
 }
 
@@ -475,7 +544,10 @@ async fn malformed_artifacts_are_refused_with_the_file_named() {
         .unwrap();
     let text = err.to_string();
     assert!(text.starts_with("plugin test/garbage v0.1.0: "), "{text}");
-    assert!(text.contains("plugin.wasm: not a valid WebAssembly binary"), "{text}");
+    assert!(
+        text.contains("plugin.wasm: not a valid WebAssembly binary"),
+        "{text}"
+    );
 
     // A reward manifest on an environment component.
     let as_reward = Folder {
@@ -518,9 +590,15 @@ async fn plugins_see_their_data_and_nothing_else() {
         data: PROBE_DATA,
         ..ENV_WASM
     };
-    let env = load_env(&loader, tmp.path(), "probe", &folder, &wasm("fixture-probe"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "probe",
+        &folder,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .unwrap();
 
     let page = env.dataset("train", 0, 10).await.unwrap();
     assert_eq!(page.total, 2);
@@ -528,7 +606,7 @@ async fn plugins_see_their_data_and_nothing_else() {
     assert_eq!(page.examples[0].answer, "4");
     assert_eq!(page.examples[0].info, r#"{"level":1}"#);
     let err = env.dataset("validation", 0, 10).await.unwrap_err();
-    assert!(matches!(err.kind, PluginErrorKind::Guest { .. }), "{err}");
+    assert!(matches!(*err.kind, PluginErrorKind::Guest { .. }), "{err}");
 
     let read = probe_prompt(env.as_ref(), r#"{"read": "train.jsonl"}"#).await;
     assert!(read.starts_with("ok: {\"id\": \"p1\""), "{read}");
@@ -545,7 +623,10 @@ async fn plugins_see_their_data_and_nothing_else() {
         assert!(text.starts_with("err: "), "{path}: {text}");
     }
     let home = probe_prompt(env.as_ref(), r#"{"env": "HOME"}"#).await;
-    assert!(home.starts_with("err: "), "environment variables leak: {home}");
+    assert!(
+        home.starts_with("err: "),
+        "environment variables leak: {home}"
+    );
     assert_eq!(
         probe_prompt(env.as_ref(), r#"{"clock": true}"#).await,
         "ok: 0",
@@ -557,9 +638,15 @@ async fn plugins_see_their_data_and_nothing_else() {
 async fn seeds_and_randomness_are_per_rollout_and_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), false);
-    let env = load_env(&loader, tmp.path(), "probe", &ENV_WASM, &wasm("fixture-probe"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "probe",
+        &ENV_WASM,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .unwrap();
     let score = |seed: u64| {
         let env = env.clone();
         async move {
@@ -600,9 +687,15 @@ async fn python_needs_the_capability_and_a_sandbox() {
         let step = s.env_response(&[], "{}").await.unwrap();
         step.messages[0].content.clone()
     };
-    let undeclared = load_env(&loader, tmp.path(), "probe", &ENV_WASM, &wasm("fixture-probe"))
-        .await
-        .unwrap();
+    let undeclared = load_env(
+        &loader,
+        tmp.path(),
+        "probe",
+        &ENV_WASM,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .unwrap();
     let text = python(undeclared).await;
     assert!(
         text.starts_with("err: capability `sandbox.python` is not granted"),
@@ -612,9 +705,15 @@ async fn python_needs_the_capability_and_a_sandbox() {
         capabilities: "[\"sandbox.python\"]",
         ..ENV_WASM
     };
-    let env = load_env(&loader, tmp.path(), "probe2", &declared, &wasm("fixture-probe"))
-        .await
-        .unwrap();
+    let env = load_env(
+        &loader,
+        tmp.path(),
+        "probe2",
+        &declared,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         python(env).await,
         "err: no Python sandbox is configured in this host"

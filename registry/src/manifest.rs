@@ -178,7 +178,10 @@ impl Manifest {
             {
                 return Err(bad(
                     field,
-                    format!("{} leaves the package: use a relative path without `..`", path.display()),
+                    format!(
+                        "{} leaves the package: use a relative path without `..`",
+                        path.display()
+                    ),
                 ));
             }
         }
@@ -219,7 +222,10 @@ impl Manifest {
 
     /// The data folder's path relative to the package root.
     pub fn data_dir(&self) -> PathBuf {
-        self.plugin.data.clone().unwrap_or_else(|| PathBuf::from("data"))
+        self.plugin
+            .data
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("data"))
     }
 }
 
@@ -239,7 +245,8 @@ fn is_slug(s: &str) -> bool {
 }
 
 fn is_inside(path: &Path) -> bool {
-    path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    path.components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
         && path.components().next().is_some()
 }
 
@@ -273,24 +280,38 @@ capabilities = ["sandbox.python"]
 
     fn err_of(replace: (&str, &str)) -> String {
         let text = GOOD.replace(replace.0, replace.1);
-        Manifest::parse(&text, "x/plugin.toml").unwrap_err().to_string()
+        Manifest::parse(&text, "x/plugin.toml")
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
     fn every_bad_field_is_named() {
         let e = err_of(("name = \"math-python\"", "name = \"Math Python\""));
-        assert!(e.contains("plugin.name") && e.contains("x/plugin.toml"), "{e}");
+        assert!(
+            e.contains("plugin.name") && e.contains("x/plugin.toml"),
+            "{e}"
+        );
         let e = err_of(("rlhost:env@0.1.0", "rlhost:env@one"));
         assert!(e.contains("plugin.abi"), "{e}");
         let e = err_of(("\"sandbox.python\"", "\"network\""));
         assert!(e.contains("unknown capability \"network\""), "{e}");
-        let e = err_of(("runtime = \"wasm\"", "runtime = \"wasm\"\nartifact = \"../evil.so\""));
-        assert!(e.contains("plugin.artifact") && e.contains("leaves the package"), "{e}");
+        let e = err_of((
+            "runtime = \"wasm\"",
+            "runtime = \"wasm\"\nartifact = \"../evil.so\"",
+        ));
+        assert!(
+            e.contains("plugin.artifact") && e.contains("leaves the package"),
+            "{e}"
+        );
         let e = err_of(("version = \"0.1.0\"", "version = \"1\""));
         assert!(e.contains("version"), "{e}");
         let e = err_of(("\"will/math-verify\"", "\"math-verify\""));
         assert!(e.contains("owner/name"), "{e}");
-        let e = err_of(("kind = \"environment\"", "kind = \"environment\"\nkinds = 1"));
+        let e = err_of((
+            "kind = \"environment\"",
+            "kind = \"environment\"\nkinds = 1",
+        ));
         assert!(e.contains("unknown field `kinds`"), "{e}");
     }
 

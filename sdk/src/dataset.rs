@@ -24,9 +24,10 @@ pub fn parse_jsonl(bytes: &[u8], source: &str) -> Result<Vec<Example>, PluginErr
         let row: Map<String, Value> = serde_json::from_str(line).map_err(|e| {
             PluginError::Internal(format!("{source} line {}: invalid JSON object: {e}", n + 1))
         })?;
-        out.push(example_from_row(row, n).map_err(|msg| {
-            PluginError::Internal(format!("{source} line {}: {msg}", n + 1))
-        })?);
+        out.push(
+            example_from_row(row, n)
+                .map_err(|msg| PluginError::Internal(format!("{source} line {}: {msg}", n + 1)))?,
+        );
     }
     Ok(out)
 }

@@ -50,7 +50,10 @@ pub fn last_assistant(messages: &[Message]) -> Option<&Message> {
 
 /// Number of assistant turns in a conversation.
 pub fn assistant_turns(messages: &[Message]) -> usize {
-    messages.iter().filter(|m| m.role == Role::Assistant).count()
+    messages
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .count()
 }
 
 /// Number of tool calls made in a conversation.

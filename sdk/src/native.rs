@@ -113,8 +113,12 @@ pub struct HostVtable {
     /// Log a UTF-8 message at a level (0 trace … 4 error).
     pub log: unsafe extern "C" fn(ctx: *mut c_void, level: u32, msg: *const u8, len: usize),
     /// Read a data file; 0 = ok (`out` = bytes), else `out` = error text.
-    pub read_data:
-        unsafe extern "C" fn(ctx: *mut c_void, path: *const u8, len: usize, out: *mut Buffer) -> i32,
+    pub read_data: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        path: *const u8,
+        len: usize,
+        out: *mut Buffer,
+    ) -> i32,
     /// Run Python; input JSON `{"code", "limits"}`; 0 = ok (`out` = PythonOutput JSON), else text.
     pub run_python:
         unsafe extern "C" fn(ctx: *mut c_void, req: *const u8, len: usize, out: *mut Buffer) -> i32,
@@ -260,14 +264,21 @@ mod glue {
     }
 
     fn parse<T: DeserializeOwned>(input: &[u8]) -> Result<T, (i32, Vec<u8>)> {
-        serde_json::from_slice(input)
-            .map_err(|e| (STATUS_BAD_REQUEST, format!("invalid request JSON: {e}").into_bytes()))
+        serde_json::from_slice(input).map_err(|e| {
+            (
+                STATUS_BAD_REQUEST,
+                format!("invalid request JSON: {e}").into_bytes(),
+            )
+        })
     }
 
     fn answer<T: Serialize>(r: Result<T, PluginError>) -> Result<Vec<u8>, (i32, Vec<u8>)> {
         match r {
             Ok(v) => serde_json::to_vec(&v).map_err(|e| {
-                (STATUS_PANIC, format!("cannot serialise the result: {e}").into_bytes())
+                (
+                    STATUS_PANIC,
+                    format!("cannot serialise the result: {e}").into_bytes(),
+                )
             }),
             Err(e) => Err((
                 STATUS_PLUGIN_ERROR,

@@ -7,8 +7,8 @@
 //! most, so per-rollout state belongs in the explicit `state` string, not in the type.
 
 use crate::types::{
-    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, PluginError,
-    RewardInfo, Rollout,
+    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, PluginError, RewardInfo,
+    Rollout,
 };
 
 /// An environment: a dataset, a prompt, optional multi-turn responses (tools), and a score.

@@ -20,7 +20,10 @@ impl Rubric {
     /// # Panics
     /// On a duplicate name or a non-finite weight: both are authoring mistakes.
     pub fn metric(mut self, name: &str, weight: f64) -> Self {
-        assert!(weight.is_finite(), "rubric weight of {name:?} is not finite");
+        assert!(
+            weight.is_finite(),
+            "rubric weight of {name:?} is not finite"
+        );
         assert!(
             self.weights.iter().all(|w| w.name != name),
             "rubric metric {name:?} listed twice"
@@ -57,7 +60,10 @@ mod tests {
 
     #[test]
     fn builds_in_order() {
-        let r = Rubric::new().metric("correct", 1.0).metric("format", 0.0).build();
+        let r = Rubric::new()
+            .metric("correct", 1.0)
+            .metric("format", 0.0)
+            .build();
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].name, "correct");
         assert_eq!(r[1].weight, 0.0);

@@ -61,7 +61,10 @@ pub fn supported_description() -> String {
 
 /// The ABI strings for reports (`host doctor`).
 pub fn supported_names() -> Vec<String> {
-    SUPPORTED.iter().map(|v| format!("rlhost:env@{v}")).collect()
+    SUPPORTED
+        .iter()
+        .map(|v| format!("rlhost:env@{v}"))
+        .collect()
 }
 
 /// Reads the world and ABI version a component exports, without compiling it.
@@ -75,9 +78,11 @@ pub fn read_component_abi(bytes: &[u8]) -> Result<(ExportedWorld, Version), Stri
         match payload {
             Payload::Version { encoding, .. } if depth == 0 => {
                 if encoding != Encoding::Component {
-                    return Err("is a core WebAssembly module, not a component: build it with \
+                    return Err(
+                        "is a core WebAssembly module, not a component: build it with \
                                 `cargo build --target wasm32-wasip2` and rlhost-sdk"
-                        .into());
+                            .into(),
+                    );
                 }
             }
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,

@@ -151,7 +151,10 @@ mod tests {
         assert!(!g.allows("sandbox.node"));
         let g = Grants::new(["sandbox.*"]);
         assert!(g.allows("sandbox.python"));
-        assert!(!g.allows("sandbox"), "a namespace wildcard needs a name after the dot");
+        assert!(
+            !g.allows("sandbox"),
+            "a namespace wildcard needs a name after the dot"
+        );
         assert!(!g.allows("sandboxes.python"));
         assert!(!g.allows("network.http"));
         assert!(Grants::new(["*"]).allows("network.http"));
@@ -190,7 +193,13 @@ mod tests {
             dir.read("up/secret", 100),
             Err(DataAccessError::Escapes("up/secret".into()))
         );
-        assert!(matches!(dir.read("missing", 100), Err(DataAccessError::Io { .. })));
-        assert!(matches!(dir.read("sub/rows.jsonl", 1), Err(DataAccessError::Io { .. })));
+        assert!(matches!(
+            dir.read("missing", 100),
+            Err(DataAccessError::Io { .. })
+        ));
+        assert!(matches!(
+            dir.read("sub/rows.jsonl", 1),
+            Err(DataAccessError::Io { .. })
+        ));
     }
 }

@@ -19,6 +19,7 @@ pub mod component;
 mod host_api;
 pub mod limits;
 pub mod native;
+pub mod template;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -51,14 +52,15 @@ impl std::fmt::Display for PluginId {
     }
 }
 
-/// A plugin failure: which plugin, and what went wrong.
+/// A plugin failure: which plugin, and what went wrong. (Boxed: errors travel far and often
+/// sit in `Result`s on hot paths, so they are kept pointer-sized.)
 #[derive(Debug, thiserror::Error)]
 #[error("plugin {plugin}: {kind}")]
 pub struct PluginError {
     /// The plugin (or, before its manifest is read, its folder).
-    pub plugin: PluginId,
+    pub plugin: Box<PluginId>,
     /// What went wrong.
-    pub kind: PluginErrorKind,
+    pub kind: Box<PluginErrorKind>,
 }
 
 /// What went wrong with a plugin.
@@ -146,8 +148,8 @@ impl PluginErrorKind {
     /// Attaches the plugin's identity.
     pub fn of(self, plugin: &PluginId) -> PluginError {
         PluginError {
-            plugin: plugin.clone(),
-            kind: self,
+            plugin: Box::new(plugin.clone()),
+            kind: Box::new(self),
         }
     }
 }
@@ -324,15 +326,13 @@ impl PluginLoader {
         let artifact = dir.join(manifest.artifact());
         let data_path = dir.join(manifest.data_dir());
         let data = if data_path.is_dir() {
-            Some(
-                capability::DataDir::new(&data_path).map_err(|e| {
-                    PluginErrorKind::Io {
-                        path: data_path.clone(),
-                        message: e.to_string(),
-                    }
-                    .of(&id)
-                })?,
-            )
+            Some(capability::DataDir::new(&data_path).map_err(|e| {
+                PluginErrorKind::Io {
+                    path: data_path.clone(),
+                    message: e.to_string(),
+                }
+                .of(&id)
+            })?)
         } else {
             None
         };

@@ -98,9 +98,8 @@ impl NativeLib {
         let entry_name = String::from_utf8_lossy(&entry[..entry.len() - 1]).into_owned();
         // SAFETY: the symbol's type is fixed by the native ABI.
         let entry_fn =
-            unsafe { lib.get::<unsafe extern "C" fn() -> *const PluginVtable>(entry) }.map_err(
-                |_| bad(format!("{} has no `{entry_name}` symbol", path.display())),
-            )?;
+            unsafe { lib.get::<unsafe extern "C" fn() -> *const PluginVtable>(entry) }
+                .map_err(|_| bad(format!("{} has no `{entry_name}` symbol", path.display())))?;
         // SAFETY: the ABI version matched, so the entry point has the expected signature.
         let vtable = unsafe { entry_fn() };
         if vtable.is_null() {
@@ -308,8 +307,7 @@ fn checked<T>(
     value: T,
     check: impl FnOnce(&T) -> Result<(), String>,
 ) -> Result<T, PluginError> {
-    check(&value)
-        .map_err(|message| PluginErrorKind::InvalidReturn { call, message }.of(id))?;
+    check(&value).map_err(|message| PluginErrorKind::InvalidReturn { call, message }.of(id))?;
     Ok(value)
 }
 

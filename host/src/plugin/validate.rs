@@ -23,8 +23,12 @@ pub fn env_info(info: &EnvInfo) -> Result<(), String> {
         }
     }
     for tool in &info.tools {
-        serde_json::from_str::<serde_json::Value>(&tool.parameters)
-            .map_err(|e| format!("tool {:?} has a parameters schema that is not JSON: {e}", tool.name))?;
+        serde_json::from_str::<serde_json::Value>(&tool.parameters).map_err(|e| {
+            format!(
+                "tool {:?} has a parameters schema that is not JSON: {e}",
+                tool.name
+            )
+        })?;
     }
     Ok(())
 }
@@ -68,7 +72,11 @@ mod tests {
     #[test]
     fn metrics_must_be_unique_and_finite() {
         assert!(metrics(&[m("a", 1.0), m("b", 0.0)]).is_ok());
-        assert!(metrics(&[m("a", 1.0), m("a", 0.0)]).unwrap_err().contains("twice"));
+        assert!(
+            metrics(&[m("a", 1.0), m("a", 0.0)])
+                .unwrap_err()
+                .contains("twice")
+        );
         assert!(metrics(&[m("a", f64::NAN)]).unwrap_err().contains("NaN"));
         assert!(metrics(&[m("", 1.0)]).is_err());
     }

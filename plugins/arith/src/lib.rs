@@ -77,14 +77,16 @@ impl Environment for Arith {
             .ok_or_else(|| PluginError::UnknownSplit(split.into()))?;
         let end = offset.saturating_add(limit as u64).min(total);
         Ok(DatasetPage {
-            examples: (offset.min(end)..end).map(|i| row(split, salt, i)).collect(),
+            examples: (offset.min(end)..end)
+                .map(|i| row(split, salt, i))
+                .collect(),
             total,
         })
     }
 
     fn initial_prompt(example: Example, env_args: &str) -> Result<EpisodeStart, PluginError> {
-        let args: Args = serde_json::from_str(env_args)
-            .map_err(|e| PluginError::InvalidArgs(e.to_string()))?;
+        let args: Args =
+            serde_json::from_str(env_args).map_err(|e| PluginError::InvalidArgs(e.to_string()))?;
         if !(1..=999).contains(&args.max_operand) {
             return Err(PluginError::InvalidArgs(format!(
                 "max_operand must be in 1..=999, got {}",
@@ -104,7 +106,10 @@ impl Environment for Arith {
             .unwrap_or("");
         let boxed = extract_boxed(reply);
         let correct = boxed.is_some_and(|b| b.trim() == rollout.example.answer);
-        Ok(vec![flag("correct", correct), flag("boxed", boxed.is_some())])
+        Ok(vec![
+            flag("correct", correct),
+            flag("boxed", boxed.is_some()),
+        ])
     }
 }
 

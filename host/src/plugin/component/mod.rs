@@ -212,8 +212,9 @@ impl ComponentRuntime {
             }
             .of(id)
         })?;
-        let (world, version) = abi::read_component_abi(&bytes)
-            .map_err(|m| PluginErrorKind::Malformed(format!("{}: {m}", folder.artifact.display())).of(id))?;
+        let (world, version) = abi::read_component_abi(&bytes).map_err(|m| {
+            PluginErrorKind::Malformed(format!("{}: {m}", folder.artifact.display())).of(id)
+        })?;
         let want = match folder.manifest.plugin.kind {
             PluginKind::Environment => ExportedWorld::Environment,
             PluginKind::Reward => ExportedWorld::Reward,
@@ -267,7 +268,9 @@ impl ComponentRuntime {
     fn cache_key(&self, bytes: &[u8]) -> String {
         use std::hash::{Hash, Hasher};
         let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut engine_hash);
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut engine_hash);
         let digest = Sha256::digest(bytes);
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
         format!(
@@ -446,7 +449,9 @@ fn settle<R>(
         }),
         _ => {
             let headline = err.to_string();
-            let printed = String::from_utf8_lossy(&stderr.contents()).trim().to_owned();
+            let printed = String::from_utf8_lossy(&stderr.contents())
+                .trim()
+                .to_owned();
             let message = if printed.is_empty() {
                 headline
             } else {
@@ -562,7 +567,9 @@ impl ComponentEnvSession {
 
     async fn info(&mut self) -> Result<EnvInfo, PluginError> {
         let info = guest_call!(self, rlhost_env_env, "info", |e, s| async {
-            e.call_info(s).await.map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
+            e.call_info(s)
+                .await
+                .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
         })?;
         let info = v0_1_0::env_info_out(info);
         validate::env_info(&info).map_err(|message| {
@@ -613,7 +620,8 @@ impl EnvSession for ComponentEnvSession {
 
     async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError> {
         let rollout = v0_1_0::rollout_in(rollout);
-        let metrics = guest_call!(self, rlhost_env_env, "score", |e, s| e.call_score(s, &rollout))?;
+        let metrics = guest_call!(self, rlhost_env_env, "score", |e, s| e
+            .call_score(s, &rollout))?;
         let metrics = v0_1_0::metrics_out(metrics);
         validate::metrics(&metrics).map_err(|message| {
             PluginErrorKind::InvalidReturn {
@@ -659,7 +667,9 @@ impl Environment for ComponentEnvironment {
     }
 
     async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
-        Ok(Box::new(ComponentEnvSession::new(&self.shared, seed).await?))
+        Ok(Box::new(
+            ComponentEnvSession::new(&self.shared, seed).await?,
+        ))
     }
 }
 
@@ -706,7 +716,9 @@ impl ComponentReward {
     async fn read_info(&self) -> Result<RewardInfo, PluginError> {
         let mut inst = self.instance(0).await?;
         let info = guest_call!(&mut inst, rlhost_env_reward_fn, "info", |e, s| async {
-            e.call_info(s).await.map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
+            e.call_info(s)
+                .await
+                .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
         })?;
         let info = v0_1_0::reward_info_out(info);
         validate::reward_info(&info).map_err(|message| {

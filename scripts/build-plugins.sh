@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the first-party plugins and the runtime's test fixtures (plugins/, a workspace of its
+# own) as WebAssembly components, plus native builds of the crates that need one, and assembles
+# loadable plugin folders (plugin.toml + artifact + data/) under plugins/target/dist/.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT/plugins"
+
+HOST_TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
+echo "==> building plugins for wasm32-wasip2"
+cargo build --release
+echo "==> building native plugins for $HOST_TRIPLE"
+cargo build --release --target "$HOST_TRIPLE" -p arith -p fixture-native-bad-abi
+
+WASM=target/wasm32-wasip2/release
+NATIVE=target/$HOST_TRIPLE/release
+DIST=target/dist
+
+# assemble NAME ARTIFACT RUNTIME: one plugin folder, written atomically (tmp + rename).
+assemble() {
+  local name=$1 artifact=$2 runtime=$3 src=${4:-$1}
+  local out="$DIST/$name" tmp="$DIST/.$name.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  if [ "$runtime" = wasm ]; then
+    cp "$src/plugin.toml" "$tmp/plugin.toml"
+    cp "$artifact" "$tmp/plugin.wasm"
+  else
+    sed 's/^runtime = "wasm"/runtime = "native"/' "$src/plugin.toml" >"$tmp/plugin.toml"
+    cp "$artifact" "$tmp/plugin.so"
+  fi
+  if [ -d "$src/data" ]; then cp -r "$src/data" "$tmp/data"; fi
+  rm -rf "$out" && mv "$tmp" "$out"
+  echo "    $out"
+}
+
+echo "==> assembling plugin folders in plugins/$DIST"
+mkdir -p "$DIST"
+assemble arith "$WASM/arith.wasm" wasm
+assemble arith-native "$NATIVE/libarith.so" native arith
