@@ -5,12 +5,14 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT/plugins"
+# The host's tests look for the built plugins here, whatever CARGO_TARGET_DIR the caller uses.
+export CARGO_TARGET_DIR="$ROOT/plugins/target"
 
 HOST_TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
 echo "==> building plugins for wasm32-wasip2"
 cargo build --release
 echo "==> building native plugins for $HOST_TRIPLE"
-cargo build --release --target "$HOST_TRIPLE" -p arith -p fixture-native-bad-abi
+cargo build --release --target "$HOST_TRIPLE" -p arith -p exact-match -p fixture-native-bad-abi
 
 WASM=target/wasm32-wasip2/release
 NATIVE=target/$HOST_TRIPLE/release
@@ -37,3 +39,5 @@ echo "==> assembling plugin folders in plugins/$DIST"
 mkdir -p "$DIST"
 assemble arith "$WASM/arith.wasm" wasm
 assemble arith-native "$NATIVE/libarith.so" native arith
+assemble exact-match "$WASM/exact_match.wasm" wasm
+assemble exact-match-native "$NATIVE/libexact_match.so" native exact-match

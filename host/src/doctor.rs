@@ -67,7 +67,7 @@ pub struct CudaInfo {
 pub struct WasmtimeInfo {
     /// wasmtime crate version compiled in.
     pub version: String,
-    /// An engine with the host's configuration could be created (Cranelift supports this CPU).
+    /// The plugin runtime (engine with the host's configuration, linker) starts on this CPU.
     pub engine_ok: bool,
 }
 
@@ -126,10 +126,11 @@ pub fn collect() -> DoctorReport {
         cudnn: status.available() && tch::Cuda::cudnn_is_available(),
     };
 
-    let engine_ok = match wasmtime::Engine::new(&wasmtime::Config::new()) {
+    // The plugin runtime as plugins get it: engine, WASI and host-API linker, epoch thread.
+    let engine_ok = match crate::plugin::PluginLoader::new(Default::default(), None) {
         Ok(_) => true,
         Err(e) => {
-            problems.push(format!("wasmtime cannot create an engine here: {e:#}"));
+            problems.push(format!("the plugin runtime cannot start here: {e}"));
             false
         }
     };

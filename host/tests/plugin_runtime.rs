@@ -741,3 +741,86 @@ async fn compiled_components_are_cached_on_disk() {
     assert_eq!(env.info().name, "arith");
     assert_ne!(std::fs::read(&entries[0]).unwrap(), b"corrupt");
 }
+
+/// A plugin folder assembled by `make plugins`.
+fn dist(name: &str) -> PathBuf {
+    let dir = plugins_target().join("dist").join(name);
+    assert!(
+        dir.join("plugin.toml").is_file(),
+        "{} is missing: run `make plugins` first",
+        dir.display()
+    );
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reward_plugin_as_component_and_native_agree() {
+    let loader = loader(PluginLimits::default(), true);
+    let component = loader.load_reward(&dist("exact-match")).await.unwrap();
+    let native = loader.load_reward(&dist("exact-match-native")).await.unwrap();
+    assert_eq!(component.id().to_string(), "rlhost/exact-match v0.1.0");
+    assert_eq!(component.info(), native.info());
+    assert_eq!(component.info().metrics, vec!["exact_match", "has_answer"]);
+    let cases = [
+        (r"so \boxed{ 42 }.", "42", "{}", [1.0, 1.0]),
+        (r"\boxed{\$Paris.}", "paris", "{}", [0.0, 1.0]),
+        (r"\boxed{$Paris$.}", "paris", "{}", [1.0, 1.0]),
+        ("The answer is\n\n  17  \n", "17", "{}", [0.0, 0.0]),
+        ("The answer is\n17\n", "17", r#"{"fallback": "last-line"}"#, [1.0, 1.0]),
+        (r"\boxed{41}", "42", "{}", [0.0, 1.0]),
+    ];
+    for (completion, answer, info, expected) in cases {
+        for reward in [&component, &native] {
+            let metrics = reward.score(completion, answer, info, 0).await.unwrap();
+            let values: Vec<f64> = metrics.iter().map(|m| m.value).collect();
+            assert_eq!(values, expected, "{} on {completion:?}", reward.id());
+        }
+    }
+    for reward in [&component, &native] {
+        let err = reward
+            .score("x", "y", r#"{"fallback": "first-line"}"#, 0)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "plugin rlhost/exact-match v0.1.0: `score` failed: invalid input: unknown \
+                 fallback \"first-line\" (expected \"last-line\")"
+            )
+        );
+    }
+    // A reward folder is not an environment, whatever the caller hopes.
+    let err = loader
+        .load_environment(&dist("exact-match"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "plugin rlhost/exact-match v0.1.0: is a reward function, not an environment"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_datasets_page_through_one_instance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows: String = (0..40_000)
+        .map(|i| format!("{{\"id\": \"r{i}\", \"question\": \"q{i}\", \"answer\": \"{i}\"}}\n"))
+        .collect();
+    let dir = ENV_WASM.write(tmp.path(), "probe", &wasm("fixture-probe"));
+    std::fs::write(dir.join("data/train.jsonl"), rows).unwrap();
+    let env = loader(PluginLimits::default(), false)
+        .load_environment(&dir)
+        .await
+        .unwrap();
+    let mut seen = 0u64;
+    while seen < 40_000 {
+        let page = env.dataset("train", seen, 1_000).await.unwrap();
+        assert_eq!(page.total, 40_000);
+        assert_eq!(page.examples.len(), 1_000);
+        assert_eq!(page.examples[0].id, format!("r{seen}"));
+        assert_eq!(page.examples[999].answer, (seen + 999).to_string());
+        seen += 1_000;
+    }
+    assert!(env.dataset("train", seen, 1_000).await.unwrap().examples.is_empty());
+}
