@@ -55,6 +55,9 @@ test: setup fmt-check clippy plugins
 	@mkdir -p $(TARGET_DIR) && : > $(TARGET_DIR)/skipped-tests.txt
 	$(WITH_ENV) RLHOST_SKIP_LOG=$(abspath $(TARGET_DIR))/skipped-tests.txt \
 	  cargo test --release --workspace 2>&1 | tee $(TARGET_DIR)/test-output.log
+	@# The plugins' own unit tests, on the host target (plugins/target, like scripts/build-plugins.sh).
+	cd plugins && CARGO_TARGET_DIR=target cargo test --release --workspace \
+	  --target $$(rustc -vV | sed -n 's/^host: //p') 2>&1 | tee -a $(abspath $(TARGET_DIR))/test-output.log
 	@cat $(TARGET_DIR)/skipped-tests.txt
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' \
 	  s=$$(wc -l < $(TARGET_DIR)/skipped-tests.txt) $(TARGET_DIR)/test-output.log

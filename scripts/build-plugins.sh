@@ -39,5 +39,6 @@ echo "==> assembling plugin folders in plugins/$DIST"
 mkdir -p "$DIST"
 assemble arith "$WASM/arith.wasm" wasm
 assemble arith-native "$NATIVE/libarith.so" native arith
+assemble arith-tools "$WASM/arith_tools.wasm" wasm
 assemble exact-match "$WASM/exact_match.wasm" wasm
 assemble exact-match-native "$NATIVE/libexact_match.so" native exact-match

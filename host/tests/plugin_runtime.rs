@@ -757,7 +757,10 @@ fn dist(name: &str) -> PathBuf {
 async fn reward_plugin_as_component_and_native_agree() {
     let loader = loader(PluginLimits::default(), true);
     let component = loader.load_reward(&dist("exact-match")).await.unwrap();
-    let native = loader.load_reward(&dist("exact-match-native")).await.unwrap();
+    let native = loader
+        .load_reward(&dist("exact-match-native"))
+        .await
+        .unwrap();
     assert_eq!(component.id().to_string(), "rlhost/exact-match v0.1.0");
     assert_eq!(component.info(), native.info());
     assert_eq!(component.info().metrics, vec!["exact_match", "has_answer"]);
@@ -766,7 +769,12 @@ async fn reward_plugin_as_component_and_native_agree() {
         (r"\boxed{\$Paris.}", "paris", "{}", [0.0, 1.0]),
         (r"\boxed{$Paris$.}", "paris", "{}", [1.0, 1.0]),
         ("The answer is\n\n  17  \n", "17", "{}", [0.0, 0.0]),
-        ("The answer is\n17\n", "17", r#"{"fallback": "last-line"}"#, [1.0, 1.0]),
+        (
+            "The answer is\n17\n",
+            "17",
+            r#"{"fallback": "last-line"}"#,
+            [1.0, 1.0],
+        ),
         (r"\boxed{41}", "42", "{}", [0.0, 1.0]),
     ];
     for (completion, answer, info, expected) in cases {
@@ -783,10 +791,8 @@ async fn reward_plugin_as_component_and_native_agree() {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "plugin rlhost/exact-match v0.1.0: `score` failed: invalid input: unknown \
-                 fallback \"first-line\" (expected \"last-line\")"
-            )
+            "plugin rlhost/exact-match v0.1.0: `score` failed: invalid input: unknown \
+             fallback \"first-line\" (expected \"last-line\")"
         );
     }
     // A reward folder is not an environment, whatever the caller hopes.
@@ -822,5 +828,79 @@ async fn large_datasets_page_through_one_instance() {
         assert_eq!(page.examples[999].answer, (seen + 999).to_string());
         seen += 1_000;
     }
-    assert!(env.dataset("train", seen, 1_000).await.unwrap().examples.is_empty());
+    assert!(
+        env.dataset("train", seen, 1_000)
+            .await
+            .unwrap()
+            .examples
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_environment_answers_tool_calls_across_turns() {
+    use rlhost_sdk::messages::assistant_with_calls;
+    use rlhost_sdk::types::{Role, ToolCall};
+
+    let env = loader(PluginLimits::default(), false)
+        .load_environment(&dist("arith-tools"))
+        .await
+        .unwrap();
+    let info = env.info();
+    assert_eq!(info.tools[0].name, "calculator");
+    let schema: serde_json::Value = serde_json::from_str(&info.tools[0].parameters).unwrap();
+    assert_eq!(schema["properties"]["expression"]["type"], "string");
+
+    let ex = env.dataset("test", 0, 1).await.unwrap().examples[0].clone();
+    let expression = ex
+        .question
+        .trim_start_matches("What is ")
+        .trim_end_matches('?')
+        .to_owned();
+    let mut s = env.start(9).await.unwrap();
+    let start = s.initial_prompt(&ex, "{}").await.unwrap();
+    let mut conv = start.messages.clone();
+    let call = |id: &str, args: String| ToolCall {
+        id: id.into(),
+        name: "calculator".into(),
+        arguments: args,
+    };
+    conv.push(assistant_with_calls(
+        "",
+        vec![
+            call(
+                "c1",
+                serde_json::json!({ "expression": expression }).to_string(),
+            ),
+            call("c2", "{\"expr\": 1}".into()),
+        ],
+    ));
+    let step = s.env_response(&conv, &start.state).await.unwrap();
+    assert!(!step.done, "a turn with tool calls continues the episode");
+    assert_eq!(step.messages.len(), 2);
+    assert_eq!(step.messages[0].role, Role::Tool);
+    assert_eq!(step.messages[0].tool_call_id.as_deref(), Some("c1"));
+    assert_eq!(step.messages[0].content, ex.answer);
+    assert!(
+        step.messages[1]
+            .content
+            .starts_with("error: invalid input: invalid arguments for `calculator`"),
+        "{}",
+        step.messages[1].content
+    );
+    conv.extend(step.messages);
+    conv.push(assistant(format!("\\boxed{{{}}}", ex.answer)));
+    let last = s.env_response(&conv, &step.state).await.unwrap();
+    assert!(last.done, "a reply without tool calls ends the episode");
+    let metrics = s
+        .score(&Rollout {
+            example: ex,
+            messages: conv,
+            state: last.state,
+            truncated: false,
+        })
+        .await
+        .unwrap();
+    let values: Vec<(&str, f64)> = metrics.iter().map(|m| (m.name.as_str(), m.value)).collect();
+    assert_eq!(values, vec![("correct", 1.0), ("tool_calls", 2.0)]);
 }
