@@ -77,23 +77,7 @@ macro_rules! export_environment {
                 __RlhostEnvironment with_types_in $crate::__wasm::env_world
             );
         };
-
-        #[cfg(not(target_arch = "wasm32"))]
-        const _: () = {
-            /// ABI version of this native plugin.
-            #[unsafe(no_mangle)]
-            pub extern "C" fn rlhost_abi_version() -> *const ::core::ffi::c_char {
-                $crate::native::ABI_VERSION_C.as_ptr()
-            }
-
-            /// The environment's vtable.
-            #[unsafe(no_mangle)]
-            pub extern "C" fn rlhost_environment_v0() -> *const $crate::native::PluginVtable {
-                static VTABLE: ::std::sync::OnceLock<$crate::native::PluginVtable> =
-                    ::std::sync::OnceLock::new();
-                VTABLE.get_or_init($crate::native::env_vtable::<$ty>)
-            }
-        };
+        $crate::__native_exports!(rlhost_environment_v0, $crate::native::env_vtable::<$ty>);
     };
 }
 
@@ -109,7 +93,15 @@ macro_rules! export_reward {
                 __RlhostReward with_types_in $crate::__wasm::reward_world
             );
         };
+        $crate::__native_exports!(rlhost_reward_v0, $crate::native::reward_vtable::<$ty>);
+    };
+}
 
+/// The native entry points: the ABI-version symbol and the kind's vtable symbol.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __native_exports {
+    ($entry:ident, $make_vtable:expr) => {
         #[cfg(not(target_arch = "wasm32"))]
         const _: () = {
             /// ABI version of this native plugin.
@@ -118,12 +110,12 @@ macro_rules! export_reward {
                 $crate::native::ABI_VERSION_C.as_ptr()
             }
 
-            /// The reward function's vtable.
+            /// The plugin's vtable.
             #[unsafe(no_mangle)]
-            pub extern "C" fn rlhost_reward_v0() -> *const $crate::native::PluginVtable {
+            pub extern "C" fn $entry() -> *const $crate::native::PluginVtable {
                 static VTABLE: ::std::sync::OnceLock<$crate::native::PluginVtable> =
                     ::std::sync::OnceLock::new();
-                VTABLE.get_or_init($crate::native::reward_vtable::<$ty>)
+                VTABLE.get_or_init($make_vtable)
             }
         };
     };

@@ -301,16 +301,6 @@ impl NativeShared {
     }
 }
 
-fn checked<T>(
-    id: &PluginId,
-    call: &'static str,
-    value: T,
-    check: impl FnOnce(&T) -> Result<(), String>,
-) -> Result<T, PluginError> {
-    check(&value).map_err(|message| PluginErrorKind::InvalidReturn { call, message }.of(id))?;
-    Ok(value)
-}
-
 /// A native environment, loaded.
 pub(crate) struct NativeEnvironment {
     shared: Arc<NativeShared>,
@@ -326,7 +316,7 @@ impl NativeEnvironment {
             limits: parts.limits,
         });
         let info: EnvInfo = shared.call("info", EnvMethod::Info as u32, &(), 0).await?;
-        let info = checked(&folder.id, "info", info, validate::env_info)?;
+        let info = validate::checked(&folder.id, "info", info, validate::env_info)?;
         Ok(Self { shared, info })
     }
 }
@@ -419,7 +409,7 @@ impl EnvSession for NativeEnvSession {
             .shared
             .call("score", EnvMethod::Score as u32, &req, self.seed)
             .await?;
-        checked(&self.shared.host.plugin, "score", metrics, |m| {
+        validate::checked(&self.shared.host.plugin, "score", metrics, |m| {
             validate::metrics(m)
         })
     }
@@ -442,7 +432,7 @@ impl NativeReward {
         let info: RewardInfo = shared
             .call("info", RewardMethod::Info as u32, &(), 0)
             .await?;
-        let info = checked(&folder.id, "info", info, validate::reward_info)?;
+        let info = validate::checked(&folder.id, "info", info, validate::reward_info)?;
         Ok(Self { shared, info })
     }
 }
@@ -473,7 +463,7 @@ impl RewardFn for NativeReward {
             .shared
             .call("score", RewardMethod::Score as u32, &req, seed)
             .await?;
-        checked(&self.shared.host.plugin, "score", metrics, |m| {
+        validate::checked(&self.shared.host.plugin, "score", metrics, |m| {
             validate::metrics(m)
         })
     }

@@ -5,6 +5,19 @@ use std::collections::HashSet;
 
 use rlhost_sdk::types::{EnvInfo, Metric, RewardInfo};
 
+use super::{PluginError, PluginErrorKind, PluginId};
+
+/// Passes `value` through `check`, turning a complaint into an "invalid return" error of `call`.
+pub fn checked<T>(
+    id: &PluginId,
+    call: &'static str,
+    value: T,
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<T, PluginError> {
+    check(&value).map_err(|message| PluginErrorKind::InvalidReturn { call, message }.of(id))?;
+    Ok(value)
+}
+
 /// An environment's self-description makes sense.
 pub fn env_info(info: &EnvInfo) -> Result<(), String> {
     if info.name.trim().is_empty() {

@@ -299,7 +299,7 @@ impl ComponentRuntime {
             pre,
             runtime: self.handle(),
         });
-        let mut first = ComponentEnvSession::new(&shared, 0).await?;
+        let mut first = ComponentEnvSession::start(&shared, 0).await?;
         let info = first.info().await?;
         Ok(ComponentEnvironment {
             shared,
@@ -511,20 +511,40 @@ macro_rules! guest_call {
     }};
 }
 
-/// Instantiates into a fresh store, under the call deadline.
-async fn instantiate<B>(
-    runtime: &RuntimeHandle,
-    host: &Arc<HostContext>,
-    limits: &PluginLimits,
-    seed: u64,
-    make: impl AsyncFnOnce(&mut Store<GuestState>) -> wasmtime::Result<B>,
-) -> Result<(Store<GuestState>, MemoryOutputPipe, B), PluginError> {
-    let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-    let mut store = runtime.store(host, limits, seed, &stderr)?;
-    let outcome = tokio::time::timeout(limits.call_timeout, make(&mut store)).await;
-    let bindings =
-        settle(&store, &stderr, limits, "instantiate", outcome).map_err(|k| k.of(&host.plugin))?;
-    Ok((store, stderr, bindings))
+/// One instance of a component in its own store: a rollout's environment, or one reward call.
+pub(crate) struct Instance<B> {
+    host: Arc<HostContext>,
+    limits: PluginLimits,
+    store: Store<GuestState>,
+    stderr: MemoryOutputPipe,
+    bindings: B,
+    /// A call failed in a way that may have left the instance broken (trap, timeout).
+    poisoned: bool,
+}
+
+impl<B> Instance<B> {
+    /// Instantiates into a fresh store, under the call deadline.
+    async fn new(
+        runtime: &RuntimeHandle,
+        host: &Arc<HostContext>,
+        limits: &PluginLimits,
+        seed: u64,
+        make: impl AsyncFnOnce(&mut Store<GuestState>) -> wasmtime::Result<B>,
+    ) -> Result<Self, PluginError> {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut store = runtime.store(host, limits, seed, &stderr)?;
+        let outcome = tokio::time::timeout(limits.call_timeout, make(&mut store)).await;
+        let bindings = settle(&store, &stderr, limits, "instantiate", outcome)
+            .map_err(|k| k.of(&host.plugin))?;
+        Ok(Self {
+            host: host.clone(),
+            limits: limits.clone(),
+            store,
+            stderr,
+            bindings,
+            poisoned: false,
+        })
+    }
 }
 
 struct EnvShared {
@@ -535,34 +555,19 @@ struct EnvShared {
 }
 
 /// One rollout's instance of an environment component.
-pub(crate) struct ComponentEnvSession {
-    host: Arc<HostContext>,
-    limits: PluginLimits,
-    store: Store<GuestState>,
-    stderr: MemoryOutputPipe,
-    bindings: v0_1_0::env_world::Environment,
-    poisoned: bool,
-}
+pub(crate) type ComponentEnvSession = Instance<v0_1_0::env_world::Environment>;
 
 impl ComponentEnvSession {
-    async fn new(shared: &EnvShared, seed: u64) -> Result<Self, PluginError> {
+    async fn start(shared: &EnvShared, seed: u64) -> Result<Self, PluginError> {
         let pre = shared.pre.clone();
-        let (store, stderr, bindings) = instantiate(
+        Self::new(
             &shared.runtime,
             &shared.host,
             &shared.limits,
             seed,
             async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
         )
-        .await?;
-        Ok(Self {
-            host: shared.host.clone(),
-            limits: shared.limits.clone(),
-            store,
-            stderr,
-            bindings,
-            poisoned: false,
-        })
+        .await
     }
 
     async fn info(&mut self) -> Result<EnvInfo, PluginError> {
@@ -572,14 +577,7 @@ impl ComponentEnvSession {
                 .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
         })?;
         let info = v0_1_0::env_info_out(info);
-        validate::env_info(&info).map_err(|message| {
-            PluginErrorKind::InvalidReturn {
-                call: "info",
-                message,
-            }
-            .of(&self.host.plugin)
-        })?;
-        Ok(info)
+        validate::checked(&self.host.plugin, "info", info, validate::env_info)
     }
 
     async fn dataset(
@@ -623,14 +621,9 @@ impl EnvSession for ComponentEnvSession {
         let metrics = guest_call!(self, rlhost_env_env, "score", |e, s| e
             .call_score(s, &rollout))?;
         let metrics = v0_1_0::metrics_out(metrics);
-        validate::metrics(&metrics).map_err(|message| {
-            PluginErrorKind::InvalidReturn {
-                call: "score",
-                message,
-            }
-            .of(&self.host.plugin)
-        })?;
-        Ok(metrics)
+        validate::checked(&self.host.plugin, "score", metrics, |v| {
+            validate::metrics(v)
+        })
     }
 }
 
@@ -660,7 +653,7 @@ impl Environment for ComponentEnvironment {
     ) -> Result<DatasetPage, PluginError> {
         let mut slot = self.dataset_session.lock().await;
         if slot.as_ref().is_none_or(|s| s.poisoned) {
-            *slot = Some(ComponentEnvSession::new(&self.shared, 0).await?);
+            *slot = Some(ComponentEnvSession::start(&self.shared, 0).await?);
         }
         let session = slot.as_mut().expect("filled above");
         session.dataset(split, offset, limit).await
@@ -668,7 +661,7 @@ impl Environment for ComponentEnvironment {
 
     async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
         Ok(Box::new(
-            ComponentEnvSession::new(&self.shared, seed).await?,
+            ComponentEnvSession::start(&self.shared, seed).await?,
         ))
     }
 }
@@ -682,35 +675,20 @@ pub(crate) struct ComponentReward {
     info: RewardInfo,
 }
 
-/// One instance of a reward component.
-struct RewardInstance {
-    host: Arc<HostContext>,
-    limits: PluginLimits,
-    store: Store<GuestState>,
-    stderr: MemoryOutputPipe,
-    bindings: v0_1_0::reward_world::Reward,
-    poisoned: bool,
-}
-
 impl ComponentReward {
-    async fn instance(&self, seed: u64) -> Result<RewardInstance, PluginError> {
+    async fn instance(
+        &self,
+        seed: u64,
+    ) -> Result<Instance<v0_1_0::reward_world::Reward>, PluginError> {
         let pre = self.pre.clone();
-        let (store, stderr, bindings) = instantiate(
+        Instance::new(
             &self.runtime,
             &self.host,
             &self.limits,
             seed,
             async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
         )
-        .await?;
-        Ok(RewardInstance {
-            host: self.host.clone(),
-            limits: self.limits.clone(),
-            store,
-            stderr,
-            bindings,
-            poisoned: false,
-        })
+        .await
     }
 
     async fn read_info(&self) -> Result<RewardInfo, PluginError> {
@@ -721,14 +699,9 @@ impl ComponentReward {
                 .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
         })?;
         let info = v0_1_0::reward_info_out(info);
-        validate::reward_info(&info).map_err(|message| {
-            PluginErrorKind::InvalidReturn {
-                call: "info",
-                message,
-            }
-            .of(&self.host.plugin)
-        })?;
-        Ok(info)
+        validate::checked(&self.host.plugin, "info", info, |v| {
+            validate::reward_info(v)
+        })
     }
 }
 
@@ -753,13 +726,8 @@ impl RewardFn for ComponentReward {
         let metrics = guest_call!(&mut inst, rlhost_env_reward_fn, "score", |e, s| e
             .call_score(s, completion, answer, info))?;
         let metrics = v0_1_0::metrics_out(metrics);
-        validate::metrics(&metrics).map_err(|message| {
-            PluginErrorKind::InvalidReturn {
-                call: "score",
-                message,
-            }
-            .of(&self.host.plugin)
-        })?;
-        Ok(metrics)
+        validate::checked(&self.host.plugin, "score", metrics, |v| {
+            validate::metrics(v)
+        })
     }
 }
