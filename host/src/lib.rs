@@ -11,7 +11,8 @@
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
 //! - [`doctor`]: the installation report behind `host doctor`.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
-//! - [`sandbox`]: the Python tool sandbox seam.
+//! - [`sandbox`]: the Python tool sandbox.
+//! - [`wasm`]: wasmtime pieces shared by plugins and the sandbox.
 #![deny(missing_docs)]
 
 pub mod bench;
@@ -21,6 +22,7 @@ pub mod doctor;
 pub mod home;
 pub mod plugin;
 pub mod sandbox;
+pub mod wasm;
 
 /// This build's rlhost version (the workspace version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

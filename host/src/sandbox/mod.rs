@@ -1,15 +1,32 @@
-//! Python tool execution for plugins (the `run-python` host import) and, later, for the rollout
-//! loop. This module owns the seam: [`Sandbox`] is what the plugin runtime calls. The isolated
-//! CPython-in-WebAssembly implementation arrives with the sandbox work; until a host is given one,
-//! `run-python` answers "no Python sandbox configured".
+//! Running model-written Python: the `python` tool of math environments and the `run-python`
+//! import of plugins.
+//!
+//! [`WasmSandbox`] runs CPython compiled to WebAssembly (`sandbox/python/`, built by
+//! `make sandbox`): a fresh, isolated interpreter per call (or one per rollout in REPL mode),
+//! with sympy pre-loaded in its memory snapshot, a deadline, a memory cap, capped output, and no
+//! files, network, environment variables or subprocesses. Results read like what a model
+//! expects from Python: a timeout is `Error: Code execution timed out after N seconds`, memory
+//! exhaustion a `MemoryError`, runaway recursion a `RecursionError`.
+//!
+//! This module must never run model code outside a sandbox.
+
+mod capture;
+mod wasm;
 
 use async_trait::async_trait;
 use rlhost_sdk::types::{PythonLimits, PythonOutput};
+use serde::{Deserialize, Serialize};
 
-/// Errors from a sandbox (not the Python program's own errors, which are in its output).
+pub use capture::CapturePipe;
+pub use wasm::{PythonRepl, REPL_RESET_NOTE, WasmSandbox};
+
+/// Errors from a sandbox itself (not the Python program's own errors, which are its output).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SandboxError {
-    /// The sandbox could not start the program.
+    /// The sandbox cannot be set up (missing or invalid component, engine failure).
+    #[error("the Python sandbox cannot start: {0}")]
+    Setup(String),
+    /// The sandbox failed while running a call.
     #[error("the Python sandbox failed: {0}")]
     Failed(String),
 }
@@ -17,11 +34,112 @@ pub enum SandboxError {
 /// Runs model-written Python code in isolation.
 #[async_trait]
 pub trait Sandbox: Send + Sync {
-    /// Runs `code` under `limits`; a timeout or a crash of the program is a normal output
-    /// (`timed_out`, non-zero `exit_code`), not an error.
+    /// Runs `code` under `limits` in a fresh interpreter; a timeout or a crash of the program is
+    /// a normal output (`timed_out`, non-zero `exit_code`), not an error.
     async fn run_python(
         &self,
         code: &str,
         limits: PythonLimits,
     ) -> Result<PythonOutput, SandboxError>;
+}
+
+/// How Python state lives across calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PythonMode {
+    /// A fresh interpreter per call: variables do not persist (math-python's semantics).
+    #[default]
+    Fresh,
+    /// One interpreter per rollout: variables persist between calls; after a crash the next
+    /// call starts fresh and the output says so.
+    Repl,
+}
+
+/// Sandbox-wide policy. Per-call [`PythonLimits`] are clamped to these maxima.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxPolicy {
+    /// Calls running at once; more wait in a queue, and their deadline starts when they run.
+    /// Default: the number of CPU cores.
+    pub workers: usize,
+    /// Largest timeout a call may ask for, in milliseconds. Default 60 000.
+    pub max_timeout_ms: u32,
+    /// Largest memory a call may ask for, in MiB. Default 2048.
+    pub max_memory_mib: u32,
+    /// Largest output a call may ask for, per stream, in bytes. Default 1 MiB.
+    pub max_output_bytes: u32,
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        Self {
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            max_timeout_ms: 60_000,
+            max_memory_mib: 2048,
+            max_output_bytes: 1 << 20,
+        }
+    }
+}
+
+impl SandboxPolicy {
+    /// `limits`, clamped to this policy's maxima (and to sane minima).
+    pub fn clamp(&self, limits: PythonLimits) -> PythonLimits {
+        PythonLimits {
+            timeout_ms: limits.timeout_ms.clamp(1, self.max_timeout_ms),
+            memory_mib: limits.memory_mib.clamp(64, self.max_memory_mib),
+            max_output_bytes: limits.max_output_bytes.clamp(1, self.max_output_bytes),
+        }
+    }
+}
+
+/// The message a model reads when its code ran out of time (verifiers' exact wording).
+pub fn timeout_message(timeout_ms: u32) -> String {
+    let secs = f64::from(timeout_ms) / 1000.0;
+    if secs.fract() == 0.0 {
+        format!("Error: Code execution timed out after {secs:.0} seconds")
+    } else {
+        format!("Error: Code execution timed out after {secs} seconds")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_message_matches_the_seed() {
+        assert_eq!(
+            timeout_message(10_000),
+            "Error: Code execution timed out after 10 seconds"
+        );
+        assert_eq!(
+            timeout_message(1_500),
+            "Error: Code execution timed out after 1.5 seconds"
+        );
+    }
+
+    #[test]
+    fn limits_are_clamped_to_the_policy() {
+        let policy = SandboxPolicy {
+            workers: 1,
+            max_timeout_ms: 5_000,
+            max_memory_mib: 256,
+            max_output_bytes: 100,
+        };
+        let asked = PythonLimits {
+            timeout_ms: 99_000,
+            memory_mib: 1,
+            max_output_bytes: 0,
+        };
+        assert_eq!(
+            policy.clamp(asked),
+            PythonLimits {
+                timeout_ms: 5_000,
+                memory_mib: 64,
+                max_output_bytes: 1
+            }
+        );
+    }
 }

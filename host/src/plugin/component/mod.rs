@@ -14,17 +14,14 @@
 
 mod v0_1_0;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use rlhost_registry::manifest::PluginKind;
 use rlhost_sdk::types::{
     DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, RewardInfo, Rollout,
 };
-use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, Trap};
@@ -38,8 +35,6 @@ use super::{
     PluginLimits, RewardFn, validate,
 };
 
-/// How often the epoch advances; a running guest yields to the async runtime this often.
-const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Guest stderr kept for error messages (a panic message lands here).
 const STDERR_CAPACITY: usize = 64 * 1024;
 
@@ -47,7 +42,7 @@ const STDERR_CAPACITY: usize = 64 * 1024;
 pub(crate) struct GuestState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limiter: MemoryCap,
+    limiter: crate::wasm::MemoryCap,
     host: Arc<HostContext>,
     seed: u64,
 }
@@ -61,110 +56,12 @@ impl WasiView for GuestState {
     }
 }
 
-/// Caps linear memory and remembers having refused, to tell an out-of-memory crash apart.
-struct MemoryCap {
-    max_bytes: usize,
-    refused: bool,
-}
-
-impl wasmtime::ResourceLimiter for MemoryCap {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        let ok = desired <= self.max_bytes;
-        self.refused |= !ok;
-        Ok(ok)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1 << 20)
-    }
-}
-
-/// Frozen clocks: plugins get no time beyond what the host gives them.
-struct FrozenClock;
-
-impl wasmtime_wasi::HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
-/// Deterministic bytes from a seed (SplitMix64), for WASI randomness.
-fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
-struct EpochTicker {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl EpochTicker {
-    fn start(engine: Engine) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("rlhost-epoch".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    engine.increment_epoch();
-                }
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The engine, linker and compile cache shared by all component plugins.
 pub struct ComponentRuntime {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
     cache_dir: Option<PathBuf>,
-    _ticker: EpochTicker,
+    _ticker: crate::wasm::EpochTicker,
 }
 
 fn runtime_id() -> PluginId {
@@ -192,7 +89,7 @@ impl ComponentRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| fail("cannot link WASI", &e))?;
         v0_1_0::add_to_linker(&mut linker).map_err(|e| fail("cannot link the host API", &e))?;
-        let ticker = EpochTicker::start(engine.clone())
+        let ticker = crate::wasm::EpochTicker::start(engine.clone())
             .map_err(|e| fail("cannot start the epoch thread", &e))?;
         Ok(Self {
             engine,
@@ -239,45 +136,9 @@ impl ComponentRuntime {
             ))
             .of(id));
         }
-        self.compile_cached(&bytes).map_err(|e| {
+        crate::wasm::compile_cached(&self.engine, &bytes, self.cache_dir.as_deref()).map_err(|e| {
             PluginErrorKind::Malformed(format!("cannot compile the component: {e:#}")).of(id)
         })
-    }
-
-    fn compile_cached(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
-        let Some(dir) = &self.cache_dir else {
-            return Component::new(&self.engine, bytes);
-        };
-        let path = dir.join("components").join(self.cache_key(bytes));
-        if path.is_file() {
-            // SAFETY: the file was written by `precompile_component` of an engine with the same
-            // compatibility hash (part of the key), in a cache only this host writes.
-            match unsafe { Component::deserialize_file(&self.engine, &path) } {
-                Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!("ignoring unusable cache entry {}: {e:#}", path.display()),
-            }
-        }
-        let compiled = self.engine.precompile_component(bytes)?;
-        if let Err(e) = write_atomically(&path, &compiled) {
-            tracing::warn!("cannot cache compiled component at {}: {e}", path.display());
-        }
-        // SAFETY: the bytes were produced just now by this engine.
-        unsafe { Component::deserialize(&self.engine, &compiled) }
-    }
-
-    fn cache_key(&self, bytes: &[u8]) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
-        self.engine
-            .precompile_compatibility_hash()
-            .hash(&mut engine_hash);
-        let digest = Sha256::digest(bytes);
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "{hex}-{:016x}-wasmtime{}.cwasm",
-            engine_hash.finish(),
-            env!("RLHOST_BUILD_WASMTIME_VERSION")
-        )
     }
 
     /// Loads an environment component.
@@ -364,10 +225,14 @@ impl RuntimeHandle {
         wasi.allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
-            .wall_clock(FrozenClock)
-            .monotonic_clock(FrozenClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(seeded_bytes(seed, 4096)))
-            .insecure_random(wasmtime_wasi::Deterministic::new(seeded_bytes(!seed, 4096)))
+            .wall_clock(crate::wasm::FrozenClock)
+            .monotonic_clock(crate::wasm::FrozenClock)
+            .secure_random(wasmtime_wasi::Deterministic::new(
+                crate::wasm::seeded_bytes(seed, 4096),
+            ))
+            .insecure_random(wasmtime_wasi::Deterministic::new(
+                crate::wasm::seeded_bytes(!seed, 4096),
+            ))
             .insecure_random_seed(u128::from(seed))
             .stderr(stderr.clone());
         if let Some(data) = &host.data {
@@ -383,10 +248,7 @@ impl RuntimeHandle {
         let state = GuestState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: MemoryCap {
-                max_bytes: limits.memory_bytes,
-                refused: false,
-            },
+            limiter: crate::wasm::MemoryCap::new(limits.memory_bytes),
             host: host.clone(),
             seed,
         };
@@ -401,16 +263,6 @@ impl RuntimeHandle {
         }
         Ok(store)
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().expect("cache paths have a parent");
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 /// Turns the outcome of a guarded guest call into a result, telling timeouts, memory
@@ -432,7 +284,7 @@ fn settle<R>(
         }
         Ok(Err(e)) => e,
     };
-    if store.data().limiter.refused {
+    if store.data().limiter.refused() {
         return Err(PluginErrorKind::OutOfMemory {
             call,
             limit_mib: limits.memory_bytes >> 20,

@@ -1,0 +1,397 @@
+//! CPython in WebAssembly: one engine, the component compiled once (cached as `.cwasm`), and per
+//! call a fresh store instantiated from its pre-initialised snapshot. Calls run on a bounded pool
+//! of worker threads with large stacks; a call's deadline starts when a worker picks it up, so a
+//! burst of calls queues instead of missing deadlines.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, mpsc};
+
+use async_trait::async_trait;
+use rlhost_sdk::types::{PythonLimits, PythonOutput};
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::capture::CapturePipe;
+use super::{Sandbox, SandboxError, SandboxPolicy, timeout_message};
+use crate::wasm::{EPOCH_TICK, EpochTicker, MemoryCap};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "sandbox",
+        path: "../sandbox/python/wit",
+    });
+}
+
+/// Stack of each worker thread; the guest's own stack is capped far below it, so a runaway
+/// recursion traps cleanly instead of overflowing the host thread.
+const WORKER_STACK: usize = 32 << 20;
+const MAX_WASM_STACK: usize = 4 << 20;
+/// Exit code reported for a call stopped by its deadline (as `timeout(1)` does).
+const EXIT_TIMEOUT: i32 = 124;
+
+struct SandboxState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryCap,
+}
+
+impl WasiView for SandboxState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A fixed set of threads with big stacks running sandbox calls in arrival order.
+struct WorkerPool {
+    queue: Option<mpsc::Sender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerPool {
+    fn new(workers: usize) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::new();
+        for i in 0..workers.max(1) {
+            let rx = rx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("rlhost-python-{i}"))
+                    .stack_size(WORKER_STACK)
+                    .spawn(move || {
+                        loop {
+                            let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                            match job {
+                                Ok(job) => job(),
+                                Err(_) => break,
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(Self {
+            queue: Some(tx),
+            threads,
+        })
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, SandboxError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(f());
+        });
+        self.queue
+            .as_ref()
+            .and_then(|q| q.send(job).ok())
+            .ok_or_else(|| SandboxError::Failed("the worker pool is shut down".into()))?;
+        rx.await
+            .map_err(|_| SandboxError::Failed("a sandbox worker died".into()))
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.queue.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Shared {
+    engine: Engine,
+    pre: bindings::SandboxPre<SandboxState>,
+    policy: SandboxPolicy,
+}
+
+/// CPython in WebAssembly behind the [`Sandbox`] trait.
+#[derive(Clone)]
+pub struct WasmSandbox {
+    shared: Arc<Shared>,
+    pool: Arc<WorkerPool>,
+    _ticker: Arc<EpochTicker>,
+}
+
+/// A live interpreter with its output captures.
+struct Live {
+    store: Store<SandboxState>,
+    python: bindings::Sandbox,
+    stdout: CapturePipe,
+    stderr: CapturePipe,
+}
+
+impl WasmSandbox {
+    /// Loads the sandbox component (built by `make sandbox`); the compiled form is cached in
+    /// `cache_dir` (the first compile of the ~100 MB component takes a while).
+    pub fn load(
+        component: &Path,
+        cache_dir: Option<&Path>,
+        policy: SandboxPolicy,
+    ) -> Result<Self, SandboxError> {
+        let setup =
+            |what: &str, e: &dyn std::fmt::Display| SandboxError::Setup(format!("{what}: {e}"));
+        let bytes = std::fs::read(component).map_err(|e| {
+            SandboxError::Setup(format!(
+                "cannot read {}: {e} (build it with `make sandbox`)",
+                component.display()
+            ))
+        })?;
+        let mut config = Config::new();
+        config
+            .epoch_interruption(true)
+            .max_wasm_stack(MAX_WASM_STACK)
+            .async_stack_size(MAX_WASM_STACK + (1 << 20));
+        let engine = Engine::new(&config).map_err(|e| setup("engine", &e))?;
+        let compiled = crate::wasm::compile_cached(&engine, &bytes, cache_dir)
+            .map_err(|e| setup(&format!("cannot compile {}", component.display()), &e))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| setup("WASI", &e))?;
+        let pre = linker
+            .instantiate_pre(&compiled)
+            .and_then(bindings::SandboxPre::new)
+            .map_err(|e| {
+                setup(
+                    &format!("{} is not the rlhost Python sandbox", component.display()),
+                    &e,
+                )
+            })?;
+        let ticker = EpochTicker::start(engine.clone()).map_err(|e| setup("epoch thread", &e))?;
+        let pool = WorkerPool::new(policy.workers).map_err(|e| setup("worker threads", &e))?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine,
+                pre,
+                policy,
+            }),
+            pool: Arc::new(pool),
+            _ticker: Arc::new(ticker),
+        })
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &SandboxPolicy {
+        &self.shared.policy
+    }
+
+    /// Runs `code` in a fresh interpreter.
+    pub async fn run(
+        &self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        let shared = self.shared.clone();
+        let code = code.to_owned();
+        let limits = shared.policy.clamp(limits);
+        self.pool
+            .run(move || {
+                let (output, _) = shared.call(None, &code, limits);
+                output
+            })
+            .await
+    }
+
+    /// A persistent interpreter for one rollout (REPL mode).
+    pub fn repl(&self) -> PythonRepl {
+        PythonRepl {
+            sandbox: self.clone(),
+            live: None,
+        }
+    }
+}
+
+impl Shared {
+    fn instantiate(&self, limits: PythonLimits) -> Result<Live, wasmtime::Error> {
+        let stdout = CapturePipe::new(limits.max_output_bytes as usize);
+        let stderr = CapturePipe::new(limits.max_output_bytes as usize);
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let state = SandboxState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryCap::new((limits.memory_mib as usize) << 20),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        arm_deadline(&mut store, limits.timeout_ms);
+        let python = self.pre.instantiate(&mut store)?;
+        Ok(Live {
+            store,
+            python,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Runs one call, in `live` if given (REPL) or a fresh interpreter. Returns the output and
+    /// the interpreter if it can be used again.
+    fn call(
+        &self,
+        live: Option<Live>,
+        code: &str,
+        limits: PythonLimits,
+    ) -> (PythonOutput, Option<Live>) {
+        let mut live = match live {
+            Some(l) => l,
+            None => match self.instantiate(limits) {
+                Ok(l) => l,
+                Err(e) => return (crashed(&e, limits), None),
+            },
+        };
+        arm_deadline(&mut live.store, limits.timeout_ms);
+        let result = live
+            .python
+            .rlhost_sandbox_python()
+            .call_run(&mut live.store, code);
+        let (stdout, stdout_cut) = live.stdout.take(limits.max_output_bytes as usize);
+        let (stderr, stderr_cut) = live.stderr.take(limits.max_output_bytes as usize);
+        let mut out = PythonOutput {
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            exit_code: 0,
+            timed_out: false,
+        };
+        let note = |cut: bool| {
+            cut.then(|| {
+                format!(
+                    "\n[output truncated after {} bytes]",
+                    limits.max_output_bytes
+                )
+            })
+        };
+        if let Some(n) = note(stdout_cut) {
+            out.stdout.push_str(&n);
+        }
+        if let Some(n) = note(stderr_cut) {
+            out.stderr.push_str(&n);
+        }
+        match result {
+            Ok(code) => {
+                out.exit_code = code;
+                (out, Some(live))
+            }
+            Err(e) => {
+                let (exit_code, timed_out, message) = describe_failure(&e, &live.store, limits);
+                out.exit_code = exit_code;
+                out.timed_out = timed_out;
+                if let Some(message) = message {
+                    if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
+                        out.stderr.push('\n');
+                    }
+                    out.stderr.push_str(&message);
+                }
+                // `os._exit` leaves a usable instance behind no more than a trap does.
+                (out, None)
+            }
+        }
+    }
+}
+
+fn arm_deadline(store: &mut Store<SandboxState>, timeout_ms: u32) {
+    let ticks = u64::from(timeout_ms).div_ceil(EPOCH_TICK.as_millis() as u64);
+    store.set_epoch_deadline(ticks.max(1));
+    store.epoch_deadline_trap();
+}
+
+/// Exit code, timed-out flag and the message a model should read for a failed call.
+fn describe_failure(
+    e: &wasmtime::Error,
+    store: &Store<SandboxState>,
+    limits: PythonLimits,
+) -> (i32, bool, Option<String>) {
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return (exit.0, false, None);
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => (EXIT_TIMEOUT, true, Some(timeout_message(limits.timeout_ms))),
+        Some(Trap::StackOverflow) => (
+            1,
+            false,
+            Some("RecursionError: maximum recursion depth exceeded".into()),
+        ),
+        _ if store.data().limiter.refused() => (1, false, Some("MemoryError".into())),
+        _ => (
+            1,
+            false,
+            Some(format!("Error: the Python interpreter crashed: {e}")),
+        ),
+    }
+}
+
+fn crashed(e: &wasmtime::Error, limits: PythonLimits) -> PythonOutput {
+    let timed_out = e.downcast_ref::<Trap>() == Some(&Trap::Interrupt);
+    PythonOutput {
+        stdout: String::new(),
+        stderr: if timed_out {
+            timeout_message(limits.timeout_ms)
+        } else {
+            format!("Error: the Python interpreter could not start: {e}")
+        },
+        exit_code: if timed_out { EXIT_TIMEOUT } else { 1 },
+        timed_out,
+    }
+}
+
+#[async_trait]
+impl Sandbox for WasmSandbox {
+    async fn run_python(
+        &self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        self.run(code, limits).await
+    }
+}
+
+/// One rollout's persistent interpreter: variables survive between calls. After a crash
+/// (timeout, memory, recursion) the next call starts a fresh interpreter, and the crashing call's
+/// output says so.
+pub struct PythonRepl {
+    sandbox: WasmSandbox,
+    live: Option<Live>,
+}
+
+/// What a model is told when its REPL state was lost.
+pub const REPL_RESET_NOTE: &str =
+    "[the Python session was reset: variables from earlier calls are gone]";
+
+impl PythonRepl {
+    /// Runs `code` in this rollout's interpreter.
+    pub async fn run(
+        &mut self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        let shared = self.sandbox.shared.clone();
+        let limits = shared.policy.clamp(limits);
+        let live = self.live.take();
+        let had_state = live.is_some();
+        let code = code.to_owned();
+        let (mut output, live) = self
+            .sandbox
+            .pool
+            .run(move || shared.call(live, &code, limits))
+            .await?;
+        if live.is_none() && (had_state || output.exit_code != 0) {
+            if !output.stderr.is_empty() && !output.stderr.ends_with('\n') {
+                output.stderr.push('\n');
+            }
+            output.stderr.push_str(REPL_RESET_NOTE);
+        }
+        self.live = live;
+        Ok(output)
+    }
+}

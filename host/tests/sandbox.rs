@@ -1,0 +1,201 @@
+//! The Python sandbox against the real component (`make sandbox` builds
+//! `sandbox/target/python-sandbox.wasm`): correctness, and hostile code contained with the
+//! message a model should read.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rlhost::sandbox::{PythonMode, REPL_RESET_NOTE, SandboxPolicy, WasmSandbox};
+use rlhost_sdk::types::{PythonLimits, PythonOutput};
+
+fn component() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sandbox/target/python-sandbox.wasm");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make sandbox` first",
+        path.display()
+    );
+    path
+}
+
+/// One sandbox for the whole test binary: compiling the component is the slow part (cached on
+/// disk next to it after the first run).
+fn sandbox() -> &'static WasmSandbox {
+    static SANDBOX: OnceLock<WasmSandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sandbox/target/cache");
+        WasmSandbox::load(&component(), Some(&cache), SandboxPolicy::default()).unwrap()
+    })
+}
+
+fn limits(timeout_ms: u32) -> PythonLimits {
+    PythonLimits {
+        timeout_ms,
+        memory_mib: 512,
+        max_output_bytes: 64 * 1024,
+    }
+}
+
+async fn run(code: &str) -> PythonOutput {
+    sandbox().run(code, limits(10_000)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prints_and_evaluates_like_a_notebook() {
+    let out = run("print(1+1)").await;
+    assert_eq!(
+        (out.stdout.as_str(), out.exit_code, out.timed_out),
+        ("2\n", 0, false)
+    );
+    let out = run("x = 6\nx * 7").await;
+    assert_eq!(out.stdout, "42\n");
+    let out = run("None").await;
+    assert_eq!(out.stdout, "");
+    let out = run("from fractions import Fraction\nFraction(1, 3) + Fraction(1, 6)").await;
+    assert_eq!(out.stdout, "Fraction(1, 2)\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sympy_is_ready() {
+    let out = run("from sympy import *\nx = symbols('x')\nintegrate(sin(x)**2, x)").await;
+    assert_eq!(out.stdout, "x/2 - sin(x)*cos(x)/2\n", "{}", out.stderr);
+    let out = run("import sympy\nsympy.solve(sympy.Symbol('y')**2 - 2)").await;
+    assert_eq!(out.stdout, "[-sqrt(2), sqrt(2)]\n", "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracebacks_show_the_users_lines() {
+    let out = run("a = 1\nb = 0\nprint(a / b)").await;
+    assert_eq!(out.exit_code, 1);
+    assert!(out.stderr.contains("line 3"), "{}", out.stderr);
+    assert!(out.stderr.contains("print(a / b)"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .trim_end()
+            .ends_with("ZeroDivisionError: division by zero"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("app.py"),
+        "sandbox internals leak: {}",
+        out.stderr
+    );
+    let out = run("def f(:\n  pass").await;
+    assert!(out.stderr.contains("SyntaxError"), "{}", out.stderr);
+    let out = run("import sys\nprint('bye')\nsys.exit(3)").await;
+    assert_eq!((out.stdout.as_str(), out.exit_code), ("bye\n", 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_mode_forgets_and_repl_mode_remembers() {
+    run("secret = 41").await;
+    let out = run("print(secret)").await;
+    assert!(out.stderr.contains("NameError"), "{}", out.stderr);
+    let _ = PythonMode::Repl;
+    let mut repl = sandbox().repl();
+    repl.run("secret = 41", limits(10_000)).await.unwrap();
+    let out = repl.run("secret + 1", limits(10_000)).await.unwrap();
+    assert_eq!(out.stdout, "42\n");
+    // A crash resets the session and says so.
+    let out = repl.run("while True: pass", limits(300)).await.unwrap();
+    assert!(out.timed_out);
+    assert!(out.stderr.ends_with(REPL_RESET_NOTE), "{}", out.stderr);
+    let out = repl.run("print(secret)", limits(10_000)).await.unwrap();
+    assert!(out.stderr.contains("NameError"), "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infinite_loop_times_out_with_the_seed_message() {
+    let out = sandbox()
+        .run("while True:\n    pass", limits(500))
+        .await
+        .unwrap();
+    assert!(out.timed_out);
+    assert_eq!(out.exit_code, 124);
+    assert_eq!(
+        out.stderr,
+        "Error: Code execution timed out after 0.5 seconds"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_code_is_contained() {
+    let cases: &[(&str, &str)] = &[
+        ("x = []\nwhile True: x.append(' ' * 10**6)", "MemoryError"),
+        ("def f(n): return f(n + 1)\nf(0)", "RecursionError"),
+        ("eval('(' * 200000 + ')' * 200000)", "Error"),
+        ("open('/etc/passwd').read()", "Error"),
+        (
+            "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 22))",
+            "Error",
+        ),
+        ("import subprocess\nsubprocess.run(['ls'])", "Error"),
+        ("import os\nos.fork()", "Error"),
+        ("import os\nos.environ['HOME']", "KeyError"),
+    ];
+    for (code, expected) in cases {
+        let out = sandbox().run(code, limits(10_000)).await.unwrap();
+        assert_ne!(out.exit_code, 0, "{code}: {out:?}");
+        assert!(!out.timed_out, "{code}: {out:?}");
+        assert!(out.stderr.contains(expected), "{code}: {}", out.stderr);
+        assert!(!out.stdout.contains("root:"), "{code} read host files");
+    }
+    // The sandbox still works afterwards.
+    assert_eq!(run("print('still here')").await.stdout, "still here\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_floods_are_cut() {
+    let mut l = limits(5_000);
+    l.max_output_bytes = 1000;
+    let out = sandbox()
+        .run("while True: print('spam' * 100)", l)
+        .await
+        .unwrap();
+    assert!(
+        !out.timed_out,
+        "a flood must fail fast, not run to its deadline"
+    );
+    assert!(out.stdout.starts_with("spamspam"), "{out:?}");
+    assert!(
+        out.stdout.ends_with("[output truncated after 1000 bytes]"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.len() < 1100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn os_exit_and_threads() {
+    // WASI p2 can only say "failed": every non-zero exit status reads as 1.
+    let out = run("import os\nprint('x', flush=True)\nos._exit(7)").await;
+    assert_eq!((out.stdout.as_str(), out.exit_code), ("x\n", 1));
+    let out = run("import os\nos._exit(0)").await;
+    assert_eq!(out.exit_code, 0);
+    let out = run("import threading\nt = threading.Thread(target=print)\nt.start()").await;
+    assert_ne!(out.exit_code, 0);
+    assert!(out.stderr.contains("Error"), "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_calls_queue_without_missing_deadlines() {
+    let calls: Vec<_> = (0..64)
+        .map(|i| {
+            tokio::spawn(async move {
+                sandbox()
+                    .run(&format!("sum(range({i} * 1000))"), limits(2_000))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (i, call) in calls.into_iter().enumerate() {
+        let out = call.await.unwrap();
+        assert!(!out.timed_out, "call {i} missed its deadline while queued");
+        let n = i as u64 * 1000;
+        assert_eq!(out.stdout, format!("{}\n", n * n.saturating_sub(1) / 2));
+    }
+    let _ = Duration::ZERO;
+}
