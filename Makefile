@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: all setup setup-py-reference build plugins demo test fmt fmt-check clippy
+.PHONY: all setup setup-py-reference build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
@@ -32,8 +32,12 @@ build: setup
 plugins: setup
 	$(WITH_ENV) bash scripts/build-plugins.sh
 
+## sandbox: the Python sandbox component (CPython for WASI + sympy, from pinned PyPI packages)
+sandbox: setup
+	bash scripts/build-sandbox.sh
+
 ## demo: the main job, the most complete user journey that exists today
-demo: build plugins
+demo: build plugins sandbox
 	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
 
 fmt:
@@ -51,7 +55,7 @@ clippy: setup
 ## test: setup + formatting + lints + build + every test (unit, end-to-end, doc)
 # Tests that skip (a missing reference venv, say) write why to $$RLHOST_SKIP_LOG; the summary line
 # counts them and prints the reasons, since cargo hides the output of passing tests.
-test: setup fmt-check clippy plugins
+test: setup fmt-check clippy plugins sandbox
 	@mkdir -p $(TARGET_DIR) && : > $(TARGET_DIR)/skipped-tests.txt
 	$(WITH_ENV) RLHOST_SKIP_LOG=$(abspath $(TARGET_DIR))/skipped-tests.txt \
 	  cargo test --release --workspace 2>&1 | tee $(TARGET_DIR)/test-output.log

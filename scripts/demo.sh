@@ -11,3 +11,14 @@ echo "== host doctor: what this installation has"
 echo
 echo "== host bench plugins: the arith environment as a sandboxed component vs a native library"
 "$HOST" bench plugins --component "$DIST/arith" --native "$DIST/arith-native"
+echo
+echo "== host sandbox run: model-written Python, isolated (CPython in WebAssembly, sympy preloaded)"
+"$HOST" sandbox run -c 'from sympy import *
+x = symbols("x")
+integrate(sin(x)**2, x)'
+"$HOST" sandbox run -c 'while True: pass' --timeout 1 || echo "(exit code $?)"
+echo
+echo "== host bench sandbox: python tool calls vs python -c subprocesses"
+PEER=python3
+[ -x .venv-ref/bin/python ] && PEER=.venv-ref/bin/python
+"$HOST" bench sandbox --python "$PEER" --scale 0.5

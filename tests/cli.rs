@@ -55,7 +55,6 @@ fn unbuilt_groups_fail_loudly_and_touch_nothing() {
         (vec!["bench", "inference", "--flag"], "host bench inference"),
         (vec!["registry", "serve", "--flag"], "host registry"),
         (vec!["model", "init"], "host model"),
-        (vec!["sandbox", "run"], "host sandbox"),
         (vec!["inference", "--model", "x"], "host inference"),
         (vec!["eval", "arith"], "host eval"),
         (vec!["rl", "--plugin", "arith"], "host rl"),
@@ -84,4 +83,53 @@ fn unknown_subcommand_is_a_usage_error() {
     let out = run(host(home.path()).arg("trian"));
     assert_eq!(out.status.code(), Some(2));
     assert!(texts(&out).1.contains("unrecognized subcommand 'trian'"));
+}
+
+#[test]
+fn sandbox_run_behaves_like_the_models_python_tool() {
+    let home = tempfile::tempdir().unwrap();
+    let out = run(host(home.path()).args([
+        "sandbox",
+        "run",
+        "-c",
+        "import math\nmath.factorial(20)",
+        "--json",
+    ]));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["stdout"], "2432902008176640000\n");
+    assert_eq!(v["timed_out"], false);
+
+    let out = run(host(home.path()).args([
+        "sandbox",
+        "run",
+        "-c",
+        "while True: pass",
+        "--timeout",
+        "0.5",
+    ]));
+    assert_eq!(out.status.code(), Some(124));
+    assert!(
+        texts(&out)
+            .1
+            .contains("Error: Code execution timed out after 0.5 seconds")
+    );
+
+    let out = run(host(home.path()).args(["sandbox", "run"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        texts(&out).1.contains("nothing to run"),
+        "{}",
+        texts(&out).1
+    );
+
+    let out =
+        run(host(home.path()).args(["sandbox", "run", "-c", "1", "--component", "/nope.wasm"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        texts(&out).1.contains("/nope.wasm does not exist"),
+        "{}",
+        texts(&out).1
+    );
 }

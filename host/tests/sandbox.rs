@@ -199,3 +199,38 @@ async fn many_concurrent_calls_queue_without_missing_deadlines() {
     }
     let _ = Duration::ZERO;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_reach_the_sandbox_through_run_python() {
+    use rlhost::plugin::{LoadOptions, PluginLoader};
+    use std::sync::Arc;
+
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/target/wasm32-wasip2/release/fixture_probe.wasm");
+    assert!(
+        probe.is_file(),
+        "{} is missing: run `make plugins`",
+        probe.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(&probe, tmp.path().join("plugin.wasm")).unwrap();
+    std::fs::write(
+        tmp.path().join("plugin.toml"),
+        "[plugin]\nowner = \"test\"\nname = \"probe\"\nversion = \"0.1.0\"\n\
+         kind = \"environment\"\nabi = \"rlhost:env@0.1.0\"\nruntime = \"wasm\"\n\
+         capabilities = [\"sandbox.python\"]\n",
+    )
+    .unwrap();
+    let loader = PluginLoader::new(
+        LoadOptions {
+            sandbox: Some(Arc::new(sandbox().clone())),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let env = loader.load_environment(tmp.path()).await.unwrap();
+    let mut session = env.start(1).await.unwrap();
+    let step = session.env_response(&[], "{}").await.unwrap();
+    assert_eq!(step.messages[0].content, "ok: 42\n");
+}

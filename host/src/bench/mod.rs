@@ -2,3 +2,4 @@
 //! run (a ratio, never an absolute target baked into a test).
 
 pub mod plugins;
+pub mod sandbox;

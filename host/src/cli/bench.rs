@@ -38,6 +38,21 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Python tool calls: the sandbox (fresh and REPL) against `python -c` subprocesses.
+    Sandbox {
+        /// The peer's interpreter (needs sympy for the sympy case).
+        #[arg(long, default_value = "python3")]
+        python: PathBuf,
+        /// Scale the number of calls (1.0: 40 trivial and 10 sympy calls per way).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// The sandbox component (default: see `host sandbox run --help`).
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Not built yet.
     #[command(external_subcommand)]
     Other(Vec<String>),
@@ -85,6 +100,37 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 ))
                 .context("benchmarking plugins")?;
             bar.finish_and_clear();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Sandbox {
+            python,
+            scale,
+            component,
+            json,
+        } => {
+            use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+            let home = crate::home::RlhostHome::from_env().ok();
+            let path = locate_component(component.as_deref(), home.as_ref())?;
+            let cache = home.as_ref().map(|h| h.cache_dir());
+            let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
+            let spinner = ProgressBar::new_spinner();
+            if json {
+                spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+            let progress = |what: &str| spinner.set_message(what.to_owned());
+            let cases = crate::bench::sandbox::standard_cases(scale);
+            let report = super::async_runtime()?
+                .block_on(crate::bench::sandbox::run(
+                    &sandbox, &python, &cases, &progress,
+                ))
+                .context("benchmarking the sandbox")?;
+            spinner.finish_and_clear();
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

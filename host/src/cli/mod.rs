@@ -8,6 +8,7 @@
 mod bench;
 mod doctor;
 mod env;
+mod sandbox;
 
 use std::process::ExitCode;
 
@@ -38,8 +39,8 @@ pub enum Command {
     Registry(Pending),
     /// Models: create tiny Qwen3-architecture models (`host model init`), inspect, convert.
     Model(Pending),
-    /// The Python tool sandbox (CPython in WebAssembly): run code, build the interpreter.
-    Sandbox(Pending),
+    /// The Python tool sandbox (CPython in WebAssembly): run code as a model's tool would.
+    Sandbox(sandbox::SandboxArgs),
     /// Serve a model over an OpenAI-compatible API with tool calling.
     Inference(Pending),
     /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
@@ -87,6 +88,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => doctor::run(args),
         Command::Env(args) => env::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Sandbox(args) => sandbox::run(args),
         other => Err(not_implemented(other.name())),
     }
 }
@@ -141,6 +143,7 @@ mod tests {
             // Groups with subcommands need one; an unknown one parses as "not built yet".
             let parsed = Cli::try_parse_from(["host", sub.get_name()])
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "later"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "run", "-c", "1"]))
                 .expect("parses");
             assert_eq!(parsed.command.name(), sub.get_name());
         }

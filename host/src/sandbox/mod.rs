@@ -94,6 +94,52 @@ impl SandboxPolicy {
     }
 }
 
+/// Environment variable naming the sandbox component.
+pub const COMPONENT_ENV: &str = "RLHOST_PYTHON_SANDBOX";
+/// File name of the sandbox component.
+pub const COMPONENT_FILE: &str = "python-sandbox.wasm";
+
+/// Finds the sandbox component: `explicit`, else `$RLHOST_PYTHON_SANDBOX`, else
+/// `$RLHOST_HOME/sandbox/python-sandbox.wasm`, else the build tree's
+/// `sandbox/target/python-sandbox.wasm` (where `make sandbox` puts it). The error lists every
+/// place it looked.
+pub fn locate_component(
+    explicit: Option<&std::path::Path>,
+    home: Option<&crate::home::RlhostHome>,
+) -> Result<std::path::PathBuf, SandboxError> {
+    use std::path::PathBuf;
+    if let Some(p) = explicit {
+        return match p.is_file() {
+            true => Ok(p.to_owned()),
+            false => Err(SandboxError::Setup(format!(
+                "{} does not exist",
+                p.display()
+            ))),
+        };
+    }
+    let mut looked: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os(COMPONENT_ENV).filter(|v| !v.is_empty()) {
+        looked.push(PathBuf::from(p));
+    }
+    if let Some(h) = home {
+        looked.push(h.root().join("sandbox").join(COMPONENT_FILE));
+    }
+    looked.push(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../sandbox/target")
+            .join(COMPONENT_FILE),
+    );
+    if let Some(found) = looked.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    let places: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+    Err(SandboxError::Setup(format!(
+        "no Python sandbox component found (looked in: {}); build it with `make sandbox` or \
+         point ${COMPONENT_ENV} at one",
+        places.join(", ")
+    )))
+}
+
 /// The message a model reads when its code ran out of time (verifiers' exact wording).
 pub fn timeout_message(timeout_ms: u32) -> String {
     let secs = f64::from(timeout_ms) / 1000.0;

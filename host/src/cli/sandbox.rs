@@ -1,0 +1,122 @@
+//! `host sandbox …`: run Python exactly as a model's `python` tool would.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use rlhost_sdk::types::PythonLimits;
+
+use crate::home::RlhostHome;
+use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+
+/// Arguments of `host sandbox`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    #[command(subcommand)]
+    command: SandboxCommand,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    /// A fresh interpreter per snippet.
+    Fresh,
+    /// One interpreter for all snippets, in order.
+    Repl,
+}
+
+#[derive(Debug, Subcommand)]
+enum SandboxCommand {
+    /// Run Python code in the sandbox and print what the model would see.
+    Run {
+        /// Code to run (repeatable: snippets run in order).
+        #[arg(short = 'c', long = "code")]
+        code: Vec<String>,
+        /// A file of code to run (after any -c snippets).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Fresh interpreter per snippet, or one kept across snippets.
+        #[arg(long, value_enum, default_value = "fresh")]
+        mode: Mode,
+        /// Wall-clock limit per snippet, in seconds.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
+        /// Memory limit, in MiB.
+        #[arg(long, default_value_t = 512)]
+        memory_mib: u32,
+        /// Output kept per stream, in bytes.
+        #[arg(long, default_value_t = 64 * 1024)]
+        max_output_bytes: u32,
+        /// The sandbox component (default: $RLHOST_PYTHON_SANDBOX, $RLHOST_HOME/sandbox/, the
+        /// build tree).
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Print one JSON object per snippet.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
+    let SandboxCommand::Run {
+        mut code,
+        file,
+        mode,
+        timeout,
+        memory_mib,
+        max_output_bytes,
+        component,
+        json,
+    } = args.command;
+    if let Some(file) = file {
+        code.push(
+            std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?,
+        );
+    }
+    if code.is_empty() {
+        bail!("nothing to run: give -c CODE or --file FILE");
+    }
+    if !(timeout.is_finite() && timeout > 0.0) {
+        bail!("--timeout must be a positive number of seconds, got {timeout}");
+    }
+    let limits = PythonLimits {
+        timeout_ms: (timeout * 1000.0).round() as u32,
+        memory_mib,
+        max_output_bytes,
+    };
+    let home = RlhostHome::from_env().ok();
+    let path = locate_component(component.as_deref(), home.as_ref())?;
+    let cache = home.as_ref().map(|h| h.cache_dir());
+    let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
+    let runtime = super::async_runtime()?;
+    let outputs = runtime.block_on(async {
+        let mut outputs = Vec::new();
+        let mut repl = sandbox.repl();
+        for snippet in &code {
+            outputs.push(match mode {
+                Mode::Fresh => sandbox.run(snippet, limits).await?,
+                Mode::Repl => repl.run(snippet, limits).await?,
+            });
+        }
+        anyhow::Ok(outputs)
+    })?;
+    let mut last = 0;
+    for out in &outputs {
+        if json {
+            println!("{}", serde_json::to_string(out)?);
+        } else {
+            print!("{}", out.stdout);
+            eprint!("{}", out.stderr);
+            if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
+                eprintln!();
+            }
+        }
+        last = out.exit_code;
+    }
+    std::io::stdout().flush()?;
+    Ok(ExitCode::from(
+        u8::try_from(last.clamp(0, 255)).unwrap_or(1),
+    ))
+}
