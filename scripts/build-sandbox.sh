@@ -14,7 +14,7 @@ MPMATH=1.3.0   # sympy 1.14 requires mpmath < 1.4
 
 SRC="$ROOT/sandbox/python"
 OUT="$ROOT/sandbox/target/python-sandbox.wasm"
-KEY=$( (echo "$COMPONENTIZE_PY $SYMPY $MPMATH"; cat "$SRC/app.py" "$SRC/wit/sandbox.wit" "$0") \
+KEY=$( (echo "$COMPONENTIZE_PY $SYMPY $MPMATH"; cat "$SRC/app.py" "$SRC/runner.py" "$SRC/wit/sandbox.wit" "$0") \
   | sha256sum | cut -c1-16)
 CACHED="$CACHE/sandbox/python-sandbox-$KEY.wasm"
 

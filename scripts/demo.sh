@@ -19,6 +19,9 @@ integrate(sin(x)**2, x)'
 "$HOST" sandbox run -c 'while True: pass' --timeout 1 || echo "(exit code $?)"
 echo
 echo "== host bench sandbox: python tool calls vs python -c subprocesses"
-PEER=python3
-[ -x .venv-ref/bin/python ] && PEER=.venv-ref/bin/python
-"$HOST" bench sandbox --python "$PEER" --scale 0.5
+if [ -x .venv-ref/bin/python ]; then
+  # The reference venv has sympy, so it can also run the native fallback's preload.
+  "$HOST" bench sandbox --python .venv-ref/bin/python --native-python .venv-ref/bin/python --scale 0.5
+else
+  "$HOST" bench sandbox --python python3 --scale 0.5
+fi

@@ -6,11 +6,9 @@ The host runs each call in a fresh instance (or keeps one per rollout for REPL m
 deadlines, a memory cap and no files, network or environment.
 """
 
-import ast
-import builtins
-import linecache
 import sys
-import traceback
+
+import runner
 
 # The standard library a math tool user reaches for, loaded at build time.
 import bisect  # noqa: F401
@@ -97,55 +95,9 @@ sympy.core.cache.clear_cache()
 sys.stdout.reconfigure(line_buffering=True)
 sys.stderr.reconfigure(line_buffering=True)
 
-_CELL = "<python>"
-_namespace = {"__name__": "__main__", "__builtins__": builtins}
-
-
-def _compile(code):
-    """Jupyter-style: statements, then the value of a trailing expression."""
-    tree = ast.parse(code, _CELL, "exec")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    body = compile(tree, _CELL, "exec")
-    tail = compile(last, _CELL, "eval") if last is not None else None
-    return body, tail
-
-
-def _print_user_traceback(exc):
-    """The traceback from the user's code only, with its own line numbers and lines."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != _CELL:
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+_namespace = runner.new_namespace()
 
 
 class Python(exports.Python):
     def run(self, code: str) -> int:
-        linecache.cache[_CELL] = (len(code), None, code.splitlines(True), _CELL)
-        status = 0
-        try:
-            body, tail = _compile(code)
-            exec(body, _namespace)
-            if tail is not None:
-                value = eval(tail, _namespace)
-                if value is not None:
-                    print(repr(value))
-        except SystemExit as e:
-            if e.code is None:
-                status = 0
-            elif isinstance(e.code, int):
-                status = e.code
-            else:
-                print(e.code, file=sys.stderr)
-                status = 1
-        except SyntaxError as e:
-            traceback.print_exception(type(e), e, None, file=sys.stderr)
-            status = 1
-        except BaseException as e:  # noqa: BLE001 - everything the code raises is its output
-            _print_user_traceback(e)
-            status = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        return status
+        return runner.run_cell(code, _namespace)

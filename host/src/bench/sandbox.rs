@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use rlhost_sdk::types::PythonLimits;
 use serde::Serialize;
 
-use crate::sandbox::{SandboxError, WasmSandbox};
+use std::sync::Arc;
+
+use crate::sandbox::{NativeSandbox, Sandbox, SandboxError, WasmSandbox};
 
 /// One snippet to time.
 #[derive(Debug, Clone)]
@@ -57,6 +59,8 @@ pub struct CaseReport {
     pub fresh: Timings,
     /// One interpreter kept across calls.
     pub repl: Timings,
+    /// The native fallback (forked zygote), when measured.
+    pub native: Option<Timings>,
     /// `python -c` per call; `None` when the peer cannot run the case (e.g. no sympy).
     pub subprocess: Option<Timings>,
     /// Why the peer could not run it.
@@ -96,7 +100,7 @@ fn limits() -> PythonLimits {
 }
 
 async fn time_fresh(
-    sandbox: &WasmSandbox,
+    sandbox: Arc<dyn Sandbox>,
     case: &BenchCase,
     concurrency: usize,
 ) -> Result<(Timings, String), SandboxError> {
@@ -104,7 +108,7 @@ async fn time_fresh(
     let mut stdout = String::new();
     for _ in 0..case.calls {
         let t = Instant::now();
-        stdout = sandbox.run(case.code, limits()).await?.stdout;
+        stdout = sandbox.run_python(case.code, limits()).await?.stdout;
         samples.push(t.elapsed());
     }
     let t = Instant::now();
@@ -113,7 +117,7 @@ async fn time_fresh(
     for _ in 0..batch {
         let sandbox = sandbox.clone();
         let code = case.code;
-        set.spawn(async move { sandbox.run(code, limits()).await });
+        set.spawn(async move { sandbox.run_python(code, limits()).await });
     }
     while let Some(r) = set.join_next().await {
         r.map_err(|e| SandboxError::Failed(e.to_string()))??;
@@ -188,6 +192,7 @@ fn time_subprocess(
 /// Times every case in the sandbox (fresh and REPL) and as `python -c` subprocesses.
 pub async fn run(
     sandbox: &WasmSandbox,
+    native: Option<Arc<NativeSandbox>>,
     python: &Path,
     cases: &[BenchCase],
     progress: &dyn Fn(&str),
@@ -198,8 +203,15 @@ pub async fn run(
     let mut reports = Vec::new();
     for case in cases {
         progress(&format!("{}: sandbox", case.name));
-        let (fresh, stdout) = time_fresh(sandbox, case, concurrency).await?;
+        let (fresh, stdout) = time_fresh(Arc::new(sandbox.clone()), case, concurrency).await?;
         let repl = time_repl(sandbox, case).await?;
+        let native = match &native {
+            Some(n) => {
+                progress(&format!("{}: native", case.name));
+                Some(time_fresh(n.clone(), case, concurrency).await?.0)
+            }
+            None => None,
+        };
         progress(&format!("{}: python -c", case.name));
         let peer = time_subprocess(python, case, &stdout, concurrency);
         let speedup = peer.as_ref().ok().map(|p| p.p50_ms / fresh.p50_ms);
@@ -207,6 +219,7 @@ pub async fn run(
             name: case.name.to_owned(),
             fresh,
             repl,
+            native,
             subprocess_note: peer.as_ref().err().cloned(),
             subprocess: peer.ok(),
             speedup_p50: speedup,
@@ -246,6 +259,9 @@ impl SandboxBenchReport {
             };
             row("sandbox, fresh", &c.fresh);
             row("sandbox, repl", &c.repl);
+            if let Some(n) = &c.native {
+                row("native fallback", n);
+            }
             match &c.subprocess {
                 Some(p) => row("python -c", p),
                 None => {

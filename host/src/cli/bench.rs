@@ -49,6 +49,9 @@ enum BenchCommand {
         /// The sandbox component (default: see `host sandbox run --help`).
         #[arg(long)]
         component: Option<PathBuf>,
+        /// Also measure the native fallback, with this interpreter.
+        #[arg(long)]
+        native_python: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -111,6 +114,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             python,
             scale,
             component,
+            native_python,
             json,
         } => {
             use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
@@ -125,9 +129,22 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             spinner.enable_steady_tick(std::time::Duration::from_millis(120));
             let progress = |what: &str| spinner.set_message(what.to_owned());
             let cases = crate::bench::sandbox::standard_cases(scale);
-            let report = super::async_runtime()?
+            let runtime = super::async_runtime()?;
+            let native = match native_python {
+                Some(python) => Some(std::sync::Arc::new(runtime.block_on(
+                    crate::sandbox::NativeSandbox::start(
+                        crate::sandbox::NativeOptions {
+                            python,
+                            preload: vec!["sympy".into()],
+                        },
+                        SandboxPolicy::default(),
+                    ),
+                )?)),
+                None => None,
+            };
+            let report = runtime
                 .block_on(crate::bench::sandbox::run(
-                    &sandbox, &python, &cases, &progress,
+                    &sandbox, native, &python, &cases, &progress,
                 ))
                 .context("benchmarking the sandbox")?;
             spinner.finish_and_clear();

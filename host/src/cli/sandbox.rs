@@ -9,7 +9,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use rlhost_sdk::types::PythonLimits;
 
 use crate::home::RlhostHome;
-use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+use crate::sandbox::{NativeOptions, NativeSandbox, SandboxPolicy, WasmSandbox, locate_component};
 
 /// Arguments of `host sandbox`.
 #[derive(Debug, Args)]
@@ -24,6 +24,14 @@ enum Mode {
     Fresh,
     /// One interpreter for all snippets, in order.
     Repl,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Backend {
+    /// CPython in WebAssembly (sympy preloaded; no C extensions).
+    Wasm,
+    /// Real CPython forked from a zygote into namespaces + seccomp (C extensions allowed).
+    Native,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +60,15 @@ enum SandboxCommand {
         /// build tree).
         #[arg(long)]
         component: Option<PathBuf>,
+        /// Which sandbox runs the code.
+        #[arg(long, value_enum, default_value = "wasm")]
+        backend: Backend,
+        /// Native backend: the interpreter (its installation is what the code can import).
+        #[arg(long, default_value = "python3")]
+        python: PathBuf,
+        /// Native backend: modules imported once up front (comma-separated, e.g. numpy,scipy).
+        #[arg(long, value_delimiter = ',')]
+        preload: Vec<String>,
         /// Print one JSON object per snippet.
         #[arg(long)]
         json: bool,
@@ -67,6 +84,9 @@ pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         memory_mib,
         max_output_bytes,
         component,
+        backend,
+        python,
+        preload,
         json,
     } = args.command;
     if let Some(file) = file {
@@ -86,22 +106,44 @@ pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         memory_mib,
         max_output_bytes,
     };
-    let home = RlhostHome::from_env().ok();
-    let path = locate_component(component.as_deref(), home.as_ref())?;
-    let cache = home.as_ref().map(|h| h.cache_dir());
-    let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
     let runtime = super::async_runtime()?;
-    let outputs = runtime.block_on(async {
-        let mut outputs = Vec::new();
-        let mut repl = sandbox.repl();
-        for snippet in &code {
-            outputs.push(match mode {
-                Mode::Fresh => sandbox.run(snippet, limits).await?,
-                Mode::Repl => repl.run(snippet, limits).await?,
-            });
+    let outputs = match backend {
+        Backend::Wasm => {
+            let home = RlhostHome::from_env().ok();
+            let path = locate_component(component.as_deref(), home.as_ref())?;
+            let cache = home.as_ref().map(|h| h.cache_dir());
+            let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
+            runtime.block_on(async {
+                let mut outputs = Vec::new();
+                let mut repl = sandbox.repl();
+                for snippet in &code {
+                    outputs.push(match mode {
+                        Mode::Fresh => sandbox.run(snippet, limits).await?,
+                        Mode::Repl => repl.run(snippet, limits).await?,
+                    });
+                }
+                anyhow::Ok(outputs)
+            })?
         }
-        anyhow::Ok(outputs)
-    })?;
+        Backend::Native => {
+            if matches!(mode, Mode::Repl) {
+                bail!("--mode repl needs --backend wasm: native calls always start fresh");
+            }
+            runtime.block_on(async {
+                let policy = SandboxPolicy {
+                    workers: 1,
+                    ..Default::default()
+                };
+                let sandbox =
+                    NativeSandbox::start(NativeOptions { python, preload }, policy).await?;
+                let mut outputs = Vec::new();
+                for snippet in &code {
+                    outputs.push(sandbox.run(snippet, limits).await?);
+                }
+                anyhow::Ok(outputs)
+            })?
+        }
+    };
     let mut last = 0;
     for out in &outputs {
         if json {

@@ -11,6 +11,7 @@
 //! This module must never run model code outside a sandbox.
 
 mod capture;
+mod native;
 mod wasm;
 
 use async_trait::async_trait;
@@ -18,6 +19,7 @@ use rlhost_sdk::types::{PythonLimits, PythonOutput};
 use serde::{Deserialize, Serialize};
 
 pub use capture::CapturePipe;
+pub use native::{NativeOptions, NativeSandbox};
 pub use wasm::{PythonRepl, REPL_RESET_NOTE, WasmSandbox};
 
 /// Errors from a sandbox itself (not the Python program's own errors, which are its output).

@@ -1,0 +1,229 @@
+//! The native fallback: real CPython (with C extensions such as numpy and scipy) behind a
+//! pre-forked zygote (`sandbox/native/zygote.py`, embedded in this binary). Each call is forked
+//! from a zygote into new mount/network/IPC namespaces with an empty root holding only the
+//! read-only Python installation, an unprivileged uid, rlimits and a seccomp filter (no sockets,
+//! exec, fork, ptrace, mounts). Opt-in, and never silently weaker: a zygote that cannot isolate
+//! its self-check child refuses to start, and so does this sandbox.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rlhost_sdk::types::{PythonLimits, PythonOutput};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::Mutex;
+
+use super::{Sandbox, SandboxError, SandboxPolicy};
+
+const ZYGOTE: &str = include_str!("../../../sandbox/native/zygote.py");
+const RUNNER: &str = include_str!("../../../sandbox/python/runner.py");
+
+/// Extra time a zygote gets past a call's own deadline before it is presumed hung.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// How to start native zygotes.
+#[derive(Debug, Clone)]
+pub struct NativeOptions {
+    /// The Python interpreter (its installation is what calls can import).
+    pub python: PathBuf,
+    /// Modules imported once in the zygote, e.g. `numpy`, `scipy`, `sympy`.
+    pub preload: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    code: &'a str,
+    timeout_ms: u32,
+    memory_mib: u32,
+    max_output_bytes: u32,
+}
+
+#[derive(Deserialize)]
+struct Hello {
+    ready: bool,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+struct Zygote {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Zygote {
+    async fn start(options: &NativeOptions, script: &Path) -> Result<Self, SandboxError> {
+        let mut child = Command::new(&options.python)
+            .arg(script)
+            .env("RLHOST_PRELOAD", options.preload.join(","))
+            // Libraries that start thread pools at import would not survive a fork.
+            .env("OMP_NUM_THREADS", "1")
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .env("MKL_NUM_THREADS", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                SandboxError::Setup(format!("cannot start {}: {e}", options.python.display()))
+            })?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        let read = tokio::time::timeout(Duration::from_secs(120), stdout.read_line(&mut line));
+        match read.await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => {
+                return Err(SandboxError::Setup(format!(
+                    "the native sandbox zygote ({}) did not start",
+                    options.python.display()
+                )));
+            }
+        }
+        let hello: Hello = serde_json::from_str(&line).map_err(|e| {
+            SandboxError::Setup(format!(
+                "the zygote said something unexpected ({e}): {line}"
+            ))
+        })?;
+        if !hello.ready {
+            return Err(SandboxError::Setup(
+                hello
+                    .error
+                    .unwrap_or_else(|| "the zygote refused to start".into()),
+            ));
+        }
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    async fn call(
+        &mut self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        let mut line = serde_json::to_string(&Request {
+            code,
+            timeout_ms: limits.timeout_ms,
+            memory_mib: limits.memory_mib,
+            max_output_bytes: limits.max_output_bytes,
+        })
+        .map_err(|e| SandboxError::Failed(e.to_string()))?;
+        line.push('\n');
+        let failed = |e: std::io::Error| SandboxError::Failed(format!("zygote: {e}"));
+        self.stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(failed)?;
+        self.stdin.flush().await.map_err(failed)?;
+        let mut reply = String::new();
+        let limit = Duration::from_millis(u64::from(limits.timeout_ms)) + GRACE;
+        match tokio::time::timeout(limit, self.stdout.read_line(&mut reply)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(Ok(_)) => return Err(SandboxError::Failed("the zygote exited".into())),
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(_) => return Err(SandboxError::Failed("the zygote stopped answering".into())),
+        }
+        serde_json::from_str(&reply)
+            .map_err(|e| SandboxError::Failed(format!("bad reply from the zygote ({e}): {reply}")))
+    }
+}
+
+/// Native CPython behind isolated forks of pre-started zygotes.
+pub struct NativeSandbox {
+    options: NativeOptions,
+    policy: SandboxPolicy,
+    script: PathBuf,
+    _dir: tempfile::TempDir,
+    idle: Mutex<Vec<Zygote>>,
+    permits: tokio::sync::Semaphore,
+}
+
+impl NativeSandbox {
+    /// Starts `policy.workers` zygotes. Fails (and runs nothing) when the interpreter cannot be
+    /// started, a preload module is missing, or this kernel does not allow the isolation.
+    pub async fn start(
+        options: NativeOptions,
+        policy: SandboxPolicy,
+    ) -> Result<Self, SandboxError> {
+        if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+            return Err(SandboxError::Setup(
+                "the native sandbox needs Linux on x86_64".into(),
+            ));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("rlhost-zygote-")
+            .tempdir()
+            .map_err(|e| SandboxError::Setup(format!("temporary folder: {e}")))?;
+        let write = |rel: &str, text: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().expect("has a parent"))
+                .and_then(|_| std::fs::write(&path, text))
+                .map_err(|e| SandboxError::Setup(format!("{}: {e}", path.display())))
+                .map(|_| path)
+        };
+        let script = write("native/zygote.py", ZYGOTE)?;
+        write("python/runner.py", RUNNER)?;
+        let mut zygotes = Vec::new();
+        for _ in 0..policy.workers.max(1) {
+            zygotes.push(Zygote::start(&options, &script).await?);
+        }
+        Ok(Self {
+            permits: tokio::sync::Semaphore::new(zygotes.len()),
+            idle: Mutex::new(zygotes),
+            options,
+            policy,
+            script,
+            _dir: dir,
+        })
+    }
+
+    /// Runs `code` in a fresh isolated child of a zygote.
+    pub async fn run(
+        &self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        let limits = self.policy.clamp(limits);
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| SandboxError::Failed("the sandbox is shut down".into()))?;
+        let mut zygote = self
+            .idle
+            .lock()
+            .await
+            .pop()
+            .expect("a permit means an idle zygote");
+        let result = zygote.call(code, limits).await;
+        if result.is_err() {
+            // Replace a zygote that failed; if even that fails, the next call reports it.
+            let _ = zygote.child.start_kill();
+            match Zygote::start(&self.options, &self.script).await {
+                Ok(fresh) => zygote = fresh,
+                Err(e) => return Err(e),
+            }
+        }
+        self.idle.lock().await.push(zygote);
+        result
+    }
+}
+
+#[async_trait]
+impl Sandbox for NativeSandbox {
+    async fn run_python(
+        &self,
+        code: &str,
+        limits: PythonLimits,
+    ) -> Result<PythonOutput, SandboxError> {
+        self.run(code, limits).await
+    }
+}

@@ -1,0 +1,313 @@
+"""rlhost's native Python sandbox: a pre-forked zygote.
+
+For code that needs C extensions (numpy, scipy), which the WebAssembly sandbox cannot load. The
+host starts this program with a real interpreter; it imports the requested libraries once, checks
+that this kernel lets it isolate a child, then serves requests, one JSON line each on stdin,
+answering one JSON line each on stdout:
+
+    {"code": "...", "timeout_ms": 10000, "memory_mib": 512, "max_output_bytes": 65536}
+    {"stdout": "...", "stderr": "...", "exit_code": 0, "timed_out": false}
+
+Every request runs in a child forked from the zygote, which before running any user code:
+moves into new mount, network and IPC namespaces (a user namespace too when not root), chroots
+into an empty directory, drops to an unprivileged uid (as root: 65534), sets rlimits (address
+space, CPU, file size, open files, processes), forbids new privileges and installs a seccomp
+filter that refuses sockets, exec, fork (clone without CLONE_THREAD), ptrace, mounts, namespaces,
+module loading and other escape hatches. If any step fails the child runs nothing; if the self
+check at start-up fails the zygote refuses to serve: model code never runs unsandboxed.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import platform
+import resource
+import select
+import signal
+import struct
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import runner  # noqa: E402
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
+CLONE_THREAD = 0x00010000
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+AUDIT_ARCH_X86_64 = 0xC000003E
+NOBODY = 65534
+
+# x86_64 syscall numbers refused with EPERM.
+DENIED = {
+    "socket": 41, "connect": 42, "accept": 43, "bind": 49, "listen": 50, "socketpair": 53,
+    "accept4": 288, "execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "ptrace": 101,
+    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272,
+    "setns": 308, "kexec_load": 246, "init_module": 175, "finit_module": 313,
+    "delete_module": 176, "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248,
+    "request_key": 249, "process_vm_readv": 310, "process_vm_writev": 311, "userfaultfd": 323,
+    "io_uring_setup": 425, "open_by_handle_at": 304, "name_to_handle_at": 303, "reboot": 169,
+    "swapon": 167, "swapoff": 168, "kill": 62, "tkill": 200, "setpriority": 141,
+}
+SYS_CLONE = 56
+SYS_CLONE3 = 435
+
+
+def _bpf(code, jt, jf, k):
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def seccomp_program():
+    """A classic-BPF seccomp filter: kill on a foreign architecture, EPERM for DENIED, clone only
+    with CLONE_THREAD (threads, not processes), clone3 as ENOSYS (libc falls back to clone)."""
+    ld_w_abs, jeq_k, jset_k, ret_k = 0x20, 0x15, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    prog = [_bpf(ld_w_abs, 0, 0, 4), _bpf(jeq_k, 1, 0, AUDIT_ARCH_X86_64), _bpf(ret_k, 0, 0, kill)]
+    prog.append(_bpf(ld_w_abs, 0, 0, 0))  # syscall number
+    for nr in sorted(DENIED.values()):
+        prog += [_bpf(jeq_k, 0, 1, nr), _bpf(ret_k, 0, 0, eperm)]
+    prog += [_bpf(jeq_k, 0, 1, SYS_CLONE3), _bpf(ret_k, 0, 0, enosys)]
+    prog += [
+        _bpf(jeq_k, 0, 4, SYS_CLONE),
+        _bpf(ld_w_abs, 0, 0, 16),  # clone flags (args[0], low 32 bits)
+        _bpf(jset_k, 1, 0, CLONE_THREAD),
+        _bpf(ret_k, 0, 0, eperm),
+        _bpf(ret_k, 0, 0, allow),
+    ]
+    prog.append(_bpf(ret_k, 0, 0, allow))
+    return b"".join(prog)
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+
+def _mount(source, target, fstype, flags, data=None):
+    enc = lambda v: v.encode() if v is not None else None  # noqa: E731
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def python_paths():
+    """What the interpreter needs to import modules: its prefixes and sys.path entries."""
+    paths = {sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    # Drop paths inside other paths: one bind mount covers them.
+    ordered = sorted(os.path.realpath(p) for p in paths)
+    keep = []
+    for p in ordered:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
+            keep.append(p)
+    return keep
+
+
+def build_root(root):
+    """A fresh root in this (new) mount namespace: an empty tmpfs with the Python installation
+    bind-mounted read-only and /dev/null. Nothing else of the host is visible."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("rlhost", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in python_paths():
+        target = root + path
+        os.makedirs(target, exist_ok=True)
+        _mount(path, target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.makedirs(root + "/dev", exist_ok=True)
+    open(root + "/dev/null", "w").close()
+    _mount("/dev/null", root + "/dev/null", None, MS_BIND)
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+
+
+def isolate(empty_dir, limits):
+    """Everything a child does before user code runs. Raises on any failure."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+    else:
+        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"0 {gid} 1")
+    build_root(empty_dir)
+    os.chroot(empty_dir)
+    os.chdir("/")
+    if uid == 0:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    mem = limits["memory_mib"] << 20
+    cpu = max(1, -(-limits["timeout_ms"] // 1000) + 1)
+    for res, value in [
+        (resource.RLIMIT_AS, mem),
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_FSIZE, 0),
+        (resource.RLIMIT_NOFILE, 64),
+        (resource.RLIMIT_CORE, 0),
+    ]:
+        resource.setrlimit(res, (value, value))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    prog = seccomp_program()
+    fprog = SockFprog(len(prog) // 8, prog)
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
+def _read_capped(fds, cap, deadline, pid):
+    """Reads both pipes until EOF or the deadline; keeps `cap` bytes of each."""
+    data = {fd: bytearray() for fd in fds}
+    cut = {fd: False for fd in fds}
+    open_fds = list(fds)
+    timed_out = False
+    while open_fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            break
+        ready, _, _ = select.select(open_fds, [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                continue
+            room = cap - len(data[fd])
+            data[fd] += chunk[:max(room, 0)]
+            if len(chunk) > room:
+                # A flood: keep what fits and stop the program now rather than at its deadline.
+                cut[fd] = True
+                os.kill(pid, signal.SIGKILL)
+                open_fds = []
+                break
+    return data, cut, timed_out
+
+
+def serve_one(request, empty_dir):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+            sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+            sys.stdin = open(os.devnull)
+            isolate(empty_dir, request)
+        except BaseException as e:  # noqa: BLE001
+            os.write(2, f"Error: the sandbox could not isolate this call: {e}\n".encode())
+            os._exit(70)
+        status = runner.run_cell(request["code"], runner.new_namespace())
+        os._exit(status if 0 <= status < 256 else 1)
+    os.close(out_w)
+    os.close(err_w)
+    deadline = time.monotonic() + request["timeout_ms"] / 1000
+    data, cut, timed_out = _read_capped([out_r, err_r], request["max_output_bytes"], deadline, pid)
+    os.close(out_r)
+    os.close(err_r)
+    _, status = os.waitpid(pid, 0)
+    stdout = data[out_r].decode("utf-8", "replace")
+    stderr = data[err_r].decode("utf-8", "replace")
+    note = f"\n[output truncated after {request['max_output_bytes']} bytes]"
+    if cut[out_r]:
+        stdout += note
+    if cut[err_r]:
+        stderr += note
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    if cut[out_r] or cut[err_r]:
+        return {"stdout": stdout, "stderr": stderr, "exit_code": 1, "timed_out": False}
+    if timed_out or sig == signal.SIGXCPU:
+        secs = request["timeout_ms"] / 1000
+        secs = int(secs) if secs == int(secs) else secs
+        stderr += ("\n" if stderr and not stderr.endswith("\n") else "")
+        stderr += f"Error: Code execution timed out after {secs} seconds"
+        return {"stdout": stdout, "stderr": stderr, "exit_code": 124, "timed_out": True}
+    if sig:
+        stderr += ("\n" if stderr and not stderr.endswith("\n") else "")
+        stderr += f"Error: the Python interpreter crashed ({signal.Signals(sig).name})"
+        return {"stdout": stdout, "stderr": stderr, "exit_code": 128 + sig, "timed_out": False}
+    return {"stdout": stdout, "stderr": stderr, "exit_code": os.WEXITSTATUS(status), "timed_out": False}
+
+
+SELF_CHECK = """
+import os, socket
+problems = []
+try:
+    socket.socket()
+    problems.append("sockets are allowed")
+except OSError:
+    pass
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    problems.append("fork is allowed")
+except OSError:
+    pass
+if os.path.exists("/etc/passwd"):
+    problems.append("host files are visible")
+print(";".join(problems) or "contained")
+"""
+
+
+def main():
+    if platform.machine() != "x86_64":
+        print(json.dumps({"ready": False, "error": f"the native sandbox supports x86_64 only, not {platform.machine()}"}), flush=True)
+        return 2
+    for name in filter(None, os.environ.get("RLHOST_PRELOAD", "").split(",")):
+        try:
+            __import__(name)
+        except ImportError as e:
+            print(json.dumps({"ready": False, "error": f"cannot preload {name}: {e}"}), flush=True)
+            return 2
+    empty_dir = tempfile.mkdtemp(prefix="rlhost-sandbox-root-")
+    os.chmod(empty_dir, 0o555)
+    check = serve_one(
+        {"code": SELF_CHECK, "timeout_ms": 10000, "memory_mib": 512, "max_output_bytes": 4096},
+        empty_dir,
+    )
+    if check["stdout"].strip() != "contained":
+        reason = (check["stdout"] + check["stderr"]).strip()
+        print(json.dumps({"ready": False, "error": f"this kernel does not let the sandbox isolate code: {reason}"}), flush=True)
+        return 2
+    print(json.dumps({"ready": True, "python": platform.python_version()}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            reply = serve_one(request, empty_dir)
+        except Exception as e:  # noqa: BLE001 - a broken request must not kill the zygote
+            reply = {"stdout": "", "stderr": f"Error: the sandbox failed: {e}", "exit_code": 1, "timed_out": False}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
