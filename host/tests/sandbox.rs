@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use rlhost::sandbox::{PythonMode, REPL_RESET_NOTE, SandboxPolicy, WasmSandbox};
 use rlhost_sdk::types::{PythonLimits, PythonOutput};
@@ -179,8 +178,22 @@ async fn os_exit_and_threads() {
     assert!(out.stderr.contains("Error"), "{}", out.stderr);
 }
 
+/// Resident memory of this process, from /proc.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib * 1024
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_calls_queue_without_missing_deadlines() {
+    // Warm up so the baseline includes one instantiated snapshot.
+    run("pass").await;
+    let before = rss_bytes();
     let calls: Vec<_> = (0..64)
         .map(|i| {
             tokio::spawn(async move {
@@ -197,7 +210,14 @@ async fn many_concurrent_calls_queue_without_missing_deadlines() {
         let n = i as u64 * 1000;
         assert_eq!(out.stdout, format!("{}\n", n * n.saturating_sub(1) / 2));
     }
-    let _ = Duration::ZERO;
+    // Only `workers` interpreters are ever alive: 64 calls must not hold 64 snapshots (~100 MB
+    // each) at once.
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 1 << 30,
+        "memory grew by {} MiB over 64 calls",
+        grown >> 20
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

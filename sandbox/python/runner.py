@@ -14,6 +14,7 @@ import sys
 import traceback
 
 CELL = "<python>"
+_QUOTE = 100  # characters of a syntax error's line quoted on each side of the error
 
 
 def new_namespace():
@@ -58,6 +59,13 @@ def run_cell(code, namespace):
             print(e.code, file=sys.stderr)
             status = 1
     except SyntaxError as e:
+        # Quote at most a window of the offending line: a model's 200 000-character line
+        # would otherwise flood the output and hide the error itself.
+        if e.text and len(e.text) > 2 * _QUOTE:
+            start = max(0, (e.offset or 1) - 1 - _QUOTE)
+            e.text = e.text[start:start + 2 * _QUOTE] + "…"
+            e.offset = (e.offset or 1) - start
+            e.end_offset = None
         traceback.print_exception(type(e), e, None, file=sys.stderr)
         status = 1
     except BaseException as e:  # noqa: BLE001 - everything the code raises is its output
