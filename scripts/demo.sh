@@ -2,15 +2,39 @@
 # The CPU demo (`make demo`). Its final form: install plugins from a registry, evaluate a tiny
 # Qwen3-architecture model, train it with GRPO, evaluate again and show the gain. It runs the most
 # complete journey that exists today and grows as each piece lands.
+#
+# Everything it writes lives under target/demo (its own $RLHOST_HOME and registry), so it is
+# repeatable and leaves ~/.rlhost alone.
 set -euo pipefail
 HOST=${HOST:-target/release/host}
-DIST=plugins/target/dist
+HOST=$(realpath "$HOST")
+DIST=$(realpath plugins/target/dist)
+DEMO=$(realpath -m "${TARGET_DIR:-target}/demo")
+
+rm -rf "$DEMO"
+mkdir -p "$DEMO/packages"
+export RLHOST_HOME="$DEMO/home"
+unset RLHOST_REGISTRY  # the default registry: $RLHOST_HOME/registry
 
 echo "== host doctor: what this installation has"
 "$HOST" doctor
 echo
-echo "== host bench plugins: the arith environment as a sandboxed component vs a native library"
-"$HOST" bench plugins --component "$DIST/arith" --native "$DIST/arith-native"
+echo "== a local registry, a publisher key, and the first-party plugins published to it"
+"$HOST" registry init --root "$RLHOST_HOME/registry"
+"$HOST" registry keygen --out "$DEMO/publisher.key" >/dev/null
+"$HOST" registry add-key --root "$RLHOST_HOME/registry" --owner rlhost --key-file "$DEMO/publisher.key"
+for plugin in arith arith-tools exact-match; do
+  "$HOST" env pack "$DIST/$plugin" -o "$DEMO/packages/$plugin.rlpkg"
+  "$HOST" env publish "$DEMO/packages/$plugin.rlpkg" --key "$DEMO/publisher.key"
+done
+echo
+echo "== host env search / install / list"
+"$HOST" env search
+"$HOST" env install rlhost/arith arith-tools exact-match
+"$HOST" env list
+echo
+echo "== host bench plugins: the installed arith as a sandboxed component vs its native build"
+"$HOST" bench plugins --component "$RLHOST_HOME/plugins/rlhost/arith/0.1.0" --native "$DIST/arith-native"
 echo
 echo "== host sandbox run: model-written Python, isolated (CPython in WebAssembly, sympy preloaded)"
 "$HOST" sandbox run -c 'from sympy import *

@@ -48,12 +48,9 @@ fn unbuilt_groups_fail_loudly_and_touch_nothing() {
     let home = tempfile::tempdir().unwrap();
     // Groups with some subcommands built refuse the ones that are not.
     let pending: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec!["env", "install", "will/math-python"],
-            "host env install",
-        ),
+        (vec!["env", "update", "will/math-python"], "host env update"),
         (vec!["bench", "inference", "--flag"], "host bench inference"),
-        (vec!["registry", "serve", "--flag"], "host registry"),
+        (vec!["registry", "serve", "--flag"], "host registry serve"),
         (vec!["model", "init"], "host model"),
         (vec!["inference", "--model", "x"], "host inference"),
         (vec!["eval", "arith"], "host eval"),

@@ -1,13 +1,20 @@
-//! rlhost's plugin registry: the package manifest (`plugin.toml`), and — as the registry work
-//! lands — the `.rlpkg` package format, the sparse index, publisher signatures, and the directory
-//! and HTTP backends with their client and server.
+//! rlhost's plugin registry: the package manifest (`plugin.toml`), the `.rlpkg` package format,
+//! the sparse index with semver resolution, publisher signatures with trust-on-first-use pinning,
+//! and the directory backend (`file://`). The HTTP server and client build on these.
 //!
 //! It knows about packages, versions and checksums; it must never know about models or training.
 #![deny(missing_docs)]
 
+pub mod dir;
+pub mod index;
 pub mod manifest;
+pub mod package;
+pub mod sign;
 
+pub use dir::{DirRegistry, RegistryError, TrustStore, verify_artifact};
+pub use index::{IndexEntry, PackageRef, RegistryConfig, ResolveError, resolve};
 pub use manifest::{Manifest, ManifestError, PluginKind, Runtime};
+pub use sign::PublisherKey;
 
 /// This crate's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

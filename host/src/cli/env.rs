@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use crate::home::RlhostHome;
+use crate::plugin::install::{self, InstallOptions, Installer};
 use crate::plugin::template::{self, SdkSource};
+use crate::plugin::{LoadOptions, PluginLoader};
+use rlhost_registry::{DirRegistry, PackageRef, PublisherKey, package};
 
 /// Arguments of `host env`.
 #[derive(Debug, Args)]
@@ -32,9 +36,103 @@ enum EnvCommand {
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
-    /// Not built yet: install, list, remove, pack, publish arrive with the registry.
+    /// Pack a plugin folder (plugin.toml, artifact, data/, README.md) into a .rlpkg.
+    Pack {
+        /// The plugin folder.
+        dir: PathBuf,
+        /// Output file (default: OWNER-NAME-VERSION.rlpkg in the current folder).
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+    },
+    /// Publish a .rlpkg to a registry, signed with your publisher key.
+    Publish {
+        /// The package.
+        package: PathBuf,
+        /// Your secret key file (from `host registry keygen`).
+        #[arg(long)]
+        key: PathBuf,
+        /// Oldest host version that can run it.
+        #[arg(long)]
+        min_host: Option<semver::Version>,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
+    /// Install plugins (and the reward plugins they use): owner/name[@req] or an unambiguous name.
+    Install {
+        /// What to install.
+        #[arg(required = true)]
+        packages: Vec<String>,
+        /// Accept packages that carry no signature (never a bad or untrusted one).
+        #[arg(long)]
+        allow_unsigned: bool,
+        /// Refuse to change plugins.lock.
+        #[arg(long)]
+        locked: bool,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
+    /// List installed plugins.
+    List,
+    /// Remove an installed plugin (every version, or owner/name@version).
+    Remove {
+        /// owner/name or owner/name@version.
+        package: String,
+    },
+    /// What the registry offers (newest version of each package matching QUERY).
+    Search {
+        /// Words to look for in names and descriptions.
+        #[arg(default_value = "")]
+        query: String,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
+    /// Every published version of a package.
+    Info {
+        /// owner/name.
+        package: String,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
+    /// Yank a published version (ranges skip it; exact pins still install it), or undo that.
+    Yank {
+        /// owner/name@version.
+        package: String,
+        /// Un-yank.
+        #[arg(long)]
+        undo: bool,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
+    /// Not built yet.
     #[command(external_subcommand)]
     Other(Vec<String>),
+}
+
+/// `--registry URL`, defaulting to $RLHOST_REGISTRY, the settings file, or the local registry.
+#[derive(Debug, Args)]
+pub(super) struct RegistryFlag {
+    /// Registry URL (file://PATH).
+    #[arg(long)]
+    registry: Option<String>,
+}
+
+impl RegistryFlag {
+    pub(super) fn url(&self, home: &RlhostHome) -> anyhow::Result<String> {
+        match &self.registry {
+            Some(url) => Ok(url.clone()),
+            None => Ok(home
+                .registry(std::env::var(crate::home::REGISTRY_ENV).ok())?
+                .url),
+        }
+    }
+
+    fn open(&self, home: &RlhostHome) -> anyhow::Result<DirRegistry> {
+        let url = self.url(home)?;
+        let path = url.strip_prefix("file://").ok_or_else(|| {
+            anyhow::anyhow!("registry {url}: only file:// registries are supported so far")
+        })?;
+        Ok(DirRegistry::open(std::path::Path::new(path), false)?)
+    }
 }
 
 pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
@@ -60,6 +158,157 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 "next: cd {} && cargo build --release   # builds target/wasm32-wasip2/release/{}.wasm",
                 dir.display(),
                 name.replace('-', "_")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Pack { dir, out } => {
+            let (bytes, manifest) =
+                package::pack(&dir).with_context(|| format!("packing {}", dir.display()))?;
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from(format!(
+                    "{}-{}-{}.rlpkg",
+                    manifest.plugin.owner, manifest.plugin.name, manifest.plugin.version
+                ))
+            });
+            crate::wasm::write_atomically(&out, &bytes)
+                .with_context(|| format!("writing {}", out.display()))?;
+            println!(
+                "packed {}@{} -> {} ({} bytes, sha256 {})",
+                manifest.full_name(),
+                manifest.plugin.version,
+                out.display(),
+                bytes.len(),
+                package::checksum(&bytes)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Publish {
+            package,
+            key,
+            min_host,
+            registry,
+        } => {
+            let home = RlhostHome::from_env()?;
+            let reg = registry.open(&home)?;
+            let bytes = std::fs::read(&package)
+                .with_context(|| format!("reading {}", package.display()))?;
+            let key = PublisherKey::load(&key)?;
+            let entry = reg.publish(&bytes, &key, min_host)?;
+            println!(
+                "published {}@{} to {} (sha256 {})",
+                entry.name,
+                entry.vers,
+                reg.root().display(),
+                entry.cksum
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Install {
+            packages,
+            allow_unsigned,
+            locked,
+            registry,
+        } => {
+            let home = RlhostHome::from_env()?;
+            let url = registry.url(&home)?;
+            let installer = Installer::new(
+                &home,
+                &url,
+                InstallOptions {
+                    allow_unsigned,
+                    locked,
+                },
+            )?;
+            let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
+            let refs = packages
+                .iter()
+                .map(|p| p.parse::<PackageRef>())
+                .collect::<Result<Vec<_>, _>>()?;
+            let runtime = super::async_runtime()?;
+            for r in &refs {
+                let done = runtime.block_on(installer.install(r, &loader))?;
+                for d in done {
+                    if let Some(w) = &d.warning {
+                        eprintln!("warning: {w}");
+                    }
+                    let verb = if d.fresh {
+                        "installed"
+                    } else {
+                        "already installed"
+                    };
+                    println!(
+                        "{verb} {}@{} in {}",
+                        d.record.name,
+                        d.record.version,
+                        d.dir.display()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::List => {
+            let home = RlhostHome::from_env()?;
+            let all = install::installed(&home)?;
+            if all.is_empty() {
+                println!("no plugins installed in {}", home.plugins_dir().display());
+            }
+            for (r, dir) in all {
+                println!("{}@{}  {}", r.name, r.version, dir.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Remove { package } => {
+            let home = RlhostHome::from_env()?;
+            for r in install::remove(&home, &package)? {
+                println!("removed {}@{}", r.name, r.version);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Search { query, registry } => {
+            let home = RlhostHome::from_env()?;
+            let reg = registry.open(&home)?;
+            for e in reg.search(&query)? {
+                println!("{}@{}  {}  ({})", e.name, e.vers, e.description, e.abi);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Info { package, registry } => {
+            let home = RlhostHome::from_env()?;
+            let reg = registry.open(&home)?;
+            let entries = reg.entries(&package)?;
+            if entries.is_empty() {
+                anyhow::bail!("no package {package} in {}", reg.root().display());
+            }
+            for e in entries {
+                let yanked = if e.yanked { "  (yanked)" } else { "" };
+                let signed = if e.sig.is_some() {
+                    "signed"
+                } else {
+                    "unsigned"
+                };
+                println!(
+                    "{}@{}  {}  {}  {signed}{yanked}",
+                    e.name, e.vers, e.abi, e.cksum
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Yank {
+            package,
+            undo,
+            registry,
+        } => {
+            let home = RlhostHome::from_env()?;
+            let reg = registry.open(&home)?;
+            let (name, version) = package
+                .split_once('@')
+                .context("say which version: owner/name@version")?;
+            let version = semver::Version::parse(version.trim_start_matches('='))
+                .with_context(|| format!("version of {package}"))?;
+            reg.yank(name, &version, !undo)?;
+            println!(
+                "{} {name}@{version}",
+                if undo { "un-yanked" } else { "yanked" }
             );
             Ok(ExitCode::SUCCESS)
         }

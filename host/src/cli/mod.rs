@@ -8,6 +8,7 @@
 mod bench;
 mod doctor;
 mod env;
+mod registry;
 mod sandbox;
 
 use std::process::ExitCode;
@@ -33,10 +34,10 @@ pub struct Cli {
 /// The subcommand groups of `host`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Environment plugins: init a new one (install, list, remove, pack come with the registry).
+    /// Environment plugins: init, pack, publish, install, list, remove, search, info, yank.
     Env(env::EnvArgs),
-    /// The plugin registry: serve an index, publish, yank, search, manage keys.
-    Registry(Pending),
+    /// Plugin registries: create one, make publisher keys, accept keys.
+    Registry(registry::RegistryArgs),
     /// Models: create tiny Qwen3-architecture models (`host model init`), inspect, convert.
     Model(Pending),
     /// The Python tool sandbox (CPython in WebAssembly): run code as a model's tool would.
@@ -89,6 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Env(args) => env::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sandbox(args) => sandbox::run(args),
+        Command::Registry(args) => registry::run(args),
         other => Err(not_implemented(other.name())),
     }
 }
@@ -159,12 +161,12 @@ mod tests {
                 .contains("`host eval` is not implemented yet"),
             "{err}"
         );
-        let cli = Cli::try_parse_from(["host", "env", "install", "will/math-python"])
+        let cli = Cli::try_parse_from(["host", "env", "update", "will/math-python"])
             .expect("unbuilt subcommands parse");
         let err = run(cli).expect_err("must not pretend to work");
         assert!(
             err.to_string()
-                .contains("`host env install` is not implemented yet"),
+                .contains("`host env update` is not implemented yet"),
             "{err}"
         );
     }

@@ -17,6 +17,7 @@ pub mod abi;
 pub mod capability;
 pub mod component;
 mod host_api;
+pub mod install;
 pub mod limits;
 pub mod native;
 pub mod template;

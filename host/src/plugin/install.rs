@@ -1,0 +1,477 @@
+//! Installing plugins from a registry into `$RLHOST_HOME/plugins/<owner>/<name>/<version>/`:
+//! resolve, download, verify (checksum, then a signature by a key pinned for the owner), unpack
+//! into a staging folder, validate by loading it with the real runtime (which also caches the
+//! compiled component, so the first run starts fast), then rename into place. Nothing is ever
+//! half-installed, concurrent installs serialise on a lock file, and every install is recorded in
+//! `$RLHOST_HOME/plugins.lock` (exact version and checksum).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use rlhost_registry::{
+    DirRegistry, IndexEntry, PackageRef, RegistryError, ResolveError, Runtime, TrustStore, package,
+    resolve, verify_artifact,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{PluginLoader, abi};
+use crate::home::RlhostHome;
+
+/// Errors installing or removing plugins.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The registry URL is not usable.
+    #[error("registry {0}: only file:// registries are supported by this host so far")]
+    UnsupportedRegistry(String),
+    /// The registry failed or refused.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// Resolution failed.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The package failed validation.
+    #[error("{package}: {message}")]
+    Invalid {
+        /// `owner/name@version`.
+        package: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `--locked` and the lock file would change.
+    #[error(
+        "{name} is locked at {locked} but {wanted} was asked for (--locked refuses to change plugins.lock)"
+    )]
+    Locked {
+        /// The package.
+        name: String,
+        /// Version in the lock file.
+        locked: String,
+        /// Version resolved now.
+        wanted: String,
+    },
+    /// A local file operation failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// Nothing installed matches.
+    #[error("{0} is not installed")]
+    NotInstalled(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
+    move |e| InstallError::Io {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// What `.rlhost-install.json` in an installed plugin records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallRecord {
+    /// `owner/name`.
+    pub name: String,
+    /// The version.
+    pub version: semver::Version,
+    /// Checksum of the package it came from.
+    pub cksum: String,
+    /// The registry URL.
+    pub registry: String,
+    /// The key that signed it, if any.
+    pub key: Option<String>,
+}
+
+/// `$RLHOST_HOME/plugins.lock`: what is installed, exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockFile {
+    /// `owner/name` → record.
+    pub plugins: BTreeMap<String, InstallRecord>,
+}
+
+/// One install's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// The record.
+    pub record: InstallRecord,
+    /// Where it lives.
+    pub dir: PathBuf,
+    /// False when it was already installed.
+    pub fresh: bool,
+    /// A warning to show (e.g. a yanked version was installed).
+    pub warning: Option<String>,
+}
+
+/// Installation options.
+#[derive(Debug, Clone, Default)]
+pub struct InstallOptions {
+    /// Accept packages with no signature (never a bad or untrusted one).
+    pub allow_unsigned: bool,
+    /// Refuse to change `plugins.lock`.
+    pub locked: bool,
+}
+
+/// Installs and removes plugins in one rlhost home from one registry.
+pub struct Installer<'a> {
+    home: &'a RlhostHome,
+    registry_url: String,
+    registry: DirRegistry,
+    options: InstallOptions,
+}
+
+const RECORD: &str = ".rlhost-install.json";
+
+impl<'a> Installer<'a> {
+    /// An installer for `registry_url` (`file://PATH`).
+    pub fn new(
+        home: &'a RlhostHome,
+        registry_url: &str,
+        options: InstallOptions,
+    ) -> Result<Self, InstallError> {
+        let path = registry_url
+            .strip_prefix("file://")
+            .ok_or_else(|| InstallError::UnsupportedRegistry(registry_url.to_owned()))?;
+        Ok(Self {
+            home,
+            registry_url: registry_url.to_owned(),
+            registry: DirRegistry::open(Path::new(path), false)?,
+            options,
+        })
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.home.root().join("plugins.lock")
+    }
+
+    /// Reads `plugins.lock` (empty if absent).
+    pub fn lock_file(&self) -> Result<LockFile, InstallError> {
+        read_lock(&self.lock_path())
+    }
+
+    /// Resolves `reference` to an index entry: the owner (a bare name must be unambiguous), then
+    /// the highest version whose ABI this host supports.
+    pub fn resolve(&self, reference: &PackageRef) -> Result<IndexEntry, InstallError> {
+        let full = match &reference.owner {
+            Some(o) => format!("{o}/{}", reference.name),
+            None => {
+                let owners: Vec<String> = self
+                    .registry
+                    .packages()?
+                    .into_iter()
+                    .filter(|p| p.rsplit('/').next() == Some(reference.name.as_str()))
+                    .collect();
+                match owners.as_slice() {
+                    [one] => one.clone(),
+                    [] => return Err(ResolveError::NotFound(reference.name.clone()).into()),
+                    many => {
+                        return Err(ResolveError::Ambiguous {
+                            name: reference.name.clone(),
+                            owners: many.join(", "),
+                            example: many[0].clone(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        };
+        let entries = self.registry.entries(&full)?;
+        let abi_ok = |abi: &str| -> Result<(), String> {
+            let v = rlhost_registry::manifest::parse_abi(abi)?;
+            match abi::supported_for(&v) {
+                Some(_) => Ok(()),
+                None => Err(format!(
+                    "targets {abi}, this host supports {}",
+                    abi::supported_description()
+                )),
+            }
+        };
+        let host = semver::Version::parse(crate::VERSION).expect("the crate version is semver");
+        Ok(resolve(
+            &full,
+            &entries,
+            &reference.req,
+            &reference.req_text,
+            &abi_ok,
+            &host,
+        )?
+        .clone())
+    }
+
+    /// Installs `reference` and the reward plugins it depends on.
+    pub async fn install(
+        &self,
+        reference: &PackageRef,
+        loader: &PluginLoader,
+    ) -> Result<Vec<Installed>, InstallError> {
+        let mut done = Vec::new();
+        let mut queue = vec![reference.clone()];
+        while let Some(r) = queue.pop() {
+            let entry = self.resolve(&r)?;
+            for (dep, req) in &entry.deps {
+                let mut dep_ref: PackageRef = dep.parse()?;
+                dep_ref.req = req.clone();
+                dep_ref.req_text = req.to_string();
+                queue.push(dep_ref);
+            }
+            done.push(self.install_entry(&entry, loader).await?);
+        }
+        Ok(done)
+    }
+
+    async fn install_entry(
+        &self,
+        entry: &IndexEntry,
+        loader: &PluginLoader,
+    ) -> Result<Installed, InstallError> {
+        let package = format!("{}@{}", entry.name, entry.vers);
+        let plugins = self.home.plugins_dir();
+        std::fs::create_dir_all(&plugins).map_err(io(&plugins))?;
+        // One installer at a time per home; the second waits, then finds the work done.
+        let lock_path = plugins.join(".install.lock");
+        let lock = File::create(&lock_path).map_err(io(&lock_path))?;
+        lock.lock().map_err(io(&lock_path))?;
+
+        let mut lockfile = self.lock_file()?;
+        if self.options.locked
+            && let Some(locked) = lockfile.plugins.get(&entry.name)
+            && (locked.version != entry.vers || locked.cksum != entry.cksum)
+        {
+            return Err(InstallError::Locked {
+                name: entry.name.clone(),
+                locked: locked.version.to_string(),
+                wanted: entry.vers.to_string(),
+            });
+        }
+        let warning = entry
+            .yanked
+            .then(|| format!("{package} is yanked; installed because it was pinned exactly"));
+        let target = plugins.join(&entry.name).join(entry.vers.to_string());
+        if let Ok(existing) = read_record(&target)
+            && existing.cksum == entry.cksum
+        {
+            self.write_lock_entry(&mut lockfile, &existing)?;
+            return Ok(Installed {
+                record: existing,
+                dir: target,
+                fresh: false,
+                warning,
+            });
+        }
+
+        let bytes = self.registry.artifact(&entry.cksum)?;
+        let trust_path = self.home.root().join("trust.json");
+        let mut trust = TrustStore::load(&trust_path)?;
+        let owner = entry.name.split('/').next().unwrap_or_default();
+        let (keys, newly_pinned) =
+            trust.keys_for(&self.registry_url, &self.registry.config()?, owner);
+        verify_artifact(entry, &bytes, &keys, self.options.allow_unsigned)?;
+        if newly_pinned {
+            trust.save(&trust_path)?;
+        }
+
+        let staging = tempfile::Builder::new()
+            .prefix(".staging-")
+            .tempdir_in(&plugins)
+            .map_err(io(&plugins))?;
+        let manifest =
+            package::unpack(&bytes, staging.path()).map_err(|e| InstallError::Invalid {
+                package: package.clone(),
+                message: e.to_string(),
+            })?;
+        if manifest.full_name() != entry.name || manifest.plugin.version != entry.vers {
+            return Err(InstallError::Invalid {
+                package,
+                message: format!(
+                    "the package contains {}@{}, not what the index says",
+                    manifest.full_name(),
+                    manifest.plugin.version
+                ),
+            });
+        }
+        // Validate with the real runtime (components only: loading a native library runs it).
+        if manifest.plugin.runtime == Runtime::Wasm {
+            let result = match manifest.plugin.kind {
+                rlhost_registry::PluginKind::Environment => {
+                    loader.load_environment(staging.path()).await.map(|_| ())
+                }
+                rlhost_registry::PluginKind::Reward => {
+                    loader.load_reward(staging.path()).await.map(|_| ())
+                }
+            };
+            result.map_err(|e| InstallError::Invalid {
+                package: package.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        let record = InstallRecord {
+            name: entry.name.clone(),
+            version: entry.vers.clone(),
+            cksum: entry.cksum.clone(),
+            registry: self.registry_url.clone(),
+            key: entry.key.clone(),
+        };
+        let record_path = staging.path().join(RECORD);
+        std::fs::write(
+            &record_path,
+            serde_json::to_string_pretty(&record).expect("serialisable"),
+        )
+        .map_err(io(&record_path))?;
+        let parent = target.parent().expect("has a parent");
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        if target.exists() {
+            // Same version, other bytes: a registry that changed history. Keep the old one
+            // aside until the new one is in place.
+            let aside = staging.path().with_extension("old");
+            std::fs::rename(&target, &aside).map_err(io(&target))?;
+            let _ = std::fs::remove_dir_all(&aside);
+        }
+        let staged = staging.keep();
+        std::fs::rename(&staged, &target).map_err(io(&target))?;
+        self.write_lock_entry(&mut lockfile, &record)?;
+        Ok(Installed {
+            record,
+            dir: target,
+            fresh: true,
+            warning,
+        })
+    }
+
+    fn write_lock_entry(
+        &self,
+        lockfile: &mut LockFile,
+        record: &InstallRecord,
+    ) -> Result<(), InstallError> {
+        if lockfile.plugins.get(&record.name) == Some(record) {
+            return Ok(());
+        }
+        lockfile.plugins.insert(record.name.clone(), record.clone());
+        write_lock(&self.lock_path(), lockfile)
+    }
+}
+
+fn read_record(dir: &Path) -> Result<InstallRecord, InstallError> {
+    let path = dir.join(RECORD);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    serde_json::from_str(&text).map_err(|e| InstallError::Io {
+        path,
+        message: e.to_string(),
+    })
+}
+
+fn read_lock(path: &Path) -> Result<LockFile, InstallError> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| InstallError::Io {
+            path: path.to_owned(),
+            message: format!("invalid lock file: {e}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockFile::default()),
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+fn write_lock(path: &Path, lock: &LockFile) -> Result<(), InstallError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(
+        &tmp,
+        serde_json::to_string_pretty(lock).expect("serialisable"),
+    )
+    .map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Every installed plugin, sorted by name and version.
+pub fn installed(home: &RlhostHome) -> Result<Vec<(InstallRecord, PathBuf)>, InstallError> {
+    let mut out = Vec::new();
+    let root = home.plugins_dir();
+    let Ok(owners) = std::fs::read_dir(&root) else {
+        return Ok(out);
+    };
+    for owner in owners.flatten().filter(|e| e.path().is_dir()) {
+        if owner.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        for name in std::fs::read_dir(owner.path())
+            .map_err(io(&owner.path()))?
+            .flatten()
+        {
+            for version in std::fs::read_dir(name.path())
+                .map_err(io(&name.path()))?
+                .flatten()
+            {
+                if let Ok(record) = read_record(&version.path()) {
+                    out.push((record, version.path()));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.0.name, &a.0.version).cmp(&(&b.0.name, &b.0.version)));
+    Ok(out)
+}
+
+/// The folder of an installed plugin: `owner/name` or an unambiguous bare `name`; the version
+/// recorded in `plugins.lock`, else the highest installed.
+pub fn find_installed(home: &RlhostHome, reference: &str) -> Result<PathBuf, InstallError> {
+    let all = installed(home)?;
+    let matches =
+        |r: &InstallRecord| r.name == reference || r.name.rsplit('/').next() == Some(reference);
+    let lock = read_lock(&home.root().join("plugins.lock"))?;
+    let candidates: Vec<_> = all.iter().filter(|(r, _)| matches(r)).collect();
+    if let Some((_, dir)) = candidates.iter().find(|(r, _)| {
+        lock.plugins
+            .get(&r.name)
+            .is_some_and(|l| l.version == r.version)
+    }) {
+        return Ok(dir.clone());
+    }
+    candidates
+        .iter()
+        .max_by(|a, b| a.0.version.cmp(&b.0.version))
+        .map(|(_, d)| d.clone())
+        .ok_or_else(|| InstallError::NotInstalled(reference.to_owned()))
+}
+
+/// Removes `owner/name` (every installed version) or `owner/name@version`.
+pub fn remove(home: &RlhostHome, reference: &str) -> Result<Vec<InstallRecord>, InstallError> {
+    let (name, version) = match reference.split_once('@') {
+        Some((n, v)) => (
+            n,
+            Some(semver::Version::parse(v).map_err(|e| InstallError::Io {
+                path: PathBuf::from(reference),
+                message: e.to_string(),
+            })?),
+        ),
+        None => (reference, None),
+    };
+    let plugins = home.plugins_dir();
+    std::fs::create_dir_all(&plugins).map_err(io(&plugins))?;
+    let lock_path = plugins.join(".install.lock");
+    let lock = File::create(&lock_path).map_err(io(&lock_path))?;
+    lock.lock().map_err(io(&lock_path))?;
+    let mut removed = Vec::new();
+    for (record, dir) in installed(home)? {
+        if record.name == name && version.as_ref().is_none_or(|v| *v == record.version) {
+            // Rename first: a half-deleted folder must never look installed.
+            let trash = plugins.join(format!(".trash-{}", std::process::id()));
+            std::fs::rename(&dir, &trash).map_err(io(&dir))?;
+            let _ = std::fs::remove_dir_all(&trash);
+            removed.push(record);
+        }
+    }
+    if removed.is_empty() {
+        return Err(InstallError::NotInstalled(reference.to_owned()));
+    }
+    let lock_file = home.root().join("plugins.lock");
+    let mut lockf = read_lock(&lock_file)?;
+    if lockf
+        .plugins
+        .get(name)
+        .is_some_and(|l| removed.iter().any(|r| r.version == l.version))
+    {
+        lockf.plugins.remove(name);
+        write_lock(&lock_file, &lockf)?;
+    }
+    Ok(removed)
+}
