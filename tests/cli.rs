@@ -50,7 +50,7 @@ fn unbuilt_groups_fail_loudly_and_touch_nothing() {
     let pending: Vec<(Vec<&str>, &str)> = vec![
         (vec!["env", "update", "will/math-python"], "host env update"),
         (vec!["bench", "inference", "--flag"], "host bench inference"),
-        (vec!["registry", "serve", "--flag"], "host registry serve"),
+        (vec!["registry", "mirror", "--flag"], "host registry mirror"),
         (vec!["model", "init"], "host model"),
         (vec!["inference", "--model", "x"], "host inference"),
         (vec!["eval", "arith"], "host eval"),

@@ -367,3 +367,174 @@ impl World {
             .unwrap()
     }
 }
+
+/// `host registry serve` on a free loopback port, killed when dropped.
+struct Server {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl World {
+    fn serve(&self) -> Server {
+        use std::io::BufRead;
+        let mut child = host(&self.home())
+            .args([
+                "registry",
+                "serve",
+                "--root",
+                self.reg().to_str().unwrap(),
+                "--addr",
+                "127.0.0.1:0",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Server { child, url }
+    }
+
+    /// A command against `registry` with `token` in RLHOST_REGISTRY_TOKEN, in `home`.
+    fn http(&self, home: &Path, registry: &str, token: Option<&str>, args: &[&str]) -> Output {
+        let mut cmd = host(home);
+        cmd.env_remove("RLHOST_REGISTRY_TOKEN");
+        if let Some(t) = token {
+            cmd.env("RLHOST_REGISTRY_TOKEN", t);
+        }
+        run(cmd.args(args).args(["--registry", registry]))
+    }
+}
+
+#[test]
+fn http_registry_publish_and_install_end_to_end() {
+    let w = World::new();
+    let reg = w.reg();
+    let token = w.ok(&[
+        "registry",
+        "token",
+        "--root",
+        reg.to_str().unwrap(),
+        "--owner",
+        "rlhost",
+    ]);
+    let other = w.ok(&[
+        "registry",
+        "token",
+        "--root",
+        reg.to_str().unwrap(),
+        "--owner",
+        "test",
+    ]);
+    let tokens = std::fs::read_to_string(reg.join("tokens.json")).unwrap();
+    assert!(!tokens.contains(token.trim()), "tokens are stored hashed");
+    let server = w.serve();
+    let pkg = w.package("arith", "0.1.0", &same);
+    let key = w.key();
+    let publish = |tok: Option<&str>, pkg: &Path| {
+        w.http(
+            &w.home(),
+            &server.url,
+            tok,
+            &[
+                "env",
+                "publish",
+                pkg.to_str().unwrap(),
+                "--key",
+                key.to_str().unwrap(),
+            ],
+        )
+    };
+
+    let out = publish(None, &pkg);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        texts(&out).1.contains("401: a bearer token is required"),
+        "{}",
+        texts(&out).1
+    );
+    let out = publish(Some("not-a-token"), &pkg);
+    assert!(
+        texts(&out).1.contains("401: unknown token"),
+        "{}",
+        texts(&out).1
+    );
+    let out = publish(Some(other.trim()), &pkg);
+    assert!(
+        texts(&out)
+            .1
+            .contains("403: this token publishes for \"test\", not for \"rlhost\""),
+        "{}",
+        texts(&out).1
+    );
+    let out = publish(Some(token.trim()), &pkg);
+    assert!(out.status.success(), "{}", texts(&out).1);
+    let changed = w.package("arith", "0.1.0", &|m| {
+        m.replace("description = ", "description = \"x\"\n# ")
+    });
+    let out = publish(Some(token.trim()), &changed);
+    assert!(texts(&out).1.contains("409"), "{}", texts(&out).1);
+
+    // A second machine (another home) installs over HTTP.
+    let second = w.root.join("second-home");
+    let out = w.http(&second, &server.url, None, &["env", "search"]);
+    assert!(
+        texts(&out).0.contains("rlhost/arith@0.1.0"),
+        "{:?}",
+        texts(&out)
+    );
+    let out = w.http(
+        &second,
+        &server.url,
+        None,
+        &["env", "install", "rlhost/arith"],
+    );
+    assert!(out.status.success(), "{}", texts(&out).1);
+    assert!(
+        second
+            .join("plugins/rlhost/arith/0.1.0/plugin.wasm")
+            .is_file()
+    );
+
+    // Yanking needs the owner's token.
+    let out = w.http(
+        &w.home(),
+        &server.url,
+        Some(other.trim()),
+        &["env", "yank", "rlhost/arith@0.1.0"],
+    );
+    assert!(texts(&out).1.contains("403"), "{}", texts(&out).1);
+    let out = w.http(
+        &w.home(),
+        &server.url,
+        Some(token.trim()),
+        &["env", "yank", "rlhost/arith@0.1.0"],
+    );
+    assert!(out.status.success(), "{}", texts(&out).1);
+    let third = w.root.join("third-home");
+    let out = w.http(
+        &third,
+        &server.url,
+        None,
+        &["env", "install", "rlhost/arith"],
+    );
+    assert!(
+        texts(&out).1.contains("0.1.0 is yanked"),
+        "{}",
+        texts(&out).1
+    );
+}

@@ -42,6 +42,24 @@ pub enum RegistryError {
         /// Why.
         reason: String,
     },
+    /// The version exists with other bytes.
+    #[error(
+        "cannot publish {package}: this version is already published with different bytes; bump the version"
+    )]
+    Conflict {
+        /// `owner/name@version`.
+        package: String,
+    },
+    /// The registry refused a request (HTTP status and message).
+    #[error("registry {url}: {status}: {message}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// The status code.
+        status: u16,
+        /// The server's message.
+        message: String,
+    },
     /// A downloaded artifact does not match its index entry.
     #[error("checksum mismatch for {package}: the index says {expected}, the download is {actual}")]
     Checksum {
@@ -213,42 +231,62 @@ impl DirRegistry {
     ) -> Result<IndexEntry, RegistryError> {
         let staging = tempfile::tempdir().map_err(|e| self.io(Path::new("(temp)"), e))?;
         let manifest = package::unpack(packed, staging.path())?;
+        let sig = key.sign(
+            &manifest.full_name(),
+            &manifest.plugin.version,
+            &checksum(packed),
+        );
+        self.publish_signed(packed, &sig, &key.public_hex(), min_host)
+    }
+
+    /// Publishes a package with a signature made elsewhere (by the publisher, for an upload):
+    /// the signature must verify and its key must be accepted for the package's owner.
+    pub fn publish_signed(
+        &self,
+        packed: &[u8],
+        sig: &str,
+        public_key: &str,
+        min_host: Option<semver::Version>,
+    ) -> Result<IndexEntry, RegistryError> {
+        let staging = tempfile::tempdir().map_err(|e| self.io(Path::new("(temp)"), e))?;
+        let manifest = package::unpack(packed, staging.path())?;
         let name = manifest.full_name();
         let version = manifest.plugin.version.clone();
         let package = format!("{name}@{version}");
+        let cksum = checksum(packed);
+        crate::sign::verify(public_key, sig, &name, &version, &cksum).map_err(|e| {
+            RegistryError::Refused {
+                package: package.clone(),
+                reason: e.to_string(),
+            }
+        })?;
         let _lock = self.lock()?;
         let config = self.config()?;
         let accepted = config
             .keys
             .get(&manifest.plugin.owner)
-            .is_some_and(|keys| keys.iter().any(|k| *k == key.public_hex()));
+            .is_some_and(|keys| keys.iter().any(|k| k == public_key));
         if !accepted {
             return Err(RegistryError::Refused {
                 package,
                 reason: format!(
-                    "key {} is not accepted for owner {:?} by this registry",
-                    key.public_hex(),
+                    "key {public_key} is not accepted for owner {:?} by this registry",
                     manifest.plugin.owner
                 ),
             });
         }
-        let cksum = checksum(packed);
         let mut entries = self.entries(&name)?;
         if let Some(existing) = entries.iter().find(|e| e.vers == version) {
             if existing.cksum == cksum {
                 return Ok(existing.clone());
             }
-            return Err(RegistryError::Refused {
-                package,
-                reason: "this version is already published with different bytes; bump the version"
-                    .into(),
-            });
+            return Err(RegistryError::Conflict { package });
         }
         let rel = config.dl.replace("{cksum}", &cksum);
         self.write_atomically(&self.root.join(rel), packed)?;
         let entry = IndexEntry {
-            sig: Some(key.sign(&name, &version, &cksum)),
-            key: Some(key.public_hex()),
+            sig: Some(sig.to_owned()),
+            key: Some(public_key.to_owned()),
             name: name.clone(),
             vers: version,
             kind: manifest.plugin.kind,

@@ -10,7 +10,7 @@ use crate::home::RlhostHome;
 use crate::plugin::install::{self, InstallOptions, Installer};
 use crate::plugin::template::{self, SdkSource};
 use crate::plugin::{LoadOptions, PluginLoader};
-use rlhost_registry::{DirRegistry, PackageRef, PublisherKey, package};
+use rlhost_registry::{PackageRef, PublisherKey, RegistryBackend, package};
 
 /// Arguments of `host env`.
 #[derive(Debug, Args)]
@@ -54,6 +54,9 @@ enum EnvCommand {
         /// Oldest host version that can run it.
         #[arg(long)]
         min_host: Option<semver::Version>,
+        /// Environment variable holding the registry's publish token (HTTP registries).
+        #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
+        token_var: String,
         #[command(flatten)]
         registry: RegistryFlag,
     },
@@ -100,6 +103,9 @@ enum EnvCommand {
         /// Un-yank.
         #[arg(long)]
         undo: bool,
+        /// Environment variable holding the registry's publish token (HTTP registries).
+        #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
+        token_var: String,
         #[command(flatten)]
         registry: RegistryFlag,
     },
@@ -126,12 +132,8 @@ impl RegistryFlag {
         }
     }
 
-    fn open(&self, home: &RlhostHome) -> anyhow::Result<DirRegistry> {
-        let url = self.url(home)?;
-        let path = url.strip_prefix("file://").ok_or_else(|| {
-            anyhow::anyhow!("registry {url}: only file:// registries are supported so far")
-        })?;
-        Ok(DirRegistry::open(std::path::Path::new(path), false)?)
+    fn open(&self, home: &RlhostHome) -> anyhow::Result<Box<dyn RegistryBackend>> {
+        Ok(rlhost_registry::backend::open(&self.url(home)?)?)
     }
 }
 
@@ -186,6 +188,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             package,
             key,
             min_host,
+            token_var,
             registry,
         } => {
             let home = RlhostHome::from_env()?;
@@ -193,12 +196,28 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             let bytes = std::fs::read(&package)
                 .with_context(|| format!("reading {}", package.display()))?;
             let key = PublisherKey::load(&key)?;
-            let entry = reg.publish(&bytes, &key, min_host)?;
+            // Sign here, with the publisher's key; the registry only checks.
+            let staging = tempfile::tempdir()?;
+            let manifest = package::unpack(&bytes, staging.path())
+                .with_context(|| format!("reading {}", package.display()))?;
+            let sig = key.sign(
+                &manifest.full_name(),
+                &manifest.plugin.version,
+                &package::checksum(&bytes),
+            );
+            let token = std::env::var(&token_var).ok();
+            let entry = super::async_runtime()?.block_on(reg.publish(
+                &bytes,
+                &sig,
+                &key.public_hex(),
+                min_host,
+                token.as_deref(),
+            ))?;
             println!(
                 "published {}@{} to {} (sha256 {})",
                 entry.name,
                 entry.vers,
-                reg.root().display(),
+                reg.url(),
                 entry.cksum
             );
             Ok(ExitCode::SUCCESS)
@@ -267,7 +286,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
         EnvCommand::Search { query, registry } => {
             let home = RlhostHome::from_env()?;
             let reg = registry.open(&home)?;
-            for e in reg.search(&query)? {
+            for e in super::async_runtime()?.block_on(reg.search(&query))? {
                 println!("{}@{}  {}  ({})", e.name, e.vers, e.description, e.abi);
             }
             Ok(ExitCode::SUCCESS)
@@ -275,9 +294,9 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
         EnvCommand::Info { package, registry } => {
             let home = RlhostHome::from_env()?;
             let reg = registry.open(&home)?;
-            let entries = reg.entries(&package)?;
+            let entries = super::async_runtime()?.block_on(reg.entries(&package))?;
             if entries.is_empty() {
-                anyhow::bail!("no package {package} in {}", reg.root().display());
+                anyhow::bail!("no package {package} in {}", reg.url());
             }
             for e in entries {
                 let yanked = if e.yanked { "  (yanked)" } else { "" };
@@ -296,6 +315,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
         EnvCommand::Yank {
             package,
             undo,
+            token_var,
             registry,
         } => {
             let home = RlhostHome::from_env()?;
@@ -305,7 +325,8 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 .context("say which version: owner/name@version")?;
             let version = semver::Version::parse(version.trim_start_matches('='))
                 .with_context(|| format!("version of {package}"))?;
-            reg.yank(name, &version, !undo)?;
+            let token = std::env::var(&token_var).ok();
+            super::async_runtime()?.block_on(reg.yank(name, &version, !undo, token.as_deref()))?;
             println!(
                 "{} {name}@{version}",
                 if undo { "un-yanked" } else { "yanked" }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use rlhost_registry::{DirRegistry, PublisherKey};
 
@@ -42,7 +43,25 @@ enum RegistryCommand {
         #[arg(long)]
         key_file: Option<PathBuf>,
     },
-    /// Not built yet (serve arrives with the HTTP registry).
+    /// Issue a publish token for an owner (stored hashed; printed once).
+    Token {
+        /// The registry's folder.
+        #[arg(long)]
+        root: PathBuf,
+        /// The owner the token publishes for.
+        #[arg(long)]
+        owner: String,
+    },
+    /// Serve a directory registry over HTTP until interrupted.
+    Serve {
+        /// The registry's folder.
+        #[arg(long)]
+        root: PathBuf,
+        /// Address to listen on (port 0 picks a free one; the chosen address is printed).
+        #[arg(long, default_value = "127.0.0.1:8730")]
+        addr: String,
+    },
+    /// Not built yet.
     #[command(external_subcommand)]
     Other(Vec<String>),
 }
@@ -77,6 +96,31 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
             };
             DirRegistry::open(&root, false)?.add_key(&owner, &public)?;
             println!("{owner} may publish with key {public}");
+        }
+        RegistryCommand::Token { root, owner } => {
+            DirRegistry::open(&root, false)?;
+            println!(
+                "{}",
+                rlhost_registry::tokens::TokenStore::issue(&root, &owner)?
+            );
+        }
+        RegistryCommand::Serve { root, addr } => {
+            DirRegistry::open(&root, false)?;
+            let runtime = super::async_runtime()?;
+            runtime.block_on(async {
+                let listener = tokio::net::TcpListener::bind(&addr)
+                    .await
+                    .with_context(|| format!("listening on {addr}"))?;
+                let local = listener.local_addr()?;
+                println!("listening on http://{local}");
+                use std::io::Write;
+                std::io::stdout().flush()?;
+                let shutdown = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                rlhost_registry::server::serve(&root, listener, shutdown).await?;
+                anyhow::Ok(())
+            })?;
         }
         RegistryCommand::Other(words) => {
             let sub = words.first().map(String::as_str).unwrap_or("");

@@ -10,8 +10,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use rlhost_registry::{
-    DirRegistry, IndexEntry, PackageRef, RegistryError, ResolveError, Runtime, TrustStore, package,
-    resolve, verify_artifact,
+    IndexEntry, PackageRef, RegistryBackend, RegistryError, ResolveError, Runtime, TrustStore,
+    package, resolve, verify_artifact,
 };
 use serde::{Deserialize, Serialize};
 
@@ -21,9 +21,6 @@ use crate::home::RlhostHome;
 /// Errors installing or removing plugins.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    /// The registry URL is not usable.
-    #[error("registry {0}: only file:// registries are supported by this host so far")]
-    UnsupportedRegistry(String),
     /// The registry failed or refused.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -118,26 +115,23 @@ pub struct InstallOptions {
 pub struct Installer<'a> {
     home: &'a RlhostHome,
     registry_url: String,
-    registry: DirRegistry,
+    registry: Box<dyn RegistryBackend>,
     options: InstallOptions,
 }
 
 const RECORD: &str = ".rlhost-install.json";
 
 impl<'a> Installer<'a> {
-    /// An installer for `registry_url` (`file://PATH`).
+    /// An installer for `registry_url` (`file://PATH` or `http(s)://…`).
     pub fn new(
         home: &'a RlhostHome,
         registry_url: &str,
         options: InstallOptions,
     ) -> Result<Self, InstallError> {
-        let path = registry_url
-            .strip_prefix("file://")
-            .ok_or_else(|| InstallError::UnsupportedRegistry(registry_url.to_owned()))?;
         Ok(Self {
             home,
             registry_url: registry_url.to_owned(),
-            registry: DirRegistry::open(Path::new(path), false)?,
+            registry: rlhost_registry::backend::open(registry_url)?,
             options,
         })
     }
@@ -153,13 +147,14 @@ impl<'a> Installer<'a> {
 
     /// Resolves `reference` to an index entry: the owner (a bare name must be unambiguous), then
     /// the highest version whose ABI this host supports.
-    pub fn resolve(&self, reference: &PackageRef) -> Result<IndexEntry, InstallError> {
+    pub async fn resolve(&self, reference: &PackageRef) -> Result<IndexEntry, InstallError> {
         let full = match &reference.owner {
             Some(o) => format!("{o}/{}", reference.name),
             None => {
                 let owners: Vec<String> = self
                     .registry
-                    .packages()?
+                    .packages()
+                    .await?
                     .into_iter()
                     .filter(|p| p.rsplit('/').next() == Some(reference.name.as_str()))
                     .collect();
@@ -177,7 +172,7 @@ impl<'a> Installer<'a> {
                 }
             }
         };
-        let entries = self.registry.entries(&full)?;
+        let entries = self.registry.entries(&full).await?;
         let abi_ok = |abi: &str| -> Result<(), String> {
             let v = rlhost_registry::manifest::parse_abi(abi)?;
             match abi::supported_for(&v) {
@@ -209,7 +204,7 @@ impl<'a> Installer<'a> {
         let mut done = Vec::new();
         let mut queue = vec![reference.clone()];
         while let Some(r) = queue.pop() {
-            let entry = self.resolve(&r)?;
+            let entry = self.resolve(&r).await?;
             for (dep, req) in &entry.deps {
                 let mut dep_ref: PackageRef = dep.parse()?;
                 dep_ref.req = req.clone();
@@ -261,12 +256,12 @@ impl<'a> Installer<'a> {
             });
         }
 
-        let bytes = self.registry.artifact(&entry.cksum)?;
+        let bytes = self.registry.artifact(&entry.cksum).await?;
         let trust_path = self.home.root().join("trust.json");
         let mut trust = TrustStore::load(&trust_path)?;
         let owner = entry.name.split('/').next().unwrap_or_default();
         let (keys, newly_pinned) =
-            trust.keys_for(&self.registry_url, &self.registry.config()?, owner);
+            trust.keys_for(&self.registry_url, &self.registry.config().await?, owner);
         verify_artifact(entry, &bytes, &keys, self.options.allow_unsigned)?;
         if newly_pinned {
             trust.save(&trust_path)?;

@@ -1,0 +1,79 @@
+//! Publish tokens of a registry server: one or more per owner, stored only as sha256 hashes in
+//! `<root>/tokens.json`, shown once when issued.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dir::RegistryError;
+use crate::package::checksum;
+
+/// Hashed tokens by owner.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenStore {
+    /// owner → sha256 hashes of its tokens.
+    pub owners: BTreeMap<String, Vec<String>>,
+}
+
+fn path(root: &Path) -> PathBuf {
+    root.join("tokens.json")
+}
+
+impl TokenStore {
+    /// Reads `<root>/tokens.json` (empty if absent).
+    pub fn load(root: &Path) -> Result<Self, RegistryError> {
+        match std::fs::read_to_string(path(root)) {
+            Ok(t) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
+                root: root.display().to_string(),
+                message: format!("tokens.json: {e}"),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(RegistryError::Io {
+                root: root.display().to_string(),
+                path: "tokens.json".into(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Issues a new token for `owner`, stores its hash, returns the token (shown once).
+    pub fn issue(root: &Path, owner: &str) -> Result<String, RegistryError> {
+        let mut store = Self::load(root)?;
+        let mut raw = [0u8; 32];
+        getrandom::fill(&mut raw).map_err(|e| RegistryError::Io {
+            root: root.display().to_string(),
+            path: "(system randomness)".into(),
+            message: e.to_string(),
+        })?;
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        store
+            .owners
+            .entry(owner.to_owned())
+            .or_default()
+            .push(checksum(token.as_bytes()));
+        let file = path(root);
+        let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
+        let io = |e: std::io::Error| RegistryError::Io {
+            root: root.display().to_string(),
+            path: "tokens.json".into(),
+            message: e.to_string(),
+        };
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(&store).expect("serialisable"),
+        )
+        .map_err(io)?;
+        std::fs::rename(&tmp, &file).map_err(io)?;
+        Ok(token)
+    }
+
+    /// The owner a token belongs to.
+    pub fn owner_of(&self, token: &str) -> Option<&str> {
+        let hash = checksum(token.as_bytes());
+        self.owners
+            .iter()
+            .find(|(_, hashes)| hashes.contains(&hash))
+            .map(|(owner, _)| owner.as_str())
+    }
+}
