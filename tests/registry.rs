@@ -538,3 +538,142 @@ fn http_registry_publish_and_install_end_to_end() {
         texts(&out).1
     );
 }
+
+#[test]
+fn update_moves_to_the_newest_compatible_version() {
+    let w = World::new();
+    w.publish(&w.package("arith", "0.1.0", &same));
+    w.ok(&["env", "install", "rlhost/arith"]);
+    w.publish(&w.package("arith", "0.1.5", &same));
+    w.publish(&w.package("arith", "0.2.0", &same));
+    let out = w.ok(&["env", "update"]);
+    assert!(
+        out.contains("updated rlhost/arith from 0.1.0 to 0.1.5"),
+        "{out}"
+    );
+    let out = w.ok(&["env", "update", "rlhost/arith"]);
+    assert!(out.contains("rlhost/arith is up to date (0.1.5)"), "{out}");
+    let lock = std::fs::read_to_string(w.home().join("plugins.lock")).unwrap();
+    assert!(lock.contains("\"0.1.5\""), "{lock}");
+}
+
+#[test]
+fn a_changed_key_is_accepted_only_after_an_explicit_trust() {
+    let w = World::new();
+    w.publish(&w.package("arith", "0.1.0", &same));
+    w.ok(&["env", "install", "rlhost/arith"]);
+    let rotated = w.root.join("rotated.key");
+    let public = w.ok(&["registry", "keygen", "--out", rotated.to_str().unwrap()]);
+    w.ok(&[
+        "registry",
+        "add-key",
+        "--root",
+        w.reg().to_str().unwrap(),
+        "--owner",
+        "rlhost",
+        "--key",
+        public.trim(),
+    ]);
+    let pkg = w.package("arith", "0.1.1", &same);
+    w.ok(&[
+        "env",
+        "publish",
+        pkg.to_str().unwrap(),
+        "--key",
+        rotated.to_str().unwrap(),
+    ]);
+    let err = w.fails(&["env", "install", "rlhost/arith@=0.1.1"]);
+    assert!(err.contains("not trusted for this owner"), "{err}");
+    let err = w.fails(&["registry", "trust", "--owner", "rlhost", "--key", "xyz"]);
+    assert!(err.contains("invalid public key"), "{err}");
+    w.ok(&[
+        "registry",
+        "trust",
+        "--owner",
+        "rlhost",
+        "--key",
+        public.trim(),
+    ]);
+    let listed = w.ok(&["registry", "trust"]);
+    assert!(listed.contains(public.trim()), "{listed}");
+    let out = w.ok(&["env", "install", "rlhost/arith@=0.1.1"]);
+    assert!(out.contains("installed rlhost/arith@0.1.1"), "{out}");
+}
+
+#[test]
+fn a_dead_server_installs_nothing() {
+    let w = World::new();
+    w.publish(&w.package("arith", "0.1.0", &same));
+    let url = {
+        let server = w.serve();
+        server.url.clone()
+    }; // dropped: killed
+    let out = w.http(&w.home(), &url, None, &["env", "install", "rlhost/arith"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(texts(&out).1.contains(&url), "{}", texts(&out).1);
+    let plugins = w.home().join("plugins");
+    let left: Vec<_> = std::fs::read_dir(&plugins)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name())
+                .filter(|n| n != ".install.lock")
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_install_killed_by_a_full_disk_leaves_nothing_half_done() {
+    // RLIMIT_FSIZE makes the first large write fail as a full disk would (the kernel stops the
+    // process with SIGXFSZ mid-install).
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        common::skip(
+            "an_install_killed_by_a_full_disk_leaves_nothing_half_done",
+            "no prlimit",
+        );
+        return;
+    }
+    let w = World::new();
+    w.publish(&w.package("arith", "0.1.0", &same));
+    let out = run(std::process::Command::new("prlimit")
+        .arg("--fsize=20000")
+        .arg(common::host_bin())
+        .args(["env", "install", "rlhost/arith"])
+        .env("RLHOST_HOME", w.home())
+        .env("RLHOST_REGISTRY", w.url()));
+    assert!(
+        !out.status.success(),
+        "the install should have died: {:?}",
+        texts(&out)
+    );
+    assert!(
+        !w.home().join("plugins/rlhost/arith/0.1.0").exists(),
+        "half-installed"
+    );
+    // The next install, with room, completes and clears what the killed one left behind;
+    // `find_installed` (what eval and rl use) sees it.
+    w.ok(&["env", "install", "rlhost/arith"]);
+    let leftovers: Vec<_> = std::fs::read_dir(w.home().join("plugins"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".staging"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let home = rlhost::home::RlhostHome::at(w.home());
+    let dir = rlhost::plugin::install::find_installed(&home, "arith").unwrap();
+    assert!(
+        dir.ends_with("plugins/rlhost/arith/0.1.0"),
+        "{}",
+        dir.display()
+    );
+    assert_eq!(
+        rlhost::plugin::install::find_installed(&home, "rlhost/arith").unwrap(),
+        dir
+    );
+    assert!(rlhost::plugin::install::find_installed(&home, "nope").is_err());
+}

@@ -127,6 +127,16 @@ impl PublisherKey {
     }
 }
 
+/// Checks that `key` is a well-formed ed25519 public key (hex).
+pub fn verify_key(key: &str) -> Result<(), SignError> {
+    VerifyingKey::from_bytes(&unhex::<32>(key, "public key")?)
+        .map(|_| ())
+        .map_err(|e| SignError::Malformed {
+            what: "public key",
+            message: e.to_string(),
+        })
+}
+
 /// Checks `sig` (hex) by `key` (hex) over the package identity.
 pub fn verify(
     key: &str,

@@ -74,6 +74,16 @@ enum EnvCommand {
         #[command(flatten)]
         registry: RegistryFlag,
     },
+    /// Move installed plugins to the newest semver-compatible version (all, or the ones named).
+    Update {
+        /// owner/name of the plugins to update (default: everything in plugins.lock).
+        packages: Vec<String>,
+        /// Accept packages that carry no signature.
+        #[arg(long)]
+        allow_unsigned: bool,
+        #[command(flatten)]
+        registry: RegistryFlag,
+    },
     /// List installed plugins.
     List,
     /// Remove an installed plugin (every version, or owner/name@version).
@@ -109,9 +119,6 @@ enum EnvCommand {
         #[command(flatten)]
         registry: RegistryFlag,
     },
-    /// Not built yet.
-    #[command(external_subcommand)]
-    Other(Vec<String>),
 }
 
 /// `--registry URL`, defaulting to $RLHOST_REGISTRY, the settings file, or the local registry.
@@ -265,6 +272,45 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        EnvCommand::Update {
+            packages,
+            allow_unsigned,
+            registry,
+        } => {
+            let home = RlhostHome::from_env()?;
+            let url = registry.url(&home)?;
+            let installer = Installer::new(
+                &home,
+                &url,
+                InstallOptions {
+                    allow_unsigned,
+                    locked: false,
+                },
+            )?;
+            let lock = installer.lock_file()?;
+            let names: Vec<String> = if packages.is_empty() {
+                lock.plugins.keys().cloned().collect()
+            } else {
+                packages
+            };
+            let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
+            let runtime = super::async_runtime()?;
+            for name in names {
+                let current = lock
+                    .plugins
+                    .get(&name)
+                    .with_context(|| format!("{name} is not in plugins.lock: install it first"))?;
+                let reference: PackageRef = format!("{name}@^{}", current.version).parse()?;
+                let done = runtime.block_on(installer.install(&reference, &loader))?;
+                let top = &done[0].record;
+                if top.version == current.version {
+                    println!("{name} is up to date ({})", top.version);
+                } else {
+                    println!("updated {name} from {} to {}", current.version, top.version);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         EnvCommand::List => {
             let home = RlhostHome::from_env()?;
             let all = install::installed(&home)?;
@@ -332,10 +378,6 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 if undo { "un-yanked" } else { "yanked" }
             );
             Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Other(words) => {
-            let sub = words.first().map(String::as_str).unwrap_or("");
-            Err(super::not_implemented(&format!("env {sub}")))
         }
     }
 }

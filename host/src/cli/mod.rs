@@ -146,6 +146,8 @@ mod tests {
             let parsed = Cli::try_parse_from(["host", sub.get_name()])
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "later"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "run", "-c", "1"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "list"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "trust"]))
                 .expect("parses");
             assert_eq!(parsed.command.name(), sub.get_name());
         }
@@ -161,12 +163,12 @@ mod tests {
                 .contains("`host eval` is not implemented yet"),
             "{err}"
         );
-        let cli = Cli::try_parse_from(["host", "env", "update", "will/math-python"])
+        let cli = Cli::try_parse_from(["host", "bench", "inference", "--model", "x"])
             .expect("unbuilt subcommands parse");
         let err = run(cli).expect_err("must not pretend to work");
         assert!(
             err.to_string()
-                .contains("`host env update` is not implemented yet"),
+                .contains("`host bench inference` is not implemented yet"),
             "{err}"
         );
     }

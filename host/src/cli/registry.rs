@@ -43,6 +43,19 @@ enum RegistryCommand {
         #[arg(long)]
         key_file: Option<PathBuf>,
     },
+    /// Trust a publisher key for an owner of a registry (replacing the pinned keys), or list
+    /// what is trusted. Keys are otherwise pinned the first time a registry is used.
+    Trust {
+        /// The registry URL (default: the configured registry).
+        #[arg(long)]
+        registry: Option<String>,
+        /// The owner.
+        #[arg(long, requires = "key")]
+        owner: Option<String>,
+        /// The public key (hex) to trust for the owner.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Issue a publish token for an owner (stored hashed; printed once).
     Token {
         /// The registry's folder.
@@ -61,9 +74,6 @@ enum RegistryCommand {
         #[arg(long, default_value = "127.0.0.1:8730")]
         addr: String,
     },
-    /// Not built yet.
-    #[command(external_subcommand)]
-    Other(Vec<String>),
 }
 
 pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
@@ -97,6 +107,36 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
             DirRegistry::open(&root, false)?.add_key(&owner, &public)?;
             println!("{owner} may publish with key {public}");
         }
+        RegistryCommand::Trust {
+            registry,
+            owner,
+            key,
+        } => {
+            let home = crate::home::RlhostHome::from_env()?;
+            let url = match registry {
+                Some(u) => u,
+                None => {
+                    home.registry(std::env::var(crate::home::REGISTRY_ENV).ok())?
+                        .url
+                }
+            };
+            let path = home.root().join("trust.json");
+            let mut store = rlhost_registry::TrustStore::load(&path)?;
+            if let (Some(owner), Some(key)) = (owner, key) {
+                rlhost_registry::sign::verify_key(&key)?;
+                store
+                    .registries
+                    .entry(url.clone())
+                    .or_default()
+                    .insert(owner.clone(), vec![key.clone()]);
+                store.save(&path)?;
+                println!("trusting {key} for {owner} at {url}");
+            } else {
+                for (owner, keys) in store.registries.get(&url).into_iter().flatten() {
+                    println!("{owner}: {}", keys.join(", "));
+                }
+            }
+        }
         RegistryCommand::Token { root, owner } => {
             DirRegistry::open(&root, false)?;
             println!(
@@ -121,10 +161,6 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
                 rlhost_registry::server::serve(&root, listener, shutdown).await?;
                 anyhow::Ok(())
             })?;
-        }
-        RegistryCommand::Other(words) => {
-            let sub = words.first().map(String::as_str).unwrap_or("");
-            return Err(super::not_implemented(&format!("registry {sub}")));
         }
     }
     Ok(ExitCode::SUCCESS)

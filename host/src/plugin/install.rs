@@ -228,6 +228,7 @@ impl<'a> Installer<'a> {
         let lock_path = plugins.join(".install.lock");
         let lock = File::create(&lock_path).map_err(io(&lock_path))?;
         lock.lock().map_err(io(&lock_path))?;
+        remove_leftovers(&plugins);
 
         let mut lockfile = self.lock_file()?;
         if self.options.locked
@@ -344,6 +345,17 @@ impl<'a> Installer<'a> {
         }
         lockfile.plugins.insert(record.name.clone(), record.clone());
         write_lock(&self.lock_path(), lockfile)
+    }
+}
+
+/// Staging and trash folders of installs that were killed midway. Called with the install lock
+/// held, so none of them belongs to a live installer.
+fn remove_leftovers(plugins: &Path) {
+    for entry in std::fs::read_dir(plugins).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".staging-") || name.starts_with(".trash-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
