@@ -17,6 +17,7 @@ module loading and other escape hatches. If any step fails the child runs nothin
 check at start-up fails the zygote refuses to serve: model code never runs unsandboxed.
 """
 
+import atexit
 import ctypes
 import errno
 import json
@@ -285,8 +286,10 @@ def main():
         except ImportError as e:
             print(json.dumps({"ready": False, "error": f"cannot preload {name}: {e}"}), flush=True)
             return 2
-    empty_dir = tempfile.mkdtemp(prefix="rlhost-sandbox-root-")
+    empty_dir = tempfile.mkdtemp(prefix="rlhost-sandbox-root-", dir=os.environ.get("RLHOST_SANDBOX_TMP"))
     os.chmod(empty_dir, 0o555)
+    # Children mount their root over it in their own namespace; here it stays empty.
+    atexit.register(os.rmdir, empty_dir)
     check = serve_one(
         {"code": SELF_CHECK, "timeout_ms": 10000, "memory_mib": 512, "max_output_bytes": 4096},
         empty_dir,

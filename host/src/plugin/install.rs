@@ -426,6 +426,15 @@ pub fn find_installed(home: &RlhostHome, reference: &str) -> Result<PathBuf, Ins
         |r: &InstallRecord| r.name == reference || r.name.rsplit('/').next() == Some(reference);
     let lock = read_lock(&home.root().join("plugins.lock"))?;
     let candidates: Vec<_> = all.iter().filter(|(r, _)| matches(r)).collect();
+    let mut owners: Vec<&str> = candidates.iter().map(|(r, _)| r.name.as_str()).collect();
+    owners.dedup();
+    if owners.len() > 1 {
+        return Err(InstallError::Resolve(ResolveError::Ambiguous {
+            name: reference.to_owned(),
+            owners: owners.join(", "),
+            example: owners[0].to_owned(),
+        }));
+    }
     if let Some((_, dir)) = candidates.iter().find(|(r, _)| {
         lock.plugins
             .get(&r.name)

@@ -56,8 +56,11 @@ struct Zygote {
 
 impl Zygote {
     async fn start(options: &NativeOptions, script: &Path) -> Result<Self, SandboxError> {
+        let tmp = script.parent().and_then(Path::parent).unwrap_or(script);
         let mut child = Command::new(&options.python)
             .arg(script)
+            // Its empty root folder goes next to the scripts, removed with them.
+            .env("RLHOST_SANDBOX_TMP", tmp)
             .env("RLHOST_PRELOAD", options.preload.join(","))
             // Libraries that start thread pools at import would not survive a fork.
             .env("OMP_NUM_THREADS", "1")
