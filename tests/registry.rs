@@ -324,7 +324,7 @@ fn concurrent_installs_and_failed_validation_leave_a_consistent_home() {
     let outs = format!("{}{}", texts(&a).0, texts(&b).0);
     assert_eq!(outs.matches("already installed").count(), 1, "{outs}");
     // A broken component is refused at install, and the installed version stays usable.
-    let broken = w.package("arith", "0.1.1", &same);
+    w.package("arith", "0.1.1", &same);
     let bad = w.root.join("src-arith-0.1.1/plugin.wasm");
     std::fs::write(&bad, b"\0asm\x0d\0\x01\0garbage").unwrap();
     let broken_pkg = w.root.join("broken.rlpkg");
@@ -335,7 +335,6 @@ fn concurrent_installs_and_failed_validation_leave_a_consistent_home() {
         "-o",
         broken_pkg.to_str().unwrap(),
     ]);
-    let _ = broken;
     w.publish(&broken_pkg);
     let err = w.fails(&["env", "install", "rlhost/arith@=0.1.1"]);
     assert!(err.contains("rlhost/arith@0.1.1"), "{err}");

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use rlhost::sandbox::{PythonMode, REPL_RESET_NOTE, SandboxPolicy, WasmSandbox};
+use rlhost::sandbox::{REPL_RESET_NOTE, SandboxPolicy, WasmSandbox};
 use rlhost_sdk::types::{PythonLimits, PythonOutput};
 
 fn component() -> PathBuf {
@@ -92,7 +92,6 @@ async fn fresh_mode_forgets_and_repl_mode_remembers() {
     run("secret = 41").await;
     let out = run("print(secret)").await;
     assert!(out.stderr.contains("NameError"), "{}", out.stderr);
-    let _ = PythonMode::Repl;
     let mut repl = sandbox().repl();
     repl.run("secret = 41", limits(10_000)).await.unwrap();
     let out = repl.run("secret + 1", limits(10_000)).await.unwrap();
