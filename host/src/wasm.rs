@@ -158,7 +158,7 @@ pub fn compile_cached(
         }
     }
     let compiled = engine.precompile_component(bytes)?;
-    if let Err(e) = write_atomically(&path, &compiled) {
+    if let Err(e) = rlhost_registry::fs::write_atomically(&path, &compiled) {
         tracing::warn!("cannot cache compiled component at {}: {e}", path.display());
     }
     // SAFETY: the bytes were produced just now by this engine.
@@ -180,18 +180,6 @@ fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
     )
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename: readers see the old file or
-/// the whole new one, never a part.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,20 +189,6 @@ mod tests {
         assert_eq!(seeded_bytes(1, 64), seeded_bytes(1, 64));
         assert_ne!(seeded_bytes(1, 64), seeded_bytes(2, 64));
         assert_eq!(seeded_bytes(3, 13).len(), 13);
-    }
-
-    #[test]
-    fn atomic_write_replaces_whole_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a/b/file.bin");
-        write_atomically(&path, b"one").unwrap();
-        write_atomically(&path, b"two").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
-            .unwrap()
-            .flatten()
-            .collect();
-        assert_eq!(leftovers.len(), 1);
     }
 
     #[test]

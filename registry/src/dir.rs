@@ -126,11 +126,7 @@ impl DirRegistry {
     }
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), RegistryError> {
-        let dir = path.parent().expect("registry paths have parents");
-        std::fs::create_dir_all(dir).map_err(|e| self.io(dir, e))?;
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|e| self.io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| self.io(path, e))
+        crate::fs::write_atomically(path, bytes).map_err(|e| self.io(path, e))
     }
 
     /// Holds the registry's write lock until dropped.
@@ -229,14 +225,13 @@ impl DirRegistry {
         key: &PublisherKey,
         min_host: Option<semver::Version>,
     ) -> Result<IndexEntry, RegistryError> {
-        let staging = tempfile::tempdir().map_err(|e| self.io(Path::new("(temp)"), e))?;
-        let manifest = package::unpack(packed, staging.path())?;
+        let manifest = self.read_package(packed)?;
         let sig = key.sign(
             &manifest.full_name(),
             &manifest.plugin.version,
             &checksum(packed),
         );
-        self.publish_signed(packed, &sig, &key.public_hex(), min_host)
+        self.add(packed, &manifest, &sig, &key.public_hex(), min_host)
     }
 
     /// Publishes a package with a signature made elsewhere (by the publisher, for an upload):
@@ -248,8 +243,25 @@ impl DirRegistry {
         public_key: &str,
         min_host: Option<semver::Version>,
     ) -> Result<IndexEntry, RegistryError> {
+        let manifest = self.read_package(packed)?;
+        self.add(packed, &manifest, sig, public_key, min_host)
+    }
+
+    /// Validates package bytes by unpacking them into a scratch folder; returns the manifest.
+    pub fn read_package(&self, packed: &[u8]) -> Result<crate::Manifest, RegistryError> {
         let staging = tempfile::tempdir().map_err(|e| self.io(Path::new("(temp)"), e))?;
-        let manifest = package::unpack(packed, staging.path())?;
+        Ok(package::unpack(packed, staging.path())?)
+    }
+
+    /// [`DirRegistry::publish_signed`] for bytes already checked by [`DirRegistry::read_package`].
+    pub fn add(
+        &self,
+        packed: &[u8],
+        manifest: &crate::Manifest,
+        sig: &str,
+        public_key: &str,
+        min_host: Option<semver::Version>,
+    ) -> Result<IndexEntry, RegistryError> {
         let name = manifest.full_name();
         let version = manifest.plugin.version.clone();
         let package = format!("{name}@{version}");
@@ -377,21 +389,12 @@ impl TrustStore {
 
     /// Writes the store atomically.
     pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
-        let fail = |e: std::io::Error| RegistryError::Io {
+        let text = serde_json::to_string_pretty(self).expect("serialisable");
+        crate::fs::write_atomically(path, text.as_bytes()).map_err(|e| RegistryError::Io {
             root: "trust store".into(),
             path: path.display().to_string(),
             message: e.to_string(),
-        };
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).map_err(fail)?;
-        }
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        std::fs::write(
-            &tmp,
-            serde_json::to_string_pretty(self).expect("serialisable"),
-        )
-        .map_err(fail)?;
-        std::fs::rename(&tmp, path).map_err(fail)
+        })
     }
 
     /// The keys to trust for `owner` at `registry`: the pinned ones, or — the first time —

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod dir;
+pub mod fs;
 pub mod http;
 pub mod index;
 pub mod manifest;

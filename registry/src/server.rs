@@ -170,9 +170,9 @@ async fn publish(
     let state = s.clone();
     let result = tokio::task::spawn_blocking(move || {
         // Read the manifest first: a token may publish only under its own owner.
-        let staging =
-            tempfile::tempdir().map_err(|e| api_error(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-        let manifest = crate::package::unpack(&body, staging.path())
+        let manifest = state
+            .registry
+            .read_package(&body)
             .map_err(|e| api_error(StatusCode::BAD_REQUEST, e))?;
         if manifest.plugin.owner != owner {
             return Err(api_error(
@@ -185,7 +185,7 @@ async fn publish(
         }
         state
             .registry
-            .publish_signed(&body, &q.sig, &q.key, q.min_host)
+            .add(&body, &manifest, &q.sig, &q.key, q.min_host)
             .map_err(registry_api_error)
     })
     .await;

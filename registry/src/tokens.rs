@@ -52,19 +52,14 @@ impl TokenStore {
             .entry(owner.to_owned())
             .or_default()
             .push(checksum(token.as_bytes()));
-        let file = path(root);
-        let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
-        let io = |e: std::io::Error| RegistryError::Io {
-            root: root.display().to_string(),
-            path: "tokens.json".into(),
-            message: e.to_string(),
-        };
-        std::fs::write(
-            &tmp,
-            serde_json::to_string_pretty(&store).expect("serialisable"),
-        )
-        .map_err(io)?;
-        std::fs::rename(&tmp, &file).map_err(io)?;
+        let text = serde_json::to_string_pretty(&store).expect("serialisable");
+        crate::fs::write_atomically(&path(root), text.as_bytes()).map_err(|e| {
+            RegistryError::Io {
+                root: root.display().to_string(),
+                path: "tokens.json".into(),
+                message: e.to_string(),
+            }
+        })?;
         Ok(token)
     }
 

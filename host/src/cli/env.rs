@@ -144,6 +144,18 @@ impl RegistryFlag {
     }
 }
 
+/// An installer for the chosen registry and the loader it validates plugins with (compiled
+/// components land in the home's cache, so a first run starts fast).
+fn installer<'a>(
+    home: &'a RlhostHome,
+    registry: &RegistryFlag,
+    options: InstallOptions,
+) -> anyhow::Result<(Installer<'a>, PluginLoader)> {
+    let installer = Installer::new(home, &registry.url(home)?, options)?;
+    let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
+    Ok((installer, loader))
+}
+
 pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         EnvCommand::Init {
@@ -179,7 +191,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                     manifest.plugin.owner, manifest.plugin.name, manifest.plugin.version
                 ))
             });
-            crate::wasm::write_atomically(&out, &bytes)
+            rlhost_registry::fs::write_atomically(&out, &bytes)
                 .with_context(|| format!("writing {}", out.display()))?;
             println!(
                 "packed {}@{} -> {} ({} bytes, sha256 {})",
@@ -236,16 +248,14 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             registry,
         } => {
             let home = RlhostHome::from_env()?;
-            let url = registry.url(&home)?;
-            let installer = Installer::new(
+            let (installer, loader) = installer(
                 &home,
-                &url,
+                &registry,
                 InstallOptions {
                     allow_unsigned,
                     locked,
                 },
             )?;
-            let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
             let refs = packages
                 .iter()
                 .map(|p| p.parse::<PackageRef>())
@@ -278,10 +288,9 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             registry,
         } => {
             let home = RlhostHome::from_env()?;
-            let url = registry.url(&home)?;
-            let installer = Installer::new(
+            let (installer, loader) = installer(
                 &home,
-                &url,
+                &registry,
                 InstallOptions {
                     allow_unsigned,
                     locked: false,
@@ -293,7 +302,6 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             } else {
                 packages
             };
-            let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
             let runtime = super::async_runtime()?;
             for name in names {
                 let current = lock

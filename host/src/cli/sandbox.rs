@@ -9,21 +9,15 @@ use clap::{Args, Subcommand, ValueEnum};
 use rlhost_sdk::types::PythonLimits;
 
 use crate::home::RlhostHome;
-use crate::sandbox::{NativeOptions, NativeSandbox, SandboxPolicy, WasmSandbox, locate_component};
+use crate::sandbox::{
+    NativeOptions, NativeSandbox, PythonMode, SandboxPolicy, WasmSandbox, locate_component,
+};
 
 /// Arguments of `host sandbox`.
 #[derive(Debug, Args)]
 pub struct SandboxArgs {
     #[command(subcommand)]
     command: SandboxCommand,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Mode {
-    /// A fresh interpreter per snippet.
-    Fresh,
-    /// One interpreter for all snippets, in order.
-    Repl,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -46,7 +40,7 @@ enum SandboxCommand {
         file: Option<PathBuf>,
         /// Fresh interpreter per snippet, or one kept across snippets.
         #[arg(long, value_enum, default_value = "fresh")]
-        mode: Mode,
+        mode: PythonMode,
         /// Wall-clock limit per snippet, in seconds.
         #[arg(long, default_value_t = 10.0)]
         timeout: f64,
@@ -118,15 +112,15 @@ pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
                 let mut repl = sandbox.repl();
                 for snippet in &code {
                     outputs.push(match mode {
-                        Mode::Fresh => sandbox.run(snippet, limits).await?,
-                        Mode::Repl => repl.run(snippet, limits).await?,
+                        PythonMode::Fresh => sandbox.run(snippet, limits).await?,
+                        PythonMode::Repl => repl.run(snippet, limits).await?,
                     });
                 }
                 anyhow::Ok(outputs)
             })?
         }
         Backend::Native => {
-            if matches!(mode, Mode::Repl) {
+            if matches!(mode, PythonMode::Repl) {
                 bail!("--mode repl needs --backend wasm: native calls always start fresh");
             }
             runtime.block_on(async {

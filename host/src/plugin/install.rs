@@ -380,13 +380,8 @@ fn read_lock(path: &Path) -> Result<LockFile, InstallError> {
 }
 
 fn write_lock(path: &Path, lock: &LockFile) -> Result<(), InstallError> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(
-        &tmp,
-        serde_json::to_string_pretty(lock).expect("serialisable"),
-    )
-    .map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    let text = serde_json::to_string_pretty(lock).expect("serialisable");
+    rlhost_registry::fs::write_atomically(path, text.as_bytes()).map_err(io(path))
 }
 
 /// Every installed plugin, sorted by name and version.

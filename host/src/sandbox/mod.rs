@@ -46,7 +46,7 @@ pub trait Sandbox: Send + Sync {
 }
 
 /// How Python state lives across calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PythonMode {
     /// A fresh interpreter per call: variables do not persist (math-python's semantics).
