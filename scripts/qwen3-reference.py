@@ -3,6 +3,10 @@
 
   create  --out DIR --seed N [--untied]      a tiny random Qwen3ForCausalLM, save_pretrained
   run     --model DIR --inputs FILE --out F  logits, greedy continuation and log-probs
+  tokenize --model DIR --inputs FILE --out F AutoTokenizer: ids, decodings, chat renders
+
+`tokenize` inputs are JSON {"texts": [...], "conversations": [{"messages", "tools", "kwargs"}]};
+its output is JSON {"ids", "decoded", "decoded_skip", "renders", "render_ids"}.
 
 `inputs` is JSON: {"input_ids": [[...]], "attention_mask": [[...]], "position_ids": [[...]],
 "prompt": [...], "new_tokens": N, "targets": [[...]], "temperature": T}. The output is a
@@ -58,6 +62,28 @@ def run(args):
     save_file(out, args.out)
 
 
+def tokenize(args):
+    from transformers import AutoTokenizer
+
+    with open(args.inputs) as f:
+        inp = json.load(f)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    ids = [tok.encode(t, add_special_tokens=False) for t in inp["texts"]]
+    out = {
+        "ids": ids,
+        "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids],
+        "decoded_skip": [tok.decode(i, skip_special_tokens=True) for i in ids],
+        "renders": [],
+        "render_ids": [],
+    }
+    for conv in inp["conversations"]:
+        text = tok.apply_chat_template(conv["messages"], tools=conv["tools"], tokenize=False, **conv["kwargs"])
+        out["renders"].append(text)
+        out["render_ids"].append(tok.encode(text, add_special_tokens=False))
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -69,8 +95,12 @@ def main():
     r.add_argument("--model", required=True)
     r.add_argument("--inputs", required=True)
     r.add_argument("--out", required=True)
+    t = sub.add_parser("tokenize")
+    t.add_argument("--model", required=True)
+    t.add_argument("--inputs", required=True)
+    t.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"create": create, "run": run}[args.cmd](args)
+    {"create": create, "run": run, "tokenize": tokenize}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,37 @@ fn templates_render_the_golden_cases_byte_for_byte() {
     }
 }
 
+/// The template rlhost writes into the models it creates speaks Qwen3's wire format: it renders
+/// every golden Qwen3 case exactly as Qwen3's own template does.
+#[test]
+fn rlhost_template_renders_qwen3s_golden_cases() {
+    let dir = models();
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("qwen3/golden/chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let ours = ChatTemplate::new(rlhost::model::tiny_tokenizer::CHAT_TEMPLATE).unwrap();
+    let mut checked = 0;
+    for case in golden["cases"].as_array().unwrap() {
+        if !case["template"].as_str().unwrap().starts_with("qwen3/") {
+            continue;
+        }
+        let name = case["name"].as_str().unwrap();
+        let mut kwargs = case["kwargs"].as_object().unwrap().clone();
+        let generation = kwargs
+            .remove("add_generation_prompt")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let tools = case["tools"].as_array().map(|_| &case["tools"]);
+        let rendered = ours
+            .render(&case["messages"], tools, generation, &kwargs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 15, "{checked} Qwen3 cases");
+}
+
 #[test]
 fn tojson_is_pythons_json_dumps() {
     let v = serde_json::json!({"b": [1, 2.5, "é\n\"x\""], "a": {}, "c": null, "d": 2.0});

@@ -9,32 +9,15 @@ use std::process::Command;
 use rlhost::model::{Qwen3, safetensors};
 use tch::{Device, Kind, Tensor};
 
+#[path = "../../tests/common.rs"]
+mod common;
+
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    common::repo_root()
 }
 
-/// The reference interpreter, or `None` (with the reason logged as a skip).
 fn python() -> Option<PathBuf> {
-    let p = root().join(".venv-ref/bin/python");
-    if p.is_file() {
-        return Some(p);
-    }
-    let reason = format!(
-        "SKIPPED reference check model_parity: {} is absent; run `make setup-py-reference`",
-        p.display()
-    );
-    eprintln!("{reason}");
-    if let Some(log) = std::env::var_os("RLHOST_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            let _ = writeln!(f, "{reason}");
-        }
-    }
-    None
+    common::reference_python("model_parity")
 }
 
 fn reference(python: &Path, args: &[&str]) {

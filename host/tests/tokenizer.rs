@@ -1,10 +1,14 @@
 //! The real Qwen3 tokenizer (`../shared/models/qwen3/`) against the golden tokenizations made with
 //! Hugging Face `tokenizers` 0.23.3 / transformers 5.23 (`golden/tokenization_cases.json`): ids,
-//! token strings and both decodings, for every case.
+//! token strings and both decodings, for every case. And the tokenizer rlhost builds for its
+//! tiny models against `transformers`.
 
 use std::path::{Path, PathBuf};
 
 use rlhost::model::Tokenizer;
+
+#[path = "../../tests/common.rs"]
+mod common;
 
 fn qwen3() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/qwen3");
@@ -57,4 +61,95 @@ fn a_missing_or_broken_tokenizer_names_the_file() {
     std::fs::write(tmp.path().join("tokenizer.json"), "{not json").unwrap();
     let err = Tokenizer::load(tmp.path()).err().unwrap().to_string();
     assert!(err.contains("tokenizer.json"), "{err}");
+}
+
+/// The tokenizer rlhost builds for its tiny models, saved as a HF folder, gives in `transformers`
+/// (`AutoTokenizer`) the same ids, decodings and chat renders as in rlhost.
+#[test]
+fn the_tiny_tokenizer_matches_transformers() {
+    use rlhost::model::{ChatTemplate, tiny_tokenizer};
+    let tmp = tempfile::tempdir().unwrap();
+    let (endoftext, im_end) = tiny_tokenizer::write(tmp.path(), 512).unwrap();
+    let tok = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(tok.vocab_size(), 512);
+    assert_eq!((tok.eos, tok.pad), (Some(im_end), Some(endoftext)));
+    let texts = [
+        "What is 12345 + 678?",
+        "\\boxed{\\frac{1}{2}} and \\sqrt{3}\\cdot\\pi",
+        "def f(x):\n    return x ** 2\n\n\nprint(f(3))\n",
+        "  leading and trailing spaces  \t\n\r\n",
+        "Cafe\u{301} café 数学 🙂 naïve Ω≈ç",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nok\n</think>\n\n",
+        "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(1)\"}}\n</tool_call>",
+        "<tool_response>\n42\n</tool_response><|endoftext|>",
+        "I'll say it's 3.14159, isn't it? 1,000,000 -- 2^{10} = 1024",
+    ];
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(qwen3().join("golden/chat_template_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let conversations: Vec<serde_json::Value> = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["template"].as_str().unwrap().starts_with("qwen3/"))
+        .map(|c| serde_json::json!({"messages": c["messages"], "tools": c["tools"], "kwargs": c["kwargs"]}))
+        .collect();
+    // rlhost's side: every text round-trips; the markers are single tokens.
+    let template = ChatTemplate::load(tmp.path()).unwrap();
+    for text in texts {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(tok.decode(&ids, false).unwrap(), text.replace("e\u{301}", "é"));
+    }
+    for (marker, _) in tiny_tokenizer::ADDED_TOKENS {
+        assert_eq!(tok.encode(marker).unwrap(), vec![tok.token_id(marker).unwrap()]);
+    }
+    let Some(python) = common::reference_python("the_tiny_tokenizer_matches_transformers") else {
+        return;
+    };
+    let inputs = tmp.path().join("inputs.json");
+    std::fs::write(
+        &inputs,
+        serde_json::json!({"texts": texts, "conversations": conversations}).to_string(),
+    )
+    .unwrap();
+    let out = tmp.path().join("out.json");
+    let run = std::process::Command::new(python)
+        .arg(common::repo_root().join("scripts/qwen3-reference.py"))
+        .args(["tokenize", "--model"])
+        .arg(tmp.path())
+        .arg("--inputs")
+        .arg(&inputs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        let ids = tok.encode(text).unwrap();
+        let want: Vec<u32> = serde_json::from_value(reference["ids"][i].clone()).unwrap();
+        assert_eq!(ids, want, "ids of {text:?}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), reference["decoded"][i], "{text:?}");
+        assert_eq!(tok.decode(&ids, true).unwrap(), reference["decoded_skip"][i], "{text:?}");
+    }
+    for (i, conv) in conversations.iter().enumerate() {
+        let mut kwargs = conv["kwargs"].as_object().unwrap().clone();
+        let generation = kwargs
+            .remove("add_generation_prompt")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let tools = conv["tools"].as_array().map(|_| &conv["tools"]);
+        let rendered = template
+            .render(&conv["messages"], tools, generation, &kwargs)
+            .unwrap();
+        assert_eq!(rendered, reference["renders"][i], "render {i}");
+        let want: Vec<u32> = serde_json::from_value(reference["render_ids"][i].clone()).unwrap();
+        assert_eq!(tok.encode(&rendered).unwrap(), want, "render ids {i}");
+    }
 }

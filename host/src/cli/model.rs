@@ -7,7 +7,53 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::device::{DeviceSpec, Precision};
-use crate::model::{Preset, Qwen3, Qwen3Config};
+use crate::model::{Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
+
+/// Files of a model folder that belong to its tokenizer and chat template.
+const TOKENIZER_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+];
+
+/// Copies the tokenizer files of `from` into `out`, growing `cfg`'s vocabulary to fit and
+/// taking its end-of-sequence id. Returns a one-line summary.
+fn copy_tokenizer(
+    from: &std::path::Path,
+    out: &std::path::Path,
+    cfg: &mut Qwen3Config,
+) -> anyhow::Result<String> {
+    let tok = Tokenizer::load(from).with_context(|| {
+        format!(
+            "--tokenizer {}: expected a folder with tokenizer.json (and tokenizer_config.json)",
+            from.display()
+        )
+    })?;
+    for name in TOKENIZER_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            let bytes = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+            rlhost_registry::fs::write_atomically(&out.join(name), &bytes)
+                .with_context(|| format!("writing {}", out.join(name).display()))?;
+        }
+    }
+    let size = tok.vocab_size() as i64;
+    if size > cfg.vocab_size {
+        cfg.vocab_size = size;
+    }
+    if let Some(eos) = tok.eos {
+        cfg.extra.insert("eos_token_id".into(), eos.into());
+    }
+    Ok(format!(
+        "{} tokens copied from {}",
+        tok.vocab_size(),
+        from.display()
+    ))
+}
 
 /// Arguments of `host model`.
 #[derive(Debug, Args)]
@@ -36,6 +82,10 @@ enum ModelCommand {
         /// Storage dtype of the checkpoint (default: the preset's: f32 for tiny, bf16 otherwise).
         #[arg(long, value_enum)]
         dtype: Option<Precision>,
+        /// Copy the tokenizer (and chat template) of this model folder, e.g. a Qwen3 checkpoint;
+        /// the vocabulary grows to fit it. Needed for the real sizes; `tiny` builds its own.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// Print a model folder's architecture, parameter count and dtype.
     Info {
@@ -55,6 +105,7 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             seed,
             untied,
             dtype,
+            tokenizer,
         } => {
             if out.join("model.safetensors").exists() || out.join("config.json").exists() {
                 anyhow::bail!(
@@ -73,6 +124,29 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
                 }
                 .into();
             }
+            if tokenizer.is_none() && preset != Preset::Tiny {
+                anyhow::bail!(
+                    "the {preset} preset needs Qwen3's tokenizer: pass --tokenizer DIR, a folder \
+                     with tokenizer.json and tokenizer_config.json (e.g. ../shared/models/qwen3 or \
+                     a downloaded Qwen/Qwen3-0.6B)"
+                );
+            }
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("creating {}", out.display()))?;
+            let summary = match &tokenizer {
+                Some(from) => copy_tokenizer(from, &out, &mut cfg)?,
+                None => {
+                    let (endoftext, im_end) =
+                        tiny_tokenizer::write(&out, cfg.vocab_size as usize)
+                            .context("building the tokenizer")?;
+                    cfg.extra.insert("bos_token_id".into(), endoftext.into());
+                    cfg.extra.insert("eos_token_id".into(), im_end.into());
+                    format!(
+                        "a {}-token byte-level BPE built by rlhost, Qwen3 chat template",
+                        cfg.vocab_size
+                    )
+                }
+            };
             let device = DeviceSpec::Cpu.resolve(crate::device::CudaStatus::probe())?;
             let model = Qwen3::new(cfg, device, tch::Kind::Float, seed)
                 .context("initialising the model")?;
@@ -80,7 +154,7 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
                 .save(&out)
                 .with_context(|| format!("writing {}", out.display()))?;
             println!(
-                "wrote a {:?} Qwen3 ({} parameters, {}) to {}",
+                "wrote a {} Qwen3 ({} parameters, {}) to {}\n  tokenizer: {summary}",
                 preset,
                 model.cfg.parameters(),
                 model.cfg.torch_dtype,

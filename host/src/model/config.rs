@@ -70,6 +70,17 @@ pub enum Preset {
     P8b,
 }
 
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Preset::Tiny => "tiny",
+            Preset::P0_6b => "0.6b",
+            Preset::P4b => "4b",
+            Preset::P8b => "8b",
+        })
+    }
+}
+
 impl Qwen3Config {
     /// Reads `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod qwen3;
 pub mod safetensors;
 pub mod tokenizer;
+pub mod tiny_tokenizer;
 pub mod tool_parsers;
 
 pub use chat_template::ChatTemplate;
