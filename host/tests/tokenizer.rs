@@ -99,10 +99,16 @@ fn the_tiny_tokenizer_matches_transformers() {
     let template = ChatTemplate::load(tmp.path()).unwrap();
     for text in texts {
         let ids = tok.encode(text).unwrap();
-        assert_eq!(tok.decode(&ids, false).unwrap(), text.replace("e\u{301}", "é"));
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            text.replace("e\u{301}", "é")
+        );
     }
     for (marker, _) in tiny_tokenizer::ADDED_TOKENS {
-        assert_eq!(tok.encode(marker).unwrap(), vec![tok.token_id(marker).unwrap()]);
+        assert_eq!(
+            tok.encode(marker).unwrap(),
+            vec![tok.token_id(marker).unwrap()]
+        );
     }
     let Some(python) = common::reference_python("the_tiny_tokenizer_matches_transformers") else {
         return;
@@ -135,8 +141,16 @@ fn the_tiny_tokenizer_matches_transformers() {
         let ids = tok.encode(text).unwrap();
         let want: Vec<u32> = serde_json::from_value(reference["ids"][i].clone()).unwrap();
         assert_eq!(ids, want, "ids of {text:?}");
-        assert_eq!(tok.decode(&ids, false).unwrap(), reference["decoded"][i], "{text:?}");
-        assert_eq!(tok.decode(&ids, true).unwrap(), reference["decoded_skip"][i], "{text:?}");
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            reference["decoded"][i],
+            "{text:?}"
+        );
+        assert_eq!(
+            tok.decode(&ids, true).unwrap(),
+            reference["decoded_skip"][i],
+            "{text:?}"
+        );
     }
     for (i, conv) in conversations.iter().enumerate() {
         let mut kwargs = conv["kwargs"].as_object().unwrap().clone();

@@ -36,7 +36,8 @@ fn copy_tokenizer(
     for name in TOKENIZER_FILES {
         let src = from.join(name);
         if src.is_file() {
-            let bytes = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+            let bytes =
+                std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
             rlhost_registry::fs::write_atomically(&out.join(name), &bytes)
                 .with_context(|| format!("writing {}", out.join(name).display()))?;
         }
@@ -89,8 +90,9 @@ enum ModelCommand {
     },
     /// Print a model folder's architecture, parameter count and dtype.
     Info {
-        /// A model folder (config.json + safetensors).
-        dir: PathBuf,
+        /// A model folder (config.json + safetensors) or a Hugging Face id (`Qwen/Qwen3-8B`),
+        /// found in the local HF cache or downloaded.
+        model: String,
         /// Also load the weights (checks every tensor's name and shape).
         #[arg(long)]
         check: bool,
@@ -131,14 +133,12 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
                      a downloaded Qwen/Qwen3-0.6B)"
                 );
             }
-            std::fs::create_dir_all(&out)
-                .with_context(|| format!("creating {}", out.display()))?;
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let summary = match &tokenizer {
                 Some(from) => copy_tokenizer(from, &out, &mut cfg)?,
                 None => {
-                    let (endoftext, im_end) =
-                        tiny_tokenizer::write(&out, cfg.vocab_size as usize)
-                            .context("building the tokenizer")?;
+                    let (endoftext, im_end) = tiny_tokenizer::write(&out, cfg.vocab_size as usize)
+                        .context("building the tokenizer")?;
                     cfg.extra.insert("bos_token_id".into(), endoftext.into());
                     cfg.extra.insert("eos_token_id".into(), im_end.into());
                     format!(
@@ -162,7 +162,8 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        ModelCommand::Info { dir, check } => {
+        ModelCommand::Info { model, check } => {
+            let dir = crate::model::hub::resolve(&model)?;
             let cfg = Qwen3Config::load(&dir)?;
             println!("{}", dir.display());
             println!(

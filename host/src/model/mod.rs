@@ -4,10 +4,11 @@
 
 pub mod chat_template;
 pub mod config;
+pub mod hub;
 pub mod qwen3;
 pub mod safetensors;
-pub mod tokenizer;
 pub mod tiny_tokenizer;
+pub mod tokenizer;
 pub mod tool_parsers;
 
 pub use chat_template::ChatTemplate;
@@ -69,6 +70,17 @@ pub enum ModelError {
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A model name that is neither a folder nor a hub id that could be found or fetched.
+    #[error(
+        "cannot find model `{name}`:\n  - {}\npass a folder with config.json and model.safetensors, or a hub id such as Qwen/Qwen3-8B whose snapshot is in the Hugging Face cache",
+        looked.join("\n  - ")
+    )]
+    NotFound {
+        /// The name as given.
+        name: String,
+        /// Every place tried and why it did not serve.
+        looked: Vec<String>,
+    },
     /// A libtorch error.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

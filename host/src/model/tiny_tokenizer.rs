@@ -243,7 +243,10 @@ mod tests {
         let t = build(512).unwrap();
         assert_eq!(t.get_vocab_size(true), 512);
         for (i, (content, _)) in ADDED_TOKENS.iter().enumerate() {
-            assert_eq!(t.token_to_id(content), Some((512 - ADDED_TOKENS.len() + i) as u32));
+            assert_eq!(
+                t.token_to_id(content),
+                Some((512 - ADDED_TOKENS.len() + i) as u32)
+            );
         }
         // Training hashes with random seeds; the result must not depend on them.
         assert_eq!(

@@ -54,70 +54,128 @@ pub fn parser(name: &str) -> Result<Box<dyn ToolCallParser>, String> {
 }
 
 #[cfg(test)]
-mod fuzz {
+mod properties {
     use super::*;
+    use proptest::prelude::*;
 
-    /// Arbitrary mixes of the formats' tags, JSON and noise never panic, and the content plus
-    /// calls always come from the input.
-    #[test]
-    fn arbitrary_input_never_panics() {
-        let pieces = [
-            "<tool_call>",
-            "</tool_call>",
-            "<function=",
-            "</function>",
-            "<parameter=",
-            "</parameter>",
-            ">",
-            "\n",
-            "{",
-            "}",
-            "\"name\"",
-            ": ",
-            "\"arguments\"",
-            "[1, 2]",
-            "python",
-            "x",
-            " ",
-            "\"",
-            "\\",
-            "é",
-            "<",
-            "=",
-            "null",
-            "True",
-            "3.5",
-            "'a'",
-            "<think>",
-            "</think>",
-        ];
-        let tool = Tool {
+    /// Pieces of both formats, JSON and noise: random mixes reach the parsers' edge cases far
+    /// more often than uniform random text does.
+    const PIECES: [&str; 28] = [
+        "<tool_call>",
+        "</tool_call>",
+        "<function=",
+        "</function>",
+        "<parameter=",
+        "</parameter>",
+        ">",
+        "\n",
+        "{",
+        "}",
+        "\"name\"",
+        ": ",
+        "\"arguments\"",
+        "[1, 2]",
+        "python",
+        "x",
+        " ",
+        "\"",
+        "\\",
+        "é",
+        "<",
+        "=",
+        "null",
+        "True",
+        "3.5",
+        "'a'",
+        "<think>",
+        "</think>",
+    ];
+
+    fn tool() -> Tool {
+        Tool {
             name: "python".into(),
             description: String::new(),
             parameters: r#"{"type":"object","properties":{"code":{"type":"string"},"n":{"type":"integer"},"x":{"type":"object"}}}"#.into(),
-        };
-        let mut s: u64 = 0x2545_f491_4f6c_dd1d;
-        for _ in 0..20_000 {
-            let mut text = String::new();
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            for k in 0..(s % 24) {
-                let r = s.rotate_left(k as u32 * 5) % pieces.len() as u64;
-                text.push_str(pieces[r as usize]);
-            }
+        }
+    }
+
+    /// Text made of format pieces interleaved with arbitrary strings.
+    fn adversarial() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![4 => prop::sample::select(PIECES.to_vec()).prop_map(str::to_owned), 1 => any::<String>()],
+            0..32,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    /// What every outcome must satisfy: content is the text before the calls, arguments are
+    /// JSON objects.
+    fn check(text: &str, out: &ParseOutcome) -> Result<(), TestCaseError> {
+        if let Some(c) = &out.content {
+            prop_assert!(
+                !c.is_empty() && text.starts_with(c.as_str()),
+                "{text:?} -> {c:?}"
+            );
+        }
+        for call in &out.calls {
+            let args: serde_json::Value = serde_json::from_str(&call.arguments)
+                .map_err(|e| TestCaseError::fail(format!("{}: {e}", call.arguments)))?;
+            prop_assert!(args.is_object(), "{}", call.arguments);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// Arbitrary input never panics and always yields a well-formed outcome.
+        #[test]
+        fn arbitrary_input_never_panics(text in adversarial()) {
             for p in [parser("hermes").unwrap(), parser("qwen3_coder").unwrap()] {
-                let out = p.parse(&text, std::slice::from_ref(&tool));
-                if let Some(c) = &out.content {
-                    assert!(
-                        !c.is_empty() && text.starts_with(c.as_str()),
-                        "{text:?} -> {c:?}"
-                    );
-                }
-                for call in &out.calls {
-                    assert!(serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok());
-                }
+                let out = p.parse(&text, &[tool()]);
+                check(&text, &out)?;
             }
+        }
+
+        /// Calls written in hermes format come back exactly, after any preamble.
+        #[test]
+        fn hermes_calls_round_trip(
+            preamble in "[a-zA-Z0-9 .,]{0,40}",
+            calls in prop::collection::vec(("[a-z_]{1,12}", any::<String>(), any::<i64>()), 1..4),
+        ) {
+            let mut text = preamble.clone();
+            for (name, code, n) in &calls {
+                let args = serde_json::json!({"code": code, "n": n});
+                text.push_str(&format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>"));
+            }
+            let out = Hermes.parse(&text, &[tool()]);
+            check(&text, &out)?;
+            prop_assert_eq!(out.error, None);
+            prop_assert_eq!(out.calls.len(), calls.len());
+            for (got, (name, code, n)) in out.calls.iter().zip(&calls) {
+                prop_assert_eq!(&got.name, name);
+                let args: serde_json::Value = serde_json::from_str(&got.arguments).unwrap();
+                prop_assert_eq!(args, serde_json::json!({"code": code, "n": n}));
+            }
+            // As vLLM: the text before the first call, verbatim, `None` only when empty.
+            prop_assert_eq!(out.content, (!preamble.is_empty()).then_some(preamble));
+        }
+
+        /// Calls written in qwen3_coder format come back with values typed by the schema.
+        #[test]
+        fn qwen3_coder_calls_round_trip(
+            code in "[^<\n]([^<]{0,60}[^<\n])?",
+            n in any::<i32>(),
+        ) {
+            let text = format!(
+                "<tool_call>\n<function=python>\n<parameter=code>\n{code}\n</parameter>\n<parameter=n>\n{n}\n</parameter>\n</function>\n</tool_call>"
+            );
+            let out = Qwen3Coder.parse(&text, &[tool()]);
+            check(&text, &out)?;
+            prop_assert_eq!(out.error, None);
+            prop_assert_eq!(out.calls.len(), 1);
+            let args: serde_json::Value = serde_json::from_str(&out.calls[0].arguments).unwrap();
+            prop_assert_eq!(args, serde_json::json!({"code": code, "n": n}));
         }
     }
 }

@@ -1,0 +1,306 @@
+//! End-to-end: `host model init` / `host model info` as a user meets them — tiny models with the
+//! tokenizer rlhost builds, refusals that name the problem, and model names given as Hugging Face
+//! ids, served from a local HF cache or downloaded from a hub (a real HTTP server on loopback that
+//! speaks the hub's `resolve` protocol).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{host, run, texts};
+
+fn init_tiny(home: &Path, out: &Path) {
+    let res = run(host(home)
+        .args(["model", "init", "--preset", "tiny", "--seed", "3", "--out"])
+        .arg(out));
+    let (stdout, stderr) = texts(&res);
+    assert!(res.status.success(), "{stderr}");
+    assert!(stdout.contains("512-token byte-level BPE"), "{stdout}");
+}
+
+#[test]
+fn tiny_models_come_with_a_tokenizer_and_chat_template() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("tiny");
+    init_tiny(home.path(), &dir);
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    let out = run(host(home.path())
+        .args(["model", "info", "--check"])
+        .arg(&dir));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("tokenizer: 512 tokens (3 special), eos <|im_end|>, pad <|endoftext|>"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("every tensor present"), "{stdout}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["eos_token_id"], 505,
+        "<|im_end|> follows the learnt vocabulary"
+    );
+
+    // A second init into the same folder loses nothing.
+    let before = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let again = run(host(home.path())
+        .args(["model", "init", "--seed", "4", "--out"])
+        .arg(&dir));
+    assert_eq!(again.status.code(), Some(1));
+    assert!(texts(&again).1.contains("already holds a model"));
+    assert_eq!(
+        std::fs::read(dir.join("model.safetensors")).unwrap(),
+        before
+    );
+}
+
+#[test]
+fn real_sizes_need_a_real_tokenizer() {
+    let home = tempfile::tempdir().unwrap();
+    let out_dir = home.path().join("big");
+    let out = run(host(home.path())
+        .args(["model", "init", "--preset", "0.6b", "--out"])
+        .arg(&out_dir));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = texts(&out).1;
+    assert!(
+        stderr.contains("0.6b preset needs Qwen3's tokenizer: pass --tokenizer DIR"),
+        "{stderr}"
+    );
+    assert!(!out_dir.exists(), "nothing written");
+
+    // A tiny model with Qwen3's own tokenizer: the vocabulary grows to fit it.
+    let qwen3 = common::repo_root().join("../shared/models/qwen3");
+    let dir = home.path().join("tiny-qwen3-vocab");
+    let out = run(host(home.path())
+        .args(["model", "init", "--tokenizer"])
+        .arg(&qwen3)
+        .arg("--out")
+        .arg(&dir));
+    assert!(out.status.success(), "{}", texts(&out).1);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 151_669);
+    assert_eq!(config["eos_token_id"], 151_645);
+    assert_eq!(
+        std::fs::read(dir.join("tokenizer.json")).unwrap(),
+        std::fs::read(qwen3.join("tokenizer.json")).unwrap()
+    );
+}
+
+/// Lays `files` out as the HF cache does: blobs, a snapshot of symlinks, `refs/main`.
+fn cache_snapshot(hub: &Path, id: &str, commit: &str, from: &Path) -> PathBuf {
+    let repo = hub.join(format!("models--{}", id.replace('/', "--")));
+    let snap = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let blob = repo
+            .join("blobs")
+            .join(entry.file_name().to_string_lossy().replace('.', "_"));
+        std::fs::copy(entry.path(), &blob).unwrap();
+        std::os::unix::fs::symlink(&blob, snap.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    snap
+}
+
+#[test]
+fn hub_ids_resolve_from_the_local_cache() {
+    let home = tempfile::tempdir().unwrap();
+    let model = home.path().join("m");
+    init_tiny(home.path(), &model);
+    let hf_home = home.path().join("hf");
+    let snap = cache_snapshot(&hf_home.join("hub"), "acme/Tiny-1M", "c0ffee", &model);
+
+    let out = run(host(home.path())
+        .env("HF_HOME", &hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["model", "info", "acme/Tiny-1M", "--check"]));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.starts_with(&snap.display().to_string()), "{stdout}");
+    assert!(stdout.contains("every tensor present"), "{stdout}");
+
+    // HF_HUB_CACHE wins over HF_HOME.
+    let out = run(host(home.path())
+        .env("HF_HOME", home.path().join("elsewhere"))
+        .env("HF_HUB_CACHE", hf_home.join("hub"))
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["model", "info", "acme/Tiny-1M"]));
+    assert!(out.status.success(), "{}", texts(&out).1);
+
+    // A snapshot without weights is not a model; offline, the error lists where it looked.
+    std::fs::remove_file(snap.join("model.safetensors")).unwrap();
+    let out = run(host(home.path())
+        .env("HF_HOME", &hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["model", "info", "acme/Tiny-1M"]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = texts(&out).1;
+    assert!(
+        stderr.contains("cannot find model `acme/Tiny-1M`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "no complete snapshot in the Hugging Face cache {}",
+            hf_home.join("hub").display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("HF_HUB_OFFLINE is set"), "{stderr}");
+    assert!(stderr.contains("pass a folder"), "{stderr}");
+}
+
+/// A minimal hub on loopback: `GET /{owner}/{name}/resolve/main/{file}` with `Range`, answered
+/// with the headers hub clients rely on (`ETag`, `X-Repo-Commit`, `Content-Range`); 404 for
+/// files the folder lacks. Serves until `stop` is set or a minute has passed.
+fn serve_hub(id: &'static str, dir: PathBuf, stop: Arc<AtomicBool>, hits: Arc<AtomicUsize>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let (stream, _) = match listener.accept() {
+                Ok(c) => c,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut range_start = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(r) = lower.strip_prefix("range: bytes=") {
+                    range_start = r.split('-').next().unwrap().trim().parse().unwrap_or(0);
+                }
+            }
+            hits.fetch_add(1, Ordering::Relaxed);
+            let path = request.split_whitespace().nth(1).unwrap_or("").to_owned();
+            let prefix = format!("/{id}/resolve/main/");
+            let body = path
+                .strip_prefix(&prefix)
+                .and_then(|f| std::fs::read(dir.join(f)).ok());
+            let mut stream = stream;
+            match body {
+                Some(bytes) => {
+                    let end = bytes.len().saturating_sub(1);
+                    let slice = &bytes[range_start.min(bytes.len())..];
+                    let etag = format!("{:016x}", fnv(&bytes));
+                    let head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {range_start}-{end}/{}\r\nETag: \"{etag}\"\r\nX-Repo-Commit: 5eed000000000000000000000000000000000000\r\nConnection: close\r\n\r\n",
+                        slice.len(),
+                        bytes.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(slice);
+                }
+                None => {
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 404 Not Found\r\nX-Error-Code: EntryNotFound\r\nContent-Length: 15\r\nConnection: close\r\n\r\nEntry not found",
+                    );
+                }
+            }
+        }
+    });
+    port
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[test]
+fn hub_ids_download_into_the_cache_then_work_offline() {
+    let home = tempfile::tempdir().unwrap();
+    let model = home.path().join("m");
+    init_tiny(home.path(), &model);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let port = serve_hub("acme/Tiny-1M", model.clone(), stop.clone(), hits.clone());
+    let hf_home = home.path().join("hf");
+
+    let out = run(host(home.path())
+        .env("HF_HOME", &hf_home)
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HF_HUB_CACHE")
+        .args(["model", "info", "acme/Tiny-1M", "--check"]));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("every tensor present"), "{stdout}");
+    assert!(hits.load(Ordering::Relaxed) > 0);
+    let snap = hf_home
+        .join("hub/models--acme--Tiny-1M/snapshots/5eed000000000000000000000000000000000000");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(snap.join(f)).unwrap(),
+            std::fs::read(model.join(f)).unwrap(),
+            "{f} downloaded intact"
+        );
+    }
+
+    // The hub gone, the cache serves.
+    stop.store(true, Ordering::Relaxed);
+    let out = run(host(home.path())
+        .env("HF_HOME", &hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["model", "info", "acme/Tiny-1M", "--check"]));
+    assert!(out.status.success(), "{}", texts(&out).1);
+
+    // A repository the hub does not have: the error says what failed, where.
+    let stop = Arc::new(AtomicBool::new(false));
+    let port = serve_hub("acme/Other", model.clone(), stop.clone(), hits.clone());
+    let out = run(host(home.path())
+        .env("HF_HOME", &hf_home)
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env_remove("HF_HUB_OFFLINE")
+        .args(["model", "info", "acme/Missing"]));
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = texts(&out).1;
+    assert!(
+        stderr.contains(&format!(
+            "downloading config.json from http://127.0.0.1:{port} failed"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("404"), "{stderr}");
+}
