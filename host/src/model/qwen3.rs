@@ -59,6 +59,95 @@ impl KvCache {
     }
 }
 
+/// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,
+/// head_dim]`: what the engine decodes continuous batches with. A sequence lives in one slot; a
+/// step writes each row's new keys at its own positions and attends to the keys at or before
+/// them, so rows of different lengths share one batched step with no padding copies. The
+/// capacity (positions per slot) grows on demand up to the model's limit.
+pub struct SlotCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    slots: i64,
+    capacity: i64,
+}
+
+impl SlotCache {
+    /// A cache of `slots` sequences of up to `capacity` positions for `model`.
+    pub fn new(model: &Qwen3, slots: i64, capacity: i64) -> Self {
+        let c = &model.cfg;
+        let opts = (model.embed.kind(), model.embed.device());
+        let shape = [slots, c.num_key_value_heads, capacity, c.head_dim];
+        let n = c.num_hidden_layers as usize;
+        Self {
+            k: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
+            v: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
+            slots,
+            capacity,
+        }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> i64 {
+        self.slots
+    }
+
+    /// Positions each slot can hold now.
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// Grows every slot to hold at least `positions` (doubling), keeping the contents.
+    pub fn reserve(&mut self, positions: i64) {
+        if positions <= self.capacity {
+            return;
+        }
+        let mut cap = self.capacity.max(16);
+        while cap < positions {
+            cap *= 2;
+        }
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut shape = t.size();
+            shape[2] = cap;
+            let grown = Tensor::zeros(&shape, (t.kind(), t.device()));
+            grown.narrow(2, 0, self.capacity).copy_(t);
+            *t = grown;
+        }
+        self.capacity = cap;
+    }
+
+    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt).
+    pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
+        if from == to || len == 0 {
+            return;
+        }
+        tch::no_grad(|| {
+            for t in self.k.iter().chain(self.v.iter()) {
+                let src = t.narrow(0, from, 1).narrow(2, 0, len);
+                t.narrow(0, to, 1).narrow(2, 0, len).copy_(&src);
+            }
+        });
+    }
+
+    /// Bytes the slots hold.
+    pub fn bytes(&self) -> i64 {
+        self.k
+            .iter()
+            .chain(self.v.iter())
+            .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
+            .sum()
+    }
+}
+
+/// Where attention keys come from in one forward call.
+enum Attend<'a> {
+    /// Only this call's tokens, masked by `key_mask`.
+    Fresh(Option<&'a Tensor>),
+    /// Earlier calls' keys in a [`KvCache`], then these (appended).
+    Concat(&'a mut KvCache, Option<&'a Tensor>),
+    /// Slots `first..first + batch` of a [`SlotCache`], keys `0..key_len`.
+    Slots(&'a mut SlotCache, i64, i64),
+}
+
 /// A Qwen3 causal language model.
 pub struct Qwen3 {
     /// Its configuration.
@@ -103,6 +192,38 @@ pub fn parameter_shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<i64>)> {
         out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
     }
     out
+}
+
+/// Every tensor of the checkpoint in `dir`: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists.
+pub fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, Tensor>, ModelError> {
+    let mut files: BTreeSet<std::path::PathBuf> = BTreeSet::new();
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Malformed {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
+        let map = v["weight_map"]
+            .as_object()
+            .ok_or_else(|| ModelError::Malformed {
+                path: index.clone(),
+                message: "no weight_map".into(),
+            })?;
+        files.extend(map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)));
+    } else {
+        files.insert(dir.join("model.safetensors"));
+    }
+    let mut found: BTreeMap<String, Tensor> = BTreeMap::new();
+    for f in &files {
+        found.extend(safetensors::read(f)?);
+    }
+    Ok(found)
 }
 
 impl Qwen3 {
@@ -198,60 +319,56 @@ impl Qwen3 {
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let cfg = Qwen3Config::load(dir)?;
         let model = Self::build(cfg, device, kind, |_| Init::Const(0.0))?;
-        let mut files: BTreeSet<std::path::PathBuf> = BTreeSet::new();
-        let index = dir.join("model.safetensors.index.json");
-        if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
-                path: index.clone(),
-                message: e.to_string(),
-            })?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ModelError::Malformed {
-                    path: index.clone(),
-                    message: e.to_string(),
-                })?;
-            let map = v["weight_map"]
-                .as_object()
-                .ok_or_else(|| ModelError::Malformed {
-                    path: index.clone(),
-                    message: "no weight_map".into(),
-                })?;
-            files.extend(map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)));
-        } else {
-            files.insert(dir.join("model.safetensors"));
-        }
-        let mut found: BTreeMap<String, Tensor> = BTreeMap::new();
-        for f in &files {
-            found.extend(safetensors::read(f)?);
-        }
-        let mut vars: BTreeMap<String, Tensor> = model.vs.variables().into_iter().collect();
-        tch::no_grad(|| -> Result<(), ModelError> {
-            for (name, shape) in parameter_shapes(&model.cfg) {
-                let src = found.remove(&name).ok_or_else(|| ModelError::Missing {
-                    name: name.clone(),
-                    expected: shape.clone(),
-                })?;
-                if src.size() != shape {
-                    return Err(ModelError::Shape {
-                        name,
-                        found: src.size(),
-                        expected: shape,
-                    });
-                }
-                let dst = vars.get_mut(&name).expect("declared");
-                dst.copy_(&src.to_kind(dst.kind()).to_device(device));
-            }
-            Ok(())
-        })?;
-        // A tied checkpoint may still carry the head; anything else is a mismatch.
-        if model.cfg.tie_word_embeddings {
+        model.assign(read_checkpoint(dir)?)?;
+        Ok(model)
+    }
+
+    /// Replaces every weight with those of the checkpoint in `dir` (same shapes), as the
+    /// engine does between steps when the trainer publishes new weights. Nothing changes unless
+    /// every tensor is present with the right shape.
+    pub fn update_from_dir(&self, dir: &Path) -> Result<(), ModelError> {
+        self.assign(read_checkpoint(dir)?)
+    }
+
+    /// Replaces every weight with `weights` (HF names), validated first as
+    /// [`Qwen3::update_from_dir`] does.
+    pub fn assign(&self, mut found: BTreeMap<String, Tensor>) -> Result<(), ModelError> {
+        // A tied checkpoint may still carry the head.
+        if self.cfg.tie_word_embeddings {
             found.remove("lm_head.weight");
         }
-        if !found.is_empty() {
-            let names: Vec<&str> = found.keys().map(String::as_str).take(8).collect();
+        let shapes = parameter_shapes(&self.cfg);
+        for (name, shape) in &shapes {
+            let src = found.get(name).ok_or_else(|| ModelError::Missing {
+                name: name.clone(),
+                expected: shape.clone(),
+            })?;
+            if &src.size() != shape {
+                return Err(ModelError::Shape {
+                    name: name.clone(),
+                    found: src.size(),
+                    expected: shape.clone(),
+                });
+            }
+        }
+        if found.len() != shapes.len() {
+            let names: Vec<&str> = found
+                .keys()
+                .filter(|n| !shapes.iter().any(|(s, _)| s == *n))
+                .map(String::as_str)
+                .take(8)
+                .collect();
             return Err(ModelError::Unexpected(names.join(", ")));
         }
-        Ok(model)
+        let mut vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        let device = self.embed.device();
+        tch::no_grad(|| {
+            for (name, src) in found {
+                let dst = vars.get_mut(&name).expect("validated above");
+                dst.copy_(&src.to_kind(dst.kind()).to_device(device));
+            }
+        });
+        Ok(())
     }
 
     /// Writes `config.json` and `model.safetensors` (in the config's `torch_dtype`) to `dir`.
@@ -290,25 +407,48 @@ impl Qwen3 {
     /// Logits `[batch, seq, vocab]` for `ids` `[batch, seq]` at `positions` `[batch, seq]`.
     /// `key_mask` `[batch, past + seq]` (1 = a real token, 0 = padding) hides padded keys;
     /// with a `cache`, keys and values of earlier calls are reused and these are appended.
-    // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
-    // backward pass of the norm still needs.
-    #[allow(clippy::assign_op_pattern)]
     pub fn forward(
         &self,
         ids: &Tensor,
         positions: &Tensor,
         key_mask: Option<&Tensor>,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Tensor {
+        match cache {
+            Some(c) => self.forward_impl(ids, positions, Attend::Concat(c, key_mask)),
+            None => self.forward_impl(ids, positions, Attend::Fresh(key_mask)),
+        }
+    }
+
+    /// Logits `[batch, seq, vocab]` for rows that live in slots `first..first + batch` of
+    /// `cache`: row `r`'s keys and values are written at its `positions`, and each query attends
+    /// to the keys of its slot at positions up to its own (`key_len` = one past the largest
+    /// position in the call). Padding needs no mask: a padded row's extra positions are
+    /// overwritten before any query can reach them.
+    pub fn forward_slots(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &mut SlotCache,
+        first: i64,
+        key_len: i64,
+    ) -> Tensor {
+        cache.reserve(key_len);
+        self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len))
+    }
+
+    // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
+    // backward pass of the norm still needs.
+    #[allow(clippy::assign_op_pattern)]
+    fn forward_impl(&self, ids: &Tensor, positions: &Tensor, mut attend: Attend<'_>) -> Tensor {
         let (b, t) = ids.size2().expect("ids are [batch, seq]");
         let (nh, nkv, hd) = (
             self.cfg.num_attention_heads,
             self.cfg.num_key_value_heads,
             self.cfg.head_dim,
         );
+        let group = nh / nkv;
         let device = ids.device();
-        let past = cache.as_ref().map_or(0, |c| c.len());
-        let total = past + t;
         let kind = self.embed.kind();
         let mut h = Tensor::embedding(&self.embed, ids, -1, false, false);
         // Rotary tables [batch, 1, seq, head_dim].
@@ -322,21 +462,45 @@ impl Qwen3 {
             let rotated = Tensor::cat(&[&(-x2), &x1], -1);
             x * &cos + rotated * &sin
         };
-        // Additive mask [batch, 1, seq, total]: causal, and padded keys hidden.
-        let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
-        let k_pos = Tensor::arange(total, (Kind::Int64, device)).unsqueeze(0);
-        let mut allowed = k_pos.le_tensor(&q_pos).unsqueeze(0);
-        if let Some(m) = key_mask {
-            allowed = allowed.logical_and(&m.to_kind(Kind::Bool).unsqueeze(1));
-        }
+        // Which keys each query may see: [batch, seq, keys].
+        let allowed = match &attend {
+            Attend::Slots(_, _, key_len) => {
+                let k_pos = Tensor::arange(*key_len, (Kind::Int64, device)).view([1, 1, -1]);
+                k_pos.le_tensor(&positions.unsqueeze(-1))
+            }
+            Attend::Fresh(mask) | Attend::Concat(_, mask) => {
+                let past = match &attend {
+                    Attend::Concat(c, _) => c.len(),
+                    _ => 0,
+                };
+                let total = past + t;
+                let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
+                let k_pos = Tensor::arange(total, (Kind::Int64, device)).unsqueeze(0);
+                let mut allowed = k_pos.le_tensor(&q_pos).unsqueeze(0);
+                if let Some(m) = mask {
+                    allowed = allowed.logical_and(&m.to_kind(Kind::Bool).unsqueeze(1));
+                }
+                allowed.expand([b, t, total], false)
+            }
+        };
+        let keys = allowed.size()[2];
         let min = match kind {
             Kind::BFloat16 => -3.389_531_4e38,
             Kind::Half => -65_504.0,
             _ => f64::from(f32::MIN),
         };
-        let mask = Tensor::zeros([b, 1, t, total], (kind, device))
-            .masked_fill(&allowed.logical_not().unsqueeze(1), min);
+        // Additive mask [batch, 1, 1, seq, keys], broadcast over kv heads and query groups.
+        let mask = Tensor::zeros([b, 1, 1, t, keys], (kind, device))
+            .masked_fill(&allowed.logical_not().view([b, 1, 1, t, keys]), min);
         let scale = (hd as f64).powf(-0.5);
+        let slot_rows = match &attend {
+            Attend::Slots(_, first, _) => Some(
+                (Tensor::arange(b, (Kind::Int64, device)) + *first)
+                    .unsqueeze(1)
+                    .expand([b, t], false),
+            ),
+            _ => None,
+        };
         for (i, l) in self.layers.iter().enumerate() {
             let x = self.rms_norm(&h, &l.input_norm);
             let q = self.rms_norm(
@@ -352,27 +516,50 @@ impl Qwen3 {
                 .view([b, t, nkv, hd])
                 .transpose(1, 2);
             let q = rotate(&q.transpose(1, 2));
-            let mut k = rotate(&k.transpose(1, 2));
-            let mut v = v;
-            if let Some(c) = cache.as_deref_mut() {
-                if let Some((pk, pv)) = &c.layers[i] {
-                    k = Tensor::cat(&[pk, &k], 2);
-                    v = Tensor::cat(&[pv, &v], 2);
+            let k = rotate(&k.transpose(1, 2));
+            let (k, v) = match &mut attend {
+                Attend::Fresh(_) => (k, v),
+                Attend::Concat(c, _) => {
+                    let (k, v) = match &c.layers[i] {
+                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
+                        None => (k, v),
+                    };
+                    c.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
+                    (k, v)
                 }
-                c.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
-            }
-            let rep = nh / nkv;
-            let (k, v) = if rep > 1 {
-                (
-                    k.repeat_interleave_self_int(rep, 1, None),
-                    v.repeat_interleave_self_int(rep, 1, None),
-                )
-            } else {
-                (k, v)
+                Attend::Slots(c, first, key_len) => {
+                    let rows = slot_rows.as_ref().expect("slot rows");
+                    let put = |slab: &mut Tensor, x: &Tensor| {
+                        // Advanced indices on dims 0 and 2: values are [batch, seq, kv, hd].
+                        let _ = slab.index_put_(
+                            &[Some(rows), None, Some(positions)],
+                            &x.permute([0, 2, 1, 3]),
+                            false,
+                        );
+                    };
+                    put(&mut c.k[i], &k);
+                    put(&mut c.v[i], &v);
+                    (
+                        c.k[i].narrow(0, *first, b).narrow(2, 0, *key_len),
+                        c.v[i].narrow(0, *first, b).narrow(2, 0, *key_len),
+                    )
+                }
             };
-            let scores = q.matmul(&k.transpose(-2, -1)) * scale + &mask;
-            let probs = scores.softmax(-1, Kind::Float).to_kind(kind);
-            let attn = probs.matmul(&v).transpose(1, 2).reshape([b, t, nh * hd]);
+            // Grouped-query attention without copying keys: the queries of one kv head's group
+            // side by side, [batch, kv, group·seq, hd] against [batch, kv, keys, hd].
+            let q = q.reshape([b, nkv, group * t, hd]);
+            let scores =
+                (q.matmul(&k.transpose(-2, -1)) * scale).view([b, nkv, group, t, keys]) + &mask;
+            let probs =
+                scores
+                    .softmax(-1, Kind::Float)
+                    .to_kind(kind)
+                    .view([b, nkv, group * t, keys]);
+            let attn = probs
+                .matmul(&v)
+                .view([b, nh, t, hd])
+                .transpose(1, 2)
+                .reshape([b, t, nh * hd]);
             h = h + attn.linear::<Tensor>(&l.o, None);
             let x = self.rms_norm(&h, &l.post_norm);
             let mlp = (x.linear::<Tensor>(&l.gate, None).silu() * x.linear::<Tensor>(&l.up, None))
