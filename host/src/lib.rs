@@ -10,6 +10,8 @@
 //! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
 //! - [`doctor`]: the installation report behind `host doctor`.
+//! - [`engine`]: batched generation (continuous batching, KV slots, sampling, weight updates).
+//! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
 //! - [`sandbox`]: the Python tool sandbox.
 //! - [`wasm`]: wasmtime pieces shared by plugins and the sandbox.
@@ -19,6 +21,7 @@ pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod doctor;
+pub mod engine;
 pub mod home;
 pub mod model;
 pub mod plugin;

@@ -1,0 +1,385 @@
+//! The generation engine on a real tiny Qwen3 (random weights, rlhost's tokenizer): batching
+//! never changes a request's greedy tokens, reported log-probs equal a full forward pass,
+//! seeds reproduce, `n` samples share a prefill, stop rules end sequences with the right
+//! reason, weights change under a running engine (and bad ones are refused), shutdown and
+//! overload are clean.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rlhost::engine::{
+    Completion, Engine, EngineConfig, EngineError, FinishReason, SamplingParams, WeightSource,
+};
+use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
+use tch::{Device, Kind, Tensor};
+
+fn tiny(dir: &Path, seed: u64) {
+    let model = Qwen3::new(
+        Qwen3Config::preset(Preset::Tiny),
+        Device::Cpu,
+        Kind::Float,
+        seed,
+    )
+    .unwrap();
+    model.save(dir).unwrap();
+    tiny_tokenizer::write(dir, 512).unwrap();
+}
+
+fn engine(dir: &Path, cfg: EngineConfig) -> Engine {
+    Engine::load(dir, "tiny", Device::Cpu, Kind::Float, cfg).unwrap()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 37 + seed * 101) % 500)
+        .collect()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn batching_never_changes_greedy_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 1);
+    let reference = Qwen3::load(tmp.path(), Device::Cpu, Kind::Float).unwrap();
+    let e = engine(tmp.path(), EngineConfig::default());
+    let rt = rt();
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 5 + 7 * i as usize)).collect();
+    // Alone, one at a time.
+    let alone: Vec<Completion> = prompts
+        .iter()
+        .map(|p| {
+            rt.block_on(e.generate(p.clone(), greedy(24), 1))
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
+    for (p, c) in prompts.iter().zip(&alone) {
+        let ids: Vec<i64> = p.iter().map(|&t| i64::from(t)).collect();
+        let want: Vec<u32> = reference
+            .greedy(&ids, 24)
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        assert_eq!(c.token_ids, want, "engine greedy = model greedy");
+        assert_eq!(c.finish_reason, FinishReason::Length);
+    }
+    // Together, with different lengths and staggered arrivals.
+    let together: Vec<Completion> = rt.block_on(async {
+        let mut handles = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let e = e.clone();
+            let p = p.clone();
+            handles.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(3 * i as u64)).await;
+                e.generate(p, greedy(24), 1).await.unwrap().remove(0)
+            }));
+        }
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    });
+    for (a, b) in alone.iter().zip(&together) {
+        assert_eq!(a.token_ids, b.token_ids);
+    }
+    e.shutdown();
+}
+
+#[test]
+fn reported_logprobs_equal_a_full_forward_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 2);
+    let reference = Qwen3::load(tmp.path(), Device::Cpu, Kind::Float).unwrap();
+    let e = engine(tmp.path(), EngineConfig::default());
+    let rt = rt();
+    for (temperature, top_p) in [(0.8, 1.0), (1.3, 0.9), (0.0, 1.0)] {
+        let p = prompt(3, 11);
+        let params = SamplingParams {
+            temperature,
+            top_p,
+            seed: Some(5),
+            max_tokens: Some(20),
+            ignore_eos: true,
+            top_logprobs: 3,
+            ..Default::default()
+        };
+        let c = rt
+            .block_on(e.generate(p.clone(), params, 1))
+            .unwrap()
+            .remove(0);
+        assert_eq!(c.token_ids.len(), 20);
+        let all: Vec<i64> = p
+            .iter()
+            .chain(&c.token_ids)
+            .map(|&t| i64::from(t))
+            .collect();
+        let ids = Tensor::from_slice(&all[..all.len() - 1]).unsqueeze(0);
+        let pos = Tensor::arange(all.len() as i64 - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let logits = tch::no_grad(|| reference.forward(&ids, &pos, None, None));
+        let targets = Tensor::from_slice(&all[1..]).unsqueeze(0);
+        let t = if temperature == 0.0 { 1.0 } else { temperature };
+        let lp = Qwen3::token_logprobs(&logits, &targets, t).squeeze_dim(0);
+        let lp: Vec<f32> = Vec::try_from(lp.narrow(0, p.len() as i64 - 1, 20)).unwrap();
+        for (k, (a, b)) in c.logprobs.iter().zip(&lp).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4,
+                "T={temperature} token {k}: {a} vs {b}"
+            );
+        }
+        for (top, &lp) in c.top_logprobs.iter().zip(&c.logprobs) {
+            assert_eq!(top.len(), 3);
+            assert!(
+                top[0].1 >= lp - 1e-6,
+                "the best alternative is at least the chosen"
+            );
+            assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
+        }
+    }
+    e.shutdown();
+}
+
+#[test]
+fn seeds_reproduce_and_n_samples_share_the_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 3);
+    let e = engine(tmp.path(), EngineConfig::default());
+    let rt = rt();
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 1.0,
+        seed: Some(seed),
+        max_tokens: Some(16),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let p = prompt(4, 9);
+    let a = rt.block_on(e.generate(p.clone(), sampled(11), 1)).unwrap();
+    let b = rt.block_on(e.generate(p.clone(), sampled(11), 1)).unwrap();
+    assert_eq!(a[0].token_ids, b[0].token_ids, "same seed, same tokens");
+    let four = rt.block_on(e.generate(p.clone(), sampled(11), 4)).unwrap();
+    assert_eq!(four.len(), 4);
+    // Sample i of a seeded request is the request with seed + i.
+    for (i, c) in four.iter().enumerate() {
+        let single = rt
+            .block_on(e.generate(p.clone(), sampled(11 + i as u64), 1))
+            .unwrap();
+        assert_eq!(c.token_ids, single[0].token_ids, "sample {i}");
+    }
+    let distinct: std::collections::BTreeSet<_> = four.iter().map(|c| &c.token_ids).collect();
+    assert!(distinct.len() > 1, "samples differ");
+    e.shutdown();
+}
+
+#[test]
+fn stop_rules_end_sequences_with_their_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 4);
+    let e = engine(tmp.path(), EngineConfig::default());
+    let rt = rt();
+    let p = prompt(5, 8);
+    let free = rt
+        .block_on(e.generate(p.clone(), greedy(30), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(free.token_ids.len(), 30);
+    // A stop token: the sequence ends at its first occurrence, the token included.
+    let stop_at = free.token_ids[6];
+    let first = free.token_ids.iter().position(|&t| t == stop_at).unwrap();
+    let c = rt
+        .block_on(e.generate(
+            p.clone(),
+            SamplingParams {
+                stop_token_ids: vec![stop_at],
+                ..greedy(30)
+            },
+            1,
+        ))
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.finish_reason, FinishReason::Stop);
+    assert_eq!(c.token_ids, free.token_ids[..=first]);
+    // A stop string: the text ends before it.
+    let text = &free.text;
+    let cut = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| i >= text.len() / 2)
+        .unwrap();
+    let stop: String = text[cut..].chars().take(2).collect();
+    let c = rt
+        .block_on(e.generate(
+            p.clone(),
+            SamplingParams {
+                stop: vec![stop.clone()],
+                ..greedy(30)
+            },
+            1,
+        ))
+        .unwrap()
+        .remove(0);
+    assert_eq!(c.finish_reason, FinishReason::Stop);
+    let at = text.find(&stop).unwrap();
+    assert_eq!(c.text, text[..at]);
+    // max_tokens.
+    let c = rt
+        .block_on(e.generate(p.clone(), greedy(3), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (c.token_ids.len(), c.finish_reason),
+        (3, FinishReason::Length)
+    );
+    e.shutdown();
+}
+
+#[test]
+fn the_context_limit_ends_generation_and_long_prompts_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 5);
+    let e = engine(
+        tmp.path(),
+        EngineConfig {
+            max_model_len: 40,
+            ..Default::default()
+        },
+    );
+    let rt = rt();
+    let c = rt
+        .block_on(e.generate(prompt(1, 30), greedy(100), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (c.token_ids.len(), c.finish_reason),
+        (10, FinishReason::Length)
+    );
+    let err = e.submit(prompt(1, 40), greedy(5), 1).err().unwrap();
+    assert!(err.to_string().contains("40 tokens"), "{err}");
+    let err = e.submit(vec![600], greedy(5), 1).err().unwrap();
+    assert!(err.to_string().contains("token id 600"), "{err}");
+    e.shutdown();
+}
+
+#[test]
+fn weights_change_under_a_running_engine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    tiny(&a, 6);
+    tiny(&b, 7);
+    let e = engine(&a, EngineConfig::default());
+    let rt = rt();
+    let p = prompt(2, 10);
+    let before = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert!(before.versions.iter().all(|&v| v == 0));
+    // A long request in flight while the weights change: its later tokens carry version 1.
+    let mut rx = e.submit(p.clone(), greedy(400), 1).unwrap();
+    match rt.block_on(rx.recv()) {
+        Some(rlhost::engine::Event::Token { version, .. }) => assert_eq!(version, 0),
+        other => panic!("expected a first token, got {other:?}"),
+    }
+    let version = rt
+        .block_on(e.update_weights(WeightSource::Dir(b.clone())))
+        .unwrap();
+    assert_eq!(version, 1);
+    let long = rt
+        .block_on(rlhost::engine::collect(&mut rx, 1, p.len()))
+        .unwrap();
+    assert_eq!(long[0].versions.len(), 399);
+    assert_eq!(long[0].versions.last(), Some(&1));
+    let after = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert!(after.versions.iter().all(|&v| v == 1));
+    let fresh = engine(&b, EngineConfig::default());
+    let want = rt
+        .block_on(fresh.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        after.token_ids, want.token_ids,
+        "the new weights are in use"
+    );
+    assert_ne!(after.token_ids, before.token_ids);
+    fresh.shutdown();
+    // In-memory tensors from the first model bring the first behaviour back.
+    let original = rlhost::model::qwen3::read_checkpoint(&a).unwrap();
+    assert_eq!(
+        rt.block_on(e.update_weights(WeightSource::Tensors(original)))
+            .unwrap(),
+        2
+    );
+    let again = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.token_ids, before.token_ids);
+    // A checkpoint of another shape is refused whole; the engine keeps serving.
+    let mut bad = rlhost::model::qwen3::read_checkpoint(&a).unwrap();
+    bad.insert(
+        "model.norm.weight".into(),
+        Tensor::ones([7], (Kind::Float, Device::Cpu)),
+    );
+    let err = rt
+        .block_on(e.update_weights(WeightSource::Tensors(bad)))
+        .unwrap_err();
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
+    let still = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(still.token_ids, before.token_ids);
+    assert_eq!(e.info().version(), 2);
+    e.shutdown();
+}
+
+#[test]
+fn shutdown_aborts_in_flight_work_and_overload_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 8);
+    let e = engine(
+        tmp.path(),
+        EngineConfig {
+            max_batch_size: 2,
+            max_queue: 3,
+            ..Default::default()
+        },
+    );
+    let rt = rt();
+    let mut rxs: Vec<_> = (0..3)
+        .map(|i| e.submit(prompt(i, 6), greedy(3000), 1).unwrap())
+        .collect();
+    match e.submit(prompt(9, 6), greedy(5), 1) {
+        Err(EngineError::Overloaded(3)) => {}
+        other => panic!("expected overload, got {:?}", other.map(|_| ())),
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    e.shutdown();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    for rx in &mut rxs {
+        let c = rt.block_on(rlhost::engine::collect(rx, 1, 6)).unwrap();
+        assert_eq!(c[0].finish_reason, FinishReason::Abort);
+    }
+    assert!(matches!(
+        e.submit(prompt(1, 6), greedy(5), 1),
+        Err(EngineError::Stopped)
+    ));
+}
