@@ -6,6 +6,7 @@
 //! `ARCHITECTURE.md`. What exists today:
 //!
 //! - [`bench`]: benchmarks against peers measured in the same run (`host bench …`).
+//! - [`config`]: `@ file.toml` on the command line (prime-rl style config files).
 //! - [`cli`]: the `host` command line (clap); thin, it calls library functions and prints.
 //! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
@@ -14,11 +15,13 @@
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
 //! - [`sandbox`]: the Python tool sandbox.
+//! - [`server`]: the OpenAI-compatible HTTP API over the engine (`host inference`).
 //! - [`wasm`]: wasmtime pieces shared by plugins and the sandbox.
 #![deny(missing_docs)]
 
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod device;
 pub mod doctor;
 pub mod engine;
@@ -26,6 +29,7 @@ pub mod home;
 pub mod model;
 pub mod plugin;
 pub mod sandbox;
+pub mod server;
 pub mod wasm;
 
 /// This build's rlhost version (the workspace version).

@@ -3,11 +3,19 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use rlhost::cli::Cli;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `@ file.toml` on the command line stands for the flags in the file.
+    let args = match rlhost::config::expand(std::env::args_os().collect(), &Cli::command()) {
+        Ok(a) => a,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     rlhost::cli::init_logging(cli.verbose);
     match rlhost::cli::run(cli) {
         Ok(code) => code,

@@ -8,6 +8,7 @@
 mod bench;
 mod doctor;
 mod env;
+mod inference;
 mod model;
 mod registry;
 mod sandbox;
@@ -44,7 +45,8 @@ pub enum Command {
     /// The Python tool sandbox (CPython in WebAssembly): run code as a model's tool would.
     Sandbox(sandbox::SandboxArgs),
     /// Serve a model over an OpenAI-compatible API with tool calling.
-    Inference(Pending),
+    #[command(args_override_self = true)]
+    Inference(inference::InferenceArgs),
     /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
     Eval(Pending),
     /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
@@ -93,6 +95,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sandbox(args) => sandbox::run(args),
         Command::Registry(args) => registry::run(args),
         Command::Model(args) => model::run(args),
+        Command::Inference(args) => inference::run(args),
         other => Err(not_implemented(other.name())),
     }
 }

@@ -46,6 +46,13 @@ impl ToolCallParser for Hermes {
         "hermes"
     }
 
+    fn call_prefix(&self, name: Option<&str>) -> String {
+        match name {
+            Some(n) => format!("{OPEN}\n{{\"name\": \"{n}\", \"arguments\": "),
+            None => format!("{OPEN}\n{{\"name\": \""),
+        }
+    }
+
     fn parse(&self, text: &str, _tools: &[Tool]) -> ParseOutcome {
         let Some(first) = text.find(OPEN) else {
             return ParseOutcome {

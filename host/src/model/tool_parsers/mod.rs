@@ -40,6 +40,10 @@ pub trait ToolCallParser: Send + Sync {
     fn name(&self) -> &'static str;
     /// Parses `text`; `tools` are the tools offered (some formats type arguments by them).
     fn parse(&self, text: &str, tools: &[Tool]) -> ParseOutcome;
+    /// The opening of a call, written into the prompt to force one (`tool_choice` naming a
+    /// function, or `required` with no name): the model continues from there, and the parser
+    /// reads prefix + continuation.
+    fn call_prefix(&self, name: Option<&str>) -> String;
 }
 
 /// The parser called `name`.

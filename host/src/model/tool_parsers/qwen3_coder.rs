@@ -337,6 +337,13 @@ impl ToolCallParser for Qwen3Coder {
         "qwen3_coder"
     }
 
+    fn call_prefix(&self, name: Option<&str>) -> String {
+        match name {
+            Some(n) => format!("{OPEN}\n{FUNC}{n}>\n"),
+            None => format!("{OPEN}\n{FUNC}"),
+        }
+    }
+
     fn parse(&self, text: &str, tools: &[Tool]) -> ParseOutcome {
         if !text.contains(FUNC) {
             return ParseOutcome {

@@ -1,0 +1,573 @@
+//! End-to-end: `host inference` as clients meet it, on loopback. A tiny Qwen3 is taught (a few
+//! hundred Adam steps) to answer a question with a hermes tool call and then, given the tool's
+//! result, with a final answer; the official Python `openai` client then drives the server
+//! through a chat completion, a streamed one and the tool-call round trip. Log-probs are checked
+//! against a full forward pass of the same weights. Bad requests get 400s that name the
+//! problem, a full queue 503s, 64 concurrent clients all complete with flat memory, weights
+//! change through `/update_weights`, and SIGTERM stops the server cleanly mid-request.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rlhost::model::{ChatTemplate, Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
+use serde_json::{Value, json};
+use tch::nn::OptimizerConfig;
+use tch::{Device, Kind, Tensor};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(common::host_bin())
+            .args(["inference", "--port", "0", "--threads", "1", "-m"])
+            .arg(dir)
+            .args(extra)
+            .env("RLHOST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        Server {
+            child,
+            base: url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    }
+
+    fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe extern "C" {
+            fn kill(pid: i32, sig: i32) -> i32;
+        }
+        unsafe {
+            kill(self.child.id() as i32, 15);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const QUESTION: &str = "What is 6 times 7?";
+const CALL: &str = "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(6 * 7)\"}}\n</tool_call><|im_end|>";
+const ANSWER: &str = "The answer is 42.<|im_end|>";
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "python",
+        "description": "Run Python code and return what it prints.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    }}])
+}
+
+fn tool_conversation() -> (Value, Value) {
+    let first = json!([{"role": "user", "content": QUESTION}]);
+    let after = json!([
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "python", "arguments": {"code": "print(6 * 7)"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]);
+    (first, after)
+}
+
+/// A tiny model taught three answers by overfitting (Adam on the target tokens only).
+fn taught_model(dir: &Path) {
+    let cfg = Qwen3Config::preset(Preset::Tiny);
+    let model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 11).unwrap();
+    model.save(dir).unwrap();
+    tiny_tokenizer::write(dir, 512).unwrap();
+    let tok = Tokenizer::load(dir).unwrap();
+    let tpl = ChatTemplate::load(dir).unwrap();
+    let none = serde_json::Map::new();
+    let (first, after) = tool_conversation();
+    let plain = json!([{"role": "user", "content": QUESTION}]);
+    let examples: Vec<(String, &str)> = vec![
+        (
+            tpl.render(&plain, None, true, &none).unwrap(),
+            "42<|im_end|>",
+        ),
+        (
+            tpl.render(&first, Some(&tools()), true, &none).unwrap(),
+            CALL,
+        ),
+        (
+            tpl.render(&after, Some(&tools()), true, &none).unwrap(),
+            ANSWER,
+        ),
+    ];
+    let seqs: Vec<(Vec<i64>, usize)> = examples
+        .iter()
+        .map(|(p, t)| {
+            let p = tok.encode(p).unwrap();
+            let t = tok.encode(t).unwrap();
+            let all: Vec<i64> = p.iter().chain(&t).map(|&x| i64::from(x)).collect();
+            (all, p.len())
+        })
+        .collect();
+    let mut opt = tch::nn::Adam::default().build(&model.vs, 3e-3).unwrap();
+    for _ in 0..400 {
+        let mut losses = Vec::new();
+        for (all, plen) in &seqs {
+            let n = all.len() as i64;
+            let ids = Tensor::from_slice(&all[..all.len() - 1]).unsqueeze(0);
+            let pos = Tensor::arange(n - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+            let logits = model.forward(&ids, &pos, None, None).squeeze_dim(0);
+            let start = *plen as i64 - 1;
+            let targets = Tensor::from_slice(&all[*plen..]);
+            let lp = logits
+                .narrow(0, start, n - 1 - start)
+                .log_softmax(-1, Kind::Float)
+                .gather(-1, &targets.unsqueeze(-1), false);
+            losses.push(-lp.mean(Kind::Float));
+        }
+        opt.backward_step(&Tensor::stack(&losses, 0).sum(Kind::Float));
+    }
+    model.save(dir).unwrap();
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[test]
+fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("taught");
+    taught_model(&dir);
+    let server = Server::start(
+        &dir,
+        &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
+    );
+    let Some(python) = common::reference_python("openai_client") else {
+        return;
+    };
+    let (first, _) = tool_conversation();
+    let case = tmp.path().join("case.json");
+    std::fs::write(
+        &case,
+        json!({"messages": [{"role": "user", "content": QUESTION}], "tool_messages": first,
+               "tools": tools(), "tool_result": "42", "max_tokens": 40})
+        .to_string(),
+    )
+    .unwrap();
+    let out = Command::new(python)
+        .arg(common::repo_root().join("scripts/openai-client-check.py"))
+        .args(["--base-url", &server.base, "--model", "tiny", "--case"])
+        .arg(&case)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Plain and streamed: the taught answer, the same either way.
+    assert_eq!(r["plain"]["content"], "42");
+    assert_eq!(r["plain"]["finish_reason"], "stop");
+    assert_eq!(r["stream"]["content"], "42");
+    assert_eq!(r["stream"]["finish_reason"], "stop");
+    assert_eq!(r["stream"]["usage"], r["plain"]["usage"]);
+    // The tool round trip.
+    assert_eq!(r["tool_call"]["finish_reason"], "tool_calls", "{r}");
+    assert_eq!(r["tool_call"]["calls"][0]["name"], "python");
+    assert_eq!(
+        r["tool_call"]["calls"][0]["arguments"],
+        json!({"code": "print(6 * 7)"})
+    );
+    assert_eq!(r["final"]["content"], "The answer is 42.");
+    assert_eq!(r["final"]["finish_reason"], "stop");
+    // Log-probs are those of the weights: a full forward pass over prompt + output agrees.
+    let prompt: Vec<i64> = serde_json::from_value(r["plain"]["prompt_token_ids"].clone()).unwrap();
+    let output: Vec<i64> = serde_json::from_value(r["plain"]["token_ids"].clone()).unwrap();
+    let lps: Vec<f32> = serde_json::from_value(r["plain"]["logprobs"].clone()).unwrap();
+    assert_eq!(output.len(), lps.len());
+    let model = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let all: Vec<i64> = prompt.iter().chain(&output).copied().collect();
+    let ids = Tensor::from_slice(&all[..all.len() - 1]).unsqueeze(0);
+    let pos = Tensor::arange(all.len() as i64 - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+    let logits = tch::no_grad(|| model.forward(&ids, &pos, None, None));
+    let want = Qwen3::token_logprobs(&logits, &Tensor::from_slice(&all[1..]).unsqueeze(0), 1.0)
+        .squeeze_dim(0)
+        .narrow(0, prompt.len() as i64 - 1, output.len() as i64);
+    let want: Vec<f32> = Vec::try_from(want).unwrap();
+    for (a, b) in lps.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
+    }
+    for (top, lp) in r["plain"]["top"].as_array().unwrap().iter().zip(&lps) {
+        assert_eq!(top.as_array().unwrap().len(), 3);
+        assert!(top[0].as_f64().unwrap() as f32 >= lp - 1e-6);
+    }
+}
+
+fn plain_model(dir: &Path, seed: u64) {
+    let model = Qwen3::new(
+        Qwen3Config::preset(Preset::Tiny),
+        Device::Cpu,
+        Kind::Float,
+        seed,
+    )
+    .unwrap();
+    model.save(dir).unwrap();
+    tiny_tokenizer::write(dir, 512).unwrap();
+}
+
+#[test]
+fn bad_requests_get_400s_that_name_the_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    plain_model(tmp.path(), 1);
+    let server = Server::start(
+        tmp.path(),
+        &["--max-model-len", "64", "--served-model-name", "tiny"],
+    );
+    let rt = rt();
+    let client = reqwest::Client::new();
+    let chat = format!("{}/chat/completions", server.base);
+    let msg = json!([{"role": "user", "content": "hi"}]);
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            json!({"model": "gpt-9", "messages": msg}),
+            "the model `gpt-9` does not exist",
+        ),
+        (
+            json!({"messages": msg, "max_tokens": -5}),
+            "max_tokens must be at least 1",
+        ),
+        (json!({"messages": msg, "temperature": -1}), "temperature"),
+        (json!({"messages": msg, "n": 0}), "n must be at least 1"),
+        (json!({"messages": msg, "max_tokens": "ten"}), "max_tokens"),
+        (json!({"messages": []}), "messages must not be empty"),
+        (
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": msg, "tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}),
+            "tools[0].function.parameters must be a JSON schema object",
+        ),
+        (
+            json!({"messages": msg, "tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "`nope`, which is not among the tools",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "word ".repeat(100)}]}),
+            "max-model-len",
+        ),
+    ];
+    rt.block_on(async {
+        for (body, needle) in cases {
+            let (status, v) = post(&client, &chat, &body).await;
+            assert_eq!(status, 400, "{body} -> {v}");
+            let m = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(m.contains(needle), "{body}: {m:?} lacks {needle:?}");
+        }
+        // Malformed JSON.
+        let r = client
+            .post(&chat)
+            .body("{\"messages\": [")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        assert!(r.text().await.unwrap().contains("not valid JSON"));
+        // Unknown routes.
+        let r = client
+            .get(format!("{}/nope", server.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+        // And the server still serves.
+        let (status, v) = post(&client, &chat, &json!({"messages": msg, "max_tokens": 3})).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+    });
+}
+
+#[test]
+fn completions_n_samples_and_weight_updates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    plain_model(&a, 2);
+    plain_model(&b, 3);
+    let server = Server::start(&a, &["--served-model-name", "tiny"]);
+    let rt = rt();
+    let client = reqwest::Client::new();
+    rt.block_on(async {
+        let url = format!("{}/completions", server.base);
+        let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 6, "temperature": 0, "n": 3,
+                          "logprobs": 2, "return_token_ids": true, "ignore_eos": true});
+        let (status, v) = post(&client, &url, &body).await;
+        assert_eq!(status, 200, "{v}");
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        for c in choices {
+            assert_eq!(c["token_ids"], choices[0]["token_ids"], "greedy samples agree");
+            assert_eq!(c["logprobs"]["tokens"].as_array().unwrap().len(), 6);
+        }
+        assert_eq!(v["usage"]["completion_tokens"], 18);
+        assert_eq!(v["policy_version"], 0);
+        let before = choices[0]["token_ids"].clone();
+        // New weights through the API.
+        let upd = format!("{}/update_weights", server.base.trim_end_matches("/v1"));
+        let (status, r) = post(&client, &upd, &json!({"model_path": b})).await;
+        assert_eq!((status, r["policy_version"].clone()), (200, json!(1)), "{r}");
+        let (_, v) = post(&client, &url, &body).await;
+        assert_eq!(v["policy_version"], 1);
+        assert_ne!(v["choices"][0]["token_ids"], before);
+        let (status, r) = post(&client, &upd, &json!({"model_path": "/nonexistent"})).await;
+        assert_eq!(status, 400, "{r}");
+        // Text prompts and token ids as log-prob tokens.
+        let (status, v) = post(
+            &client,
+            &url,
+            &json!({"prompt": "2 + 2 =", "max_tokens": 4, "logprobs": 0, "return_tokens_as_token_ids": true}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let toks = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+        assert!(toks.iter().all(|t| t.as_str().unwrap().starts_with("token_id:")));
+        let models: Value = serde_json::from_str(
+            &client
+                .get(format!("{}/models", server.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(models["data"][0]["id"], "tiny");
+    });
+}
+
+#[test]
+fn sixty_four_clients_complete_with_flat_memory_and_overload_is_a_503() {
+    let tmp = tempfile::tempdir().unwrap();
+    plain_model(tmp.path(), 4);
+    let server = Server::start(tmp.path(), &["--max-batch-size", "16"]);
+    let rt = rt();
+    let chat = format!("{}/chat/completions", server.base);
+    let round = |secs: u64| {
+        let chat = chat.clone();
+        rt.block_on(async move {
+            let client = reqwest::Client::new();
+            let deadline = Instant::now() + Duration::from_secs(secs);
+            let mut tasks = Vec::new();
+            for i in 0..64 {
+                let (client, chat) = (client.clone(), chat.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut done = 0;
+                    loop {
+                        let body = json!({"messages": [{"role": "user", "content": format!("client {i} request {done}")}],
+                                          "max_tokens": 8, "temperature": 1.0, "stream": done % 2 == 1});
+                        let r = client.post(&chat).body(body.to_string()).send().await.unwrap();
+                        assert_eq!(r.status().as_u16(), 200);
+                        let text = r.text().await.unwrap();
+                        assert!(text.contains("finish_reason"), "{text}");
+                        done += 1;
+                        if Instant::now() > deadline {
+                            return done;
+                        }
+                    }
+                }));
+            }
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            total
+        })
+    };
+    let first = round(2);
+    let rss1 = server.rss_kib();
+    let second = round(4);
+    let rss2 = server.rss_kib();
+    assert!(first >= 64 && second >= 64, "{first} {second}");
+    assert!(
+        rss2 < rss1 + rss1 / 5 + 20_000,
+        "memory grew from {rss1} KiB to {rss2} KiB"
+    );
+    drop(server);
+
+    // A server that admits at most two requests refuses the rest with 503 + Retry-After.
+    let server = Server::start(tmp.path(), &["--max-batch-size", "1", "--max-queue", "2"]);
+    let chat = format!("{}/chat/completions", server.base);
+    let statuses: Vec<(u16, bool)> = rt.block_on(async move {
+        let client = reqwest::Client::new();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (client, chat) = (client.clone(), chat.clone());
+            tasks.push(tokio::spawn(async move {
+                let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 300, "ignore_eos": true});
+                let r = client.post(&chat).body(body.to_string()).send().await.unwrap();
+                (r.status().as_u16(), r.headers().contains_key("retry-after"))
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    assert!(statuses.iter().any(|&(s, _)| s == 200), "{statuses:?}");
+    assert!(
+        statuses.iter().any(|&(s, retry)| s == 503 && retry),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&(s, _)| s == 200 || s == 503),
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly_mid_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    plain_model(tmp.path(), 5);
+    let mut server = Server::start(tmp.path(), &[]);
+    let rt = rt();
+    let chat = format!("{}/chat/completions", server.base);
+    let pending = rt.spawn(async move {
+        let client = reqwest::Client::new();
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000,
+                          "ignore_eos": true, "stream": true});
+        let r = client
+            .post(&chat)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        r.text().await.unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    server.terminate();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the server hangs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let text = rt.block_on(pending).unwrap();
+    assert!(text.contains("\"finish_reason\":\"abort\""), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+}
+
+#[test]
+fn config_files_and_missing_models_fail_fast_with_the_culprit_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    // The repository's configs name only real flags.
+    for file in [
+        "configs/math-python/rl/infer.toml",
+        "configs/tiny/infer.toml",
+    ] {
+        let out = common::run(
+            common::host(home)
+                .env("HF_HUB_OFFLINE", "1")
+                .env("HF_HOME", home.join("hf"))
+                .args(["inference", "@"])
+                .arg(common::repo_root().join(file))
+                .args(["--model.name", "/nonexistent/model", "--port", "0"]),
+        );
+        let (_, stderr) = common::texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{file}: {stderr}");
+        assert!(
+            stderr.contains("cannot find model `/nonexistent/model`"),
+            "{file}: {stderr}"
+        );
+    }
+    // The seed's model, offline with an empty cache: where it looked.
+    let out = common::run(
+        common::host(home)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", home.join("hf"))
+            .args(["inference", "@"])
+            .arg(common::repo_root().join("configs/math-python/rl/infer.toml")),
+    );
+    let stderr = common::texts(&out).1;
+    assert!(
+        stderr.contains("cannot find model `Qwen/Qwen3-8B`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Hugging Face cache"), "{stderr}");
+    // A key that is no flag.
+    let bad = home.join("bad.toml");
+    std::fs::write(&bad, "port = 1\n[model]\nnmae = \"x\"\n").unwrap();
+    let out = common::run(common::host(home).args(["inference", "@"]).arg(&bad));
+    let stderr = common::texts(&out).1;
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown key `model.nmae`") && stderr.contains("bad.toml"),
+        "{stderr}"
+    );
+    // A bad parser name.
+    let out = common::run(common::host(home).args([
+        "inference",
+        "-m",
+        "x",
+        "--tool-call-parser",
+        "json5",
+    ]));
+    assert!(
+        common::texts(&out)
+            .1
+            .contains("unknown tool-call parser \"json5\"")
+    );
+}
