@@ -59,3 +59,22 @@ if [ -x .venv-ref/bin/python ]; then
 else
   "$HOST" bench sandbox --python python3 --scale 0.5
 fi
+echo
+echo "== a tiny Qwen3 (1.7M parameters, rlhost's own tokenizer) served over the OpenAI API"
+"$HOST" model init --preset tiny --seed 0 --out "$DEMO/tiny"
+"$HOST" model info "$DEMO/tiny"
+"$HOST" inference @ configs/tiny/infer.toml --model.name "$DEMO/tiny" --port 0 > "$DEMO/inference.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 100); do grep -q "on http://" "$DEMO/inference.log" && break; sleep 0.1; done
+BASE=$(grep -o 'http://[0-9.:]*/v1' "$DEMO/inference.log")
+curl -s "$BASE/chat/completions" -H 'content-type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 12, "seed": 1}'
+echo
+kill -TERM "$SERVER"; wait "$SERVER" || true
+echo
+echo "== host bench generate: rlhost's engine vs transformers generate on the same folder"
+if [ -x .venv-ref/bin/python ]; then
+  "$HOST" bench generate --model "$DEMO/tiny" --repeats 2
+else
+  "$HOST" bench generate --model "$DEMO/tiny" --repeats 2 --no-peer
+fi

@@ -59,6 +59,37 @@ enum BenchCommand {
     /// Math answer verification: rlhost's math-verify reward plugin against Python math-verify
     /// on the same pairs (agreement per convention, every disagreement, verdicts per second).
     MathVerify(MathVerifyArgs),
+    /// Generation throughput: rlhost's engine against transformers `generate` on the same model
+    /// folder (greedy, same prompts, threads and new tokens; batch sizes interleaved).
+    Generate {
+        /// The model folder (e.g. one made by `host model init`).
+        #[arg(long)]
+        model: PathBuf,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        batch_sizes: Vec<usize>,
+        /// Prompt length in tokens.
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        /// New tokens per sequence.
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        /// CPU threads on both sides (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Timed runs per side and batch size; the best counts.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// The peer's interpreter, with transformers (default: the build tree's .venv-ref).
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// Measure rlhost alone.
+        #[arg(long)]
+        no_peer: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Not built yet.
     #[command(external_subcommand)]
     Other(Vec<String>),
@@ -149,6 +180,50 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             emit(json, &report, report.to_text())
         }
         BenchCommand::MathVerify(args) => math_verify(args),
+        BenchCommand::Generate {
+            model,
+            batch_sizes,
+            prompt_len,
+            new_tokens,
+            threads,
+            repeats,
+            python,
+            no_peer,
+            json,
+        } => {
+            let python = if no_peer {
+                None
+            } else {
+                let p = python.unwrap_or_else(|| build_tree().join(".venv-ref/bin/python"));
+                anyhow::ensure!(
+                    p.is_file(),
+                    "the peer needs Python with transformers: {} is missing (scripts/setup-py-reference.sh, or --python, or --no-peer)",
+                    p.display()
+                );
+                Some(p)
+            };
+            let options = crate::bench::generate::GenerateBenchOptions {
+                model,
+                batch_sizes,
+                prompt_len,
+                new_tokens,
+                threads: threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+                repeats: repeats.max(1),
+                python,
+                peer_script: build_tree().join("scripts/generate-peer.py"),
+            };
+            let spinner = ProgressBar::new_spinner();
+            if json {
+                spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+            let progress = |what: &str| spinner.set_message(what.to_owned());
+            let report = crate::bench::generate::run(&options, &progress)
+                .context("benchmarking generation")?;
+            spinner.finish_and_clear();
+            emit(json, &report, report.to_text())
+        }
         BenchCommand::Other(words) => {
             let sub = words.first().map(String::as_str).unwrap_or("");
             Err(super::not_implemented(&format!("bench {sub}")))

@@ -243,13 +243,14 @@ impl Engine {
 
     /// Starts an engine on a loaded model.
     pub fn start(
-        model: Qwen3,
+        mut model: Qwen3,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         eos: Vec<u32>,
         name: &str,
         mut config: EngineConfig,
     ) -> Self {
+        model.fuse_projections();
         config.max_model_len = config
             .max_model_len
             .min(model.cfg.max_position_embeddings as usize);
@@ -670,6 +671,11 @@ impl Worker {
                 })
                 .is_ok();
             if let Some(reason) = reason {
+                // Capacity is released before the client hears of the end, so a client that
+                // submits again at once is never refused for its own finished request.
+                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
                 let _ = seq.request.events.send(Event::Finished {
                     index: seq.index,
                     reason,
@@ -685,16 +691,16 @@ impl Worker {
                 finished.push(i);
             } else if !alive {
                 // The client went away: free the slot.
+                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
                 finished.push(i);
             }
         }
         // Retire from the back so indices stay valid; the last sequence moves into each hole.
         for &i in finished.iter().rev() {
             let last = self.running.len() - 1;
-            let seq = self.running.swap_remove(i);
-            if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
-                self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
-            }
+            self.running.swap_remove(i);
             if i != last {
                 let len = self.running[i].ids.len() as i64 - 1;
                 if let Some(c) = self.cache.as_mut() {

@@ -30,6 +30,10 @@ struct Layer {
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    /// After [`Qwen3::fuse_projections`]: `[q; k; v]` and `[gate; up]` stacked, of which the
+    /// fields above are views.
+    qkv: Option<Tensor>,
+    gate_up: Option<Tensor>,
 }
 
 /// Keys and values of past positions, per layer: `[batch, kv_heads, past, head_dim]`.
@@ -138,6 +142,9 @@ impl SlotCache {
     }
 }
 
+/// A stacked matrix to build and the named weights that become its views.
+type FuseGroup<'a> = (&'a mut Option<Tensor>, Vec<(&'a mut Tensor, &'static str)>);
+
 /// Where attention keys come from in one forward call.
 enum Attend<'a> {
     /// Only this call's tokens, masked by `key_mask`.
@@ -158,7 +165,10 @@ pub struct Qwen3 {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Option<Tensor>,
-    inv_freq: Tensor,
+    /// Rotary tables `[max_positions, head_dim]` (cos, sin) and the rotate-half matrix.
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+    rope_rot: Tensor,
 }
 
 /// HF names and shapes of every parameter `cfg` implies.
@@ -294,24 +304,104 @@ impl Qwen3 {
                     gate: p("mlp.gate_proj.weight"),
                     up: p("mlp.up_proj.weight"),
                     down: p("mlp.down_proj.weight"),
+                    qkv: None,
+                    gate_up: None,
                 }
             })
             .collect();
-        let half = cfg.head_dim / 2;
+        // Rotary embeddings as transformers computes them (f32 angles = position × inverse
+        // frequency, cast to the model's dtype), tabulated once.
+        let (hd, half) = (cfg.head_dim, cfg.head_dim / 2);
         let inv_freq = (Tensor::arange(half, (Kind::Double, device))
-            * (-2.0 / cfg.head_dim as f64)
+            * (-2.0 / hd as f64)
             * cfg.rope_theta.ln())
         .exp()
         .to_kind(Kind::Float);
+        let angles = Tensor::arange(cfg.max_position_embeddings, (Kind::Float, device))
+            .unsqueeze(1)
+            * inv_freq.unsqueeze(0);
+        let angles = Tensor::cat(&[&angles, &angles], -1);
+        let (rope_cos, rope_sin) = (angles.cos().to_kind(kind), angles.sin().to_kind(kind));
+        // rotate_half(x) = cat(-x[half..], x[..half]) = x @ rope_rot.
+        let mut rot = Tensor::zeros([hd, hd], (Kind::Float, device));
+        let idx = Tensor::arange(half, (Kind::Int64, device));
+        let _ = rot.index_put_(
+            &[Some(&(&idx + half)), Some(&idx)],
+            &Tensor::from(-1.0f32),
+            false,
+        );
+        let _ = rot.index_put_(
+            &[Some(&idx), Some(&(&idx + half))],
+            &Tensor::from(1.0f32),
+            false,
+        );
+        let rope_rot = rot.to_kind(kind);
         Ok(Self {
             embed: take("model.embed_tokens.weight"),
             norm: take("model.norm.weight"),
             lm_head: (!cfg.tie_word_embeddings).then(|| take("lm_head.weight")),
             layers,
-            inv_freq,
+            rope_cos,
+            rope_sin,
+            rope_rot,
             vs,
             cfg,
         })
+    }
+
+    /// Stacks each layer's query/key/value projections and its gate/up projections into one
+    /// matrix each, so a forward pass runs two matrix products where it ran five (what
+    /// inference engines do). The named weights become views of the stacked matrices: loading,
+    /// saving and [`Qwen3::assign`] work as before. For inference: the optimiser's parameters
+    /// are replaced by views, so do not train a fused model.
+    pub fn fuse_projections(&mut self) {
+        let mut vars = self.vs.variables_.lock().expect("var store lock");
+        tch::no_grad(|| {
+            for (i, l) in self.layers.iter_mut().enumerate() {
+                if l.qkv.is_some() {
+                    continue;
+                }
+                let p = format!("model.layers.{i}.");
+                let groups: [FuseGroup<'_>; 2] = [
+                    (
+                        &mut l.qkv,
+                        vec![
+                            (&mut l.q, "self_attn.q_proj.weight"),
+                            (&mut l.k, "self_attn.k_proj.weight"),
+                            (&mut l.v, "self_attn.v_proj.weight"),
+                        ],
+                    ),
+                    (
+                        &mut l.gate_up,
+                        vec![
+                            (&mut l.gate, "mlp.gate_proj.weight"),
+                            (&mut l.up, "mlp.up_proj.weight"),
+                        ],
+                    ),
+                ];
+                for (fused, parts) in groups {
+                    let stacked =
+                        Tensor::cat(&parts.iter().map(|(t, _)| &**t).collect::<Vec<_>>(), 0)
+                            .set_requires_grad(false);
+                    let mut row = 0;
+                    for (t, name) in parts {
+                        let n = t.size()[0];
+                        let view = stacked.narrow(0, row, n);
+                        row += n;
+                        let old = t.data_ptr();
+                        for var in vars.trainable_variables.iter_mut() {
+                            if var.tensor.data_ptr() == old {
+                                var.tensor = view.shallow_clone();
+                            }
+                        }
+                        vars.named_variables
+                            .insert(format!("{p}{name}"), view.shallow_clone());
+                        *t = view;
+                    }
+                    *fused = Some(stacked);
+                }
+            }
+        });
     }
 
     /// Loads a Hugging Face folder: `config.json` and `model.safetensors` or the shards listed
@@ -398,6 +488,11 @@ impl Qwen3 {
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Tensor {
+        if x.kind() == Kind::Float {
+            // One fused op; the same arithmetic as below in f32.
+            let d = *x.size().last().expect("a vector dimension");
+            return x.rms_norm([d], Some(w), self.cfg.rms_norm_eps);
+        }
         let x32 = x.to_kind(Kind::Float);
         let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
         let normed = x32 * (var + self.cfg.rms_norm_eps).rsqrt();
@@ -451,22 +546,21 @@ impl Qwen3 {
         let device = ids.device();
         let kind = self.embed.kind();
         let mut h = Tensor::embedding(&self.embed, ids, -1, false, false);
-        // Rotary tables [batch, 1, seq, head_dim].
-        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        let cos = emb.cos().to_kind(kind).unsqueeze(1);
-        let sin = emb.sin().to_kind(kind).unsqueeze(1);
-        let rotate = |x: &Tensor| {
-            let x1 = x.narrow(-1, 0, hd / 2);
-            let x2 = x.narrow(-1, hd / 2, hd / 2);
-            let rotated = Tensor::cat(&[&(-x2), &x1], -1);
-            x * &cos + rotated * &sin
+        // Rotary factors [batch, seq, 1, head_dim], broadcast over heads.
+        let flat = positions.reshape([-1]);
+        let cos = self.rope_cos.index_select(0, &flat).view([b, t, 1, hd]);
+        let sin = self.rope_sin.index_select(0, &flat).view([b, t, 1, hd]);
+        // Additive mask [batch, 1, seq, keys]: 0 where a query may look, the dtype's minimum
+        // elsewhere (finite, so a fully masked padding row stays finite).
+        let min = match kind {
+            Kind::BFloat16 => -3.389_531_4e38,
+            Kind::Half => -65_504.0,
+            _ => f64::from(f32::MIN),
         };
-        // Which keys each query may see: [batch, seq, keys].
-        let allowed = match &attend {
+        let hidden = match &attend {
             Attend::Slots(_, _, key_len) => {
                 let k_pos = Tensor::arange(*key_len, (Kind::Int64, device)).view([1, 1, -1]);
-                k_pos.le_tensor(&positions.unsqueeze(-1))
+                k_pos.gt_tensor(&positions.unsqueeze(-1))
             }
             Attend::Fresh(mask) | Attend::Concat(_, mask) => {
                 let past = match &attend {
@@ -476,22 +570,14 @@ impl Qwen3 {
                 let total = past + t;
                 let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
                 let k_pos = Tensor::arange(total, (Kind::Int64, device)).unsqueeze(0);
-                let mut allowed = k_pos.le_tensor(&q_pos).unsqueeze(0);
+                let mut hidden = k_pos.gt_tensor(&q_pos).unsqueeze(0);
                 if let Some(m) = mask {
-                    allowed = allowed.logical_and(&m.to_kind(Kind::Bool).unsqueeze(1));
+                    hidden = hidden.logical_or(&m.to_kind(Kind::Bool).logical_not().unsqueeze(1));
                 }
-                allowed.expand([b, t, total], false)
+                hidden
             }
         };
-        let keys = allowed.size()[2];
-        let min = match kind {
-            Kind::BFloat16 => -3.389_531_4e38,
-            Kind::Half => -65_504.0,
-            _ => f64::from(f32::MIN),
-        };
-        // Additive mask [batch, 1, 1, seq, keys], broadcast over kv heads and query groups.
-        let mask = Tensor::zeros([b, 1, 1, t, keys], (kind, device))
-            .masked_fill(&allowed.logical_not().view([b, 1, 1, t, keys]), min);
+        let mask = (hidden.to_kind(kind) * min).unsqueeze(1);
         let scale = (hd as f64).powf(-0.5);
         let slot_rows = match &attend {
             Attend::Slots(_, first, _) => Some(
@@ -503,20 +589,29 @@ impl Qwen3 {
         };
         for (i, l) in self.layers.iter().enumerate() {
             let x = self.rms_norm(&h, &l.input_norm);
-            let q = self.rms_norm(
-                &x.linear::<Tensor>(&l.q, None).view([b, t, nh, hd]),
-                &l.q_norm,
-            );
-            let k = self.rms_norm(
-                &x.linear::<Tensor>(&l.k, None).view([b, t, nkv, hd]),
-                &l.k_norm,
-            );
-            let v = x
-                .linear::<Tensor>(&l.v, None)
-                .view([b, t, nkv, hd])
-                .transpose(1, 2);
-            let q = rotate(&q.transpose(1, 2));
-            let k = rotate(&k.transpose(1, 2));
+            let (q, k, v) = match &l.qkv {
+                Some(w) => {
+                    let y = x.linear::<Tensor>(w, None);
+                    (
+                        y.narrow(-1, 0, nh * hd),
+                        y.narrow(-1, nh * hd, nkv * hd),
+                        y.narrow(-1, (nh + nkv) * hd, nkv * hd),
+                    )
+                }
+                None => (
+                    x.linear::<Tensor>(&l.q, None),
+                    x.linear::<Tensor>(&l.k, None),
+                    x.linear::<Tensor>(&l.v, None),
+                ),
+            };
+            let q = self.rms_norm(&q.reshape([b, t, nh, hd]), &l.q_norm);
+            let k = self.rms_norm(&k.reshape([b, t, nkv, hd]), &l.k_norm);
+            let v = v.reshape([b, t, nkv, hd]).transpose(1, 2);
+            // Queries and keys rotated together: x·cos + rotate_half(x)·sin.
+            let qk = Tensor::cat(&[&q, &k], 2);
+            let qk = (&qk * &cos).addcmul(&qk.matmul(&self.rope_rot), &sin);
+            let q = qk.narrow(2, 0, nh).transpose(1, 2);
+            let k = qk.narrow(2, nh, nkv).transpose(1, 2);
             let (k, v) = match &mut attend {
                 Attend::Fresh(_) => (k, v),
                 Attend::Concat(c, _) => {
@@ -545,25 +640,56 @@ impl Qwen3 {
                     )
                 }
             };
-            // Grouped-query attention without copying keys: the queries of one kv head's group
-            // side by side, [batch, kv, group·seq, hd] against [batch, kv, keys, hd].
-            let q = q.reshape([b, nkv, group * t, hd]);
-            let scores =
-                (q.matmul(&k.transpose(-2, -1)) * scale).view([b, nkv, group, t, keys]) + &mask;
-            let probs =
+            // Grouped-query attention, fused (libtorch's scaled_dot_product_attention). When
+            // decoding (one query per row), a kv head's group of query heads goes in as that
+            // head's queries: one small matrix product per kv head instead of one
+            // matrix-vector product per query head.
+            let attn = if t == 1 {
+                // Decoding (one query per row): a kv head's group of query heads against it as
+                // one batched matrix product over all rows and kv heads (a single batched
+                // BLAS call); the fused kernel would make one small call per head and row.
+                let keys = k.size()[2];
+                let q3 = q.reshape([b * nkv, group, hd]);
+                let k3 = k.reshape([b * nkv, keys, hd]);
+                let v3 = v.reshape([b * nkv, keys, hd]);
+                let m3 = mask
+                    .view([b, 1, 1, keys])
+                    .expand([b, nkv, 1, keys], false)
+                    .reshape([b * nkv, 1, keys]);
+                let scores = q3.bmm(&k3.transpose(1, 2)) * scale + m3;
                 scores
                     .softmax(-1, Kind::Float)
                     .to_kind(kind)
-                    .view([b, nkv, group * t, keys]);
-            let attn = probs
-                .matmul(&v)
-                .view([b, nh, t, hd])
+                    .bmm(&v3)
+                    .reshape([b, 1, nh * hd])
+            } else {
+                Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    Some(&mask),
+                    0.0,
+                    false,
+                    scale,
+                    nh != nkv,
+                )
                 .transpose(1, 2)
-                .reshape([b, t, nh * hd]);
+                .reshape([b, t, nh * hd])
+            };
             h = h + attn.linear::<Tensor>(&l.o, None);
             let x = self.rms_norm(&h, &l.post_norm);
-            let mlp = (x.linear::<Tensor>(&l.gate, None).silu() * x.linear::<Tensor>(&l.up, None))
-                .linear::<Tensor>(&l.down, None);
+            let (gate, up) = match &l.gate_up {
+                Some(w) => {
+                    let y = x.linear::<Tensor>(w, None);
+                    let n = self.cfg.intermediate_size;
+                    (y.narrow(-1, 0, n), y.narrow(-1, n, n))
+                }
+                None => (
+                    x.linear::<Tensor>(&l.gate, None),
+                    x.linear::<Tensor>(&l.up, None),
+                ),
+            };
+            let mlp = (gate.silu() * up).linear::<Tensor>(&l.down, None);
             h = h + mlp;
         }
         let h = self.rms_norm(&h, &self.norm);

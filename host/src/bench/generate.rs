@@ -1,0 +1,222 @@
+//! `host bench generate`: rlhost's engine against Hugging Face transformers `generate` on the
+//! same model folder, greedy, same prompts, same new-token count, same thread count, at several
+//! batch sizes, interleaved (rlhost, transformers, rlhost, … per batch size) so both see the
+//! same machine state. Reports generated tokens per second, best of the repeats, and the ratio.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::engine::{Engine, EngineConfig, SamplingParams};
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct GenerateBenchOptions {
+    /// The model folder (both sides load it).
+    pub model: PathBuf,
+    /// Batch sizes to measure.
+    pub batch_sizes: Vec<usize>,
+    /// Prompt length in tokens.
+    pub prompt_len: usize,
+    /// Tokens generated per sequence.
+    pub new_tokens: usize,
+    /// CPU threads on both sides.
+    pub threads: usize,
+    /// Timed runs per side and batch size (the best counts).
+    pub repeats: usize,
+    /// The peer's interpreter (transformers installed), or none to measure rlhost alone.
+    pub python: Option<PathBuf>,
+    /// `scripts/generate-peer.py`.
+    pub peer_script: PathBuf,
+}
+
+/// One batch size's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerateRow {
+    /// Sequences generated together.
+    pub batch: usize,
+    /// rlhost tokens per second (best run).
+    pub rlhost_tokens_per_s: f64,
+    /// transformers tokens per second (best run), when measured.
+    pub transformers_tokens_per_s: Option<f64>,
+    /// rlhost / transformers.
+    pub ratio: Option<f64>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerateReport {
+    /// The model folder.
+    pub model: String,
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// New tokens per sequence.
+    pub new_tokens: usize,
+    /// Threads per side.
+    pub threads: usize,
+    /// Rows per batch size.
+    pub rows: Vec<GenerateRow>,
+}
+
+/// Prompt of row `r` (shared with the peer script).
+pub fn prompt(r: usize, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| ((r * 131 + i * 17 + 3) % 500) as u32)
+        .collect()
+}
+
+fn rlhost_run(
+    engine: &Engine,
+    rt: &tokio::runtime::Runtime,
+    o: &GenerateBenchOptions,
+    batch: usize,
+) -> anyhow::Result<f64> {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(o.new_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let produced = rt.block_on(async {
+        let mut rxs = Vec::new();
+        for r in 0..batch {
+            rxs.push(engine.submit(prompt(r, o.prompt_len), params.clone(), 1)?);
+        }
+        let mut n = 0;
+        for mut rx in rxs {
+            n += crate::engine::collect(&mut rx, 1, o.prompt_len).await?[0]
+                .token_ids
+                .len();
+        }
+        Ok::<_, anyhow::Error>(n)
+    })?;
+    anyhow::ensure!(
+        produced == batch * o.new_tokens,
+        "rlhost generated {produced} tokens"
+    );
+    Ok(produced as f64 / started.elapsed().as_secs_f64())
+}
+
+fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Result<f64> {
+    let out = std::process::Command::new(python)
+        .arg(&o.peer_script)
+        .arg("--model")
+        .arg(&o.model)
+        .args([
+            "--batch",
+            &batch.to_string(),
+            "--prompt-len",
+            &o.prompt_len.to_string(),
+        ])
+        .args([
+            "--new-tokens",
+            &o.new_tokens.to_string(),
+            "--threads",
+            &o.threads.to_string(),
+        ])
+        .args(["--repeats", "1"])
+        .env("OMP_WAIT_POLICY", "PASSIVE")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the transformers peer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let secs = v["seconds"][0]
+        .as_f64()
+        .ok_or_else(|| anyhow::anyhow!("peer output {v}"))?;
+    Ok(v["tokens"].as_f64().unwrap_or(0.0) / secs)
+}
+
+/// Runs the benchmark; `progress` hears what is being measured.
+pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<GenerateReport> {
+    tch::set_num_threads(o.threads as i32);
+    let max_batch = o.batch_sizes.iter().copied().max().unwrap_or(1);
+    let engine = Engine::load(
+        &o.model,
+        "bench",
+        tch::Device::Cpu,
+        tch::Kind::Float,
+        EngineConfig {
+            max_batch_size: max_batch,
+            max_model_len: o.prompt_len + o.new_tokens + 1,
+            max_queue: max_batch,
+        },
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Warm-up: first calls allocate the cache and fault in libtorch kernels.
+    rlhost_run(
+        &engine,
+        &rt,
+        &GenerateBenchOptions {
+            new_tokens: 2,
+            ..o.clone()
+        },
+        max_batch,
+    )?;
+    let mut rows = Vec::new();
+    for &batch in &o.batch_sizes {
+        let (mut ours, mut theirs) = (0f64, None::<f64>);
+        for rep in 0..o.repeats {
+            progress(&format!(
+                "batch {batch}: rlhost, run {}/{}",
+                rep + 1,
+                o.repeats
+            ));
+            ours = ours.max(rlhost_run(&engine, &rt, o, batch)?);
+            if let Some(py) = &o.python {
+                progress(&format!(
+                    "batch {batch}: transformers, run {}/{}",
+                    rep + 1,
+                    o.repeats
+                ));
+                let t = peer_run(py, o, batch)?;
+                theirs = Some(theirs.map_or(t, |b| b.max(t)));
+            }
+        }
+        rows.push(GenerateRow {
+            batch,
+            rlhost_tokens_per_s: ours,
+            transformers_tokens_per_s: theirs,
+            ratio: theirs.map(|t| ours / t),
+        });
+    }
+    engine.shutdown();
+    Ok(GenerateReport {
+        model: o.model.display().to_string(),
+        prompt_len: o.prompt_len,
+        new_tokens: o.new_tokens,
+        threads: o.threads,
+        rows,
+    })
+}
+
+impl GenerateReport {
+    /// A readable table.
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "greedy generation, {} prompt + {} new tokens, {} thread(s), f32 CPU, best of runs\n{}\n",
+            self.prompt_len, self.new_tokens, self.threads, self.model
+        );
+        s.push_str(&format!(
+            "{:>6} {:>16} {:>22} {:>8}\n",
+            "batch", "rlhost tok/s", "transformers tok/s", "ratio"
+        ));
+        for r in &self.rows {
+            s.push_str(&format!(
+                "{:>6} {:>16.0} {:>22} {:>8}\n",
+                r.batch,
+                r.rlhost_tokens_per_s,
+                r.transformers_tokens_per_s
+                    .map_or("-".into(), |t| format!("{t:.0}")),
+                r.ratio.map_or("-".into(), |x| format!("{x:.2}x"))
+            ));
+        }
+        s
+    }
+}
