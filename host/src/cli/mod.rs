@@ -154,6 +154,7 @@ mod tests {
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "list"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "trust"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "info", "dir"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "-m", "dir"]))
                 .expect("parses");
             assert_eq!(parsed.command.name(), sub.get_name());
         }
