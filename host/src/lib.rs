@@ -8,12 +8,14 @@
 //! - [`bench`]: benchmarks against peers measured in the same run (`host bench …`).
 //! - [`config`]: `@ file.toml` on the command line (prime-rl style config files).
 //! - [`cli`]: the `host` command line (clap); thin, it calls library functions and prints.
+//! - [`eval`]: evaluation over the rollout loop (Avg@k, Pass@k, vf-eval metrics).
 //! - [`home`]: where rlhost keeps plugins, caches and user settings (`$RLHOST_HOME`).
 //! - [`device`]: device and precision selection (`cpu`, `cuda:N`, `auto`; f32 / bf16).
 //! - [`doctor`]: the installation report behind `host doctor`.
 //! - [`engine`]: batched generation (continuous batching, KV slots, sampling, weight updates).
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
+//! - [`rollout`]: the rollout loop shared by eval and RL, and the model behind it (`Generator`).
 //! - [`sandbox`]: the Python tool sandbox.
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine (`host inference`).
 //! - [`wasm`]: wasmtime pieces shared by plugins and the sandbox.
@@ -25,9 +27,11 @@ pub mod config;
 pub mod device;
 pub mod doctor;
 pub mod engine;
+pub mod eval;
 pub mod home;
 pub mod model;
 pub mod plugin;
+pub mod rollout;
 pub mod sandbox;
 pub mod server;
 pub mod wasm;

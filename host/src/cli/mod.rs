@@ -8,6 +8,7 @@
 mod bench;
 mod doctor;
 mod env;
+mod eval;
 mod inference;
 mod model;
 mod registry;
@@ -48,7 +49,7 @@ pub enum Command {
     #[command(args_override_self = true)]
     Inference(inference::InferenceArgs),
     /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
-    Eval(Pending),
+    Eval(eval::EvalArgs),
     /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
     Rl(Pending),
     /// Supervised fine-tuning on environment datasets (warm-up before RL).
@@ -96,6 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Registry(args) => registry::run(args),
         Command::Model(args) => model::run(args),
         Command::Inference(args) => inference::run(args),
+        Command::Eval(args) => eval::run(args),
         other => Err(not_implemented(other.name())),
     }
 }

@@ -39,26 +39,64 @@ pub struct ServerConfig {
     pub tool_call_parser: String,
 }
 
-struct AppState {
+/// The API over an engine, without HTTP: the server's handlers call it, and so does the
+/// in-process generator of the rollout loop, so both paths produce the same responses.
+pub struct Api {
     engine: Engine,
     cfg: ServerConfig,
     parser: Box<dyn ToolCallParser>,
     created: u64,
 }
 
+type AppState = Api;
+
+/// A response body: one JSON document, or server-sent events.
+pub enum Reply {
+    /// A complete response.
+    Json(Value),
+    /// Event payloads, `[DONE]` last.
+    Stream(tmpsc::Receiver<String>),
+}
+
+impl Api {
+    /// The API over `engine`.
+    pub fn new(engine: Engine, cfg: ServerConfig) -> Result<Self, String> {
+        let parser = tool_parsers::parser(&cfg.tool_call_parser)?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Self {
+            engine,
+            cfg,
+            parser,
+            created,
+        })
+    }
+
+    /// The engine behind the API.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The served model name.
+    pub fn served_name(&self) -> &str {
+        &self.cfg.served_name
+    }
+
+    /// `POST /v1/chat/completions` with `body` (JSON bytes).
+    pub async fn chat(self: &Arc<Self>, body: &[u8]) -> Result<Reply, ApiError> {
+        chat_impl(self.clone(), body).await
+    }
+}
+
 /// The API's routes over `engine`.
 pub fn router(engine: Engine, cfg: ServerConfig) -> Result<Router, String> {
-    let parser = tool_parsers::parser(&cfg.tool_call_parser)?;
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let state = Arc::new(AppState {
-        engine,
-        cfg,
-        parser,
-        created,
-    });
-    Ok(Router::new()
+    Ok(router_for(Arc::new(Api::new(engine, cfg)?)))
+}
+
+/// The routes over an existing [`Api`].
+pub fn router_for(state: Arc<Api>) -> Router {
+    Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
@@ -72,7 +110,15 @@ pub fn router(engine: Engine, cfg: ServerConfig) -> Result<Router, String> {
                 param: None,
             })
         })
-        .with_state(state))
+        .with_state(state)
+}
+
+fn reply(r: Result<Reply, ApiError>) -> Response {
+    match r {
+        Ok(Reply::Json(v)) => axum::Json(v).into_response(),
+        Ok(Reply::Stream(rx)) => sse(rx),
+        Err(e) => error(e),
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves; then the engine stops (in-flight
@@ -210,13 +256,10 @@ struct ToolPlan {
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    match chat_impl(st, &body).await {
-        Ok(r) => r,
-        Err(e) => error(e),
-    }
+    reply(chat_impl(st, &body).await)
 }
 
-async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
     // Two passes, so a type error names its field (serde loses paths inside `flatten`).
     let mut req: ChatRequest = openai::parse(body)?;
     req.sampling = openai::parse(body)?;
@@ -311,7 +354,7 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError>
             .is_some_and(|o| o.include_usage),
     };
     if req.sampling.stream {
-        return Ok(sse(chat_stream(st, rx, n, plan, meta, params)));
+        return Ok(Reply::Stream(chat_stream(st, rx, n, plan, meta, params)));
     }
     let mut rx = rx;
     let done = crate::engine::collect(&mut rx, n, prompt_tokens)
@@ -338,7 +381,13 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError>
             choice
         })
         .collect();
-    Ok(axum::Json(response_body(&st, &meta, "chat.completion", choices, &done)).into_response())
+    Ok(Reply::Json(response_body(
+        &st,
+        &meta,
+        "chat.completion",
+        choices,
+        &done,
+    )))
 }
 
 /// Metadata shared by a request's response or chunks.
@@ -470,6 +519,7 @@ fn logprob_items(st: &AppState, c: &Completion, as_ids: bool) -> Vec<Value> {
 }
 
 type Chunks = tmpsc::Receiver<String>;
+
 
 fn sse(rx: Chunks) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -655,13 +705,10 @@ struct CompletionRequest {
 }
 
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    match completions_impl(st, &body).await {
-        Ok(r) => r,
-        Err(e) => error(e),
-    }
+    reply(completions_impl(st, &body).await)
 }
 
-async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
     let mut req: CompletionRequest = openai::parse(body)?;
     req.sampling = openai::parse(body)?;
     check_model(&st, &req.sampling.model)?;
@@ -713,7 +760,7 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, Ap
         );
     }
     if req.sampling.stream {
-        return Ok(sse(completion_stream(st, rxs, n, meta)));
+        return Ok(Reply::Stream(completion_stream(st, rxs, n, meta)));
     }
     let mut choices = Vec::new();
     let mut all = Vec::new();
@@ -738,7 +785,13 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Response, Ap
         }
         all.extend(done);
     }
-    Ok(axum::Json(response_body(&st, &meta, "text_completion", choices, &all)).into_response())
+    Ok(Reply::Json(response_body(
+        &st,
+        &meta,
+        "text_completion",
+        choices,
+        &all,
+    )))
 }
 
 /// Legacy completions log-probs: parallel lists.

@@ -356,15 +356,11 @@ pub fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
                         format!("messages[{i}].tool_calls[{j}] has no function"),
                     )
                 })?;
-                if let Some(Value::String(args)) = f.get("arguments") {
-                    let parsed: Value = serde_json::from_str(args).map_err(|e| {
-                        ApiError::bad(
-                            at(&format!(".tool_calls[{j}].function.arguments")),
-                            format!(
-                                "messages[{i}].tool_calls[{j}].function.arguments is not JSON: {e}"
-                            ),
-                        )
-                    })?;
+                // JSON arguments become objects for the template (as vLLM does); anything
+                // else stays text, which templates write as it is.
+                if let Some(Value::String(args)) = f.get("arguments")
+                    && let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(args)
+                {
                     f["arguments"] = parsed;
                 }
             }

@@ -1,0 +1,328 @@
+//! `host eval`: evaluate a model on installed environment plugins with vf-eval's flags
+//! (`-m` model served in-process, or `-b` any OpenAI-compatible server).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::device::{CudaStatus, DeviceSpec, Precision};
+use crate::eval::{EvalOptions, EvalPlan, PassKMode, summarize};
+use crate::plugin::{LoadOptions, PluginLoader};
+use crate::rollout::{Generator, InProcess, OpenAiClient, Sampling};
+
+/// Arguments of `host eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Installed environment plugins, comma-separated (`math500,aime2024,aime2025`).
+    plugins: String,
+    /// A model to serve in-process: a Hugging Face folder or hub id.
+    #[arg(short = 'm', long, conflicts_with = "base_url")]
+    model: Option<String>,
+    /// An OpenAI-compatible server (`http://127.0.0.1:8000/v1`).
+    #[arg(short = 'b', long)]
+    base_url: Option<String>,
+    /// Environment variable holding the server's API key.
+    #[arg(short = 'k', long, default_value = "OPENAI_API_KEY")]
+    api_key_var: String,
+    /// Model name sent to the server (default: the first it lists).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Examples per environment (-1: all).
+    #[arg(short = 'n', long, default_value_t = 5, allow_negative_numbers = true)]
+    num_examples: i64,
+    /// Rollouts per example: one value, or one per plugin (`2,32,32`).
+    #[arg(short = 'r', long, default_value = "3")]
+    rollouts_per_example: String,
+    /// Rollouts in flight (-1: unbounded).
+    #[arg(short = 'c', long, default_value_t = 32, allow_negative_numbers = true)]
+    max_concurrent: i64,
+    /// Most new tokens per turn.
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// Sampling temperature.
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// Nucleus sampling mass.
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// Seed of sampling and environments.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Environment arguments, a JSON object (`'{"max_turns": 5}'`).
+    #[arg(short = 'a', long, default_value = "{}")]
+    env_args: String,
+    /// Dataset split (default: `test` when the plugin has one, else its first).
+    #[arg(long)]
+    split: Option<String>,
+    /// Folder for results.jsonl and summary.json (one subfolder per plugin).
+    #[arg(short = 's', long)]
+    save_dir: Option<PathBuf>,
+    /// How Pass@k is computed.
+    #[arg(long, value_enum, default_value = "unbiased")]
+    pass_k_mode: PassKMode,
+    /// Retries of transient server errors per turn.
+    #[arg(long, default_value_t = 3)]
+    retries: u32,
+    /// Seconds a server request may take.
+    #[arg(long, default_value_t = 600)]
+    request_timeout: u64,
+    /// `-m`: tool-call format of the model.
+    #[arg(long, default_value = "hermes")]
+    tool_call_parser: String,
+    /// `-m`: device.
+    #[arg(long, default_value = "auto")]
+    device: DeviceSpec,
+    /// `-m`: `auto`, `f32` or `bf16`.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// `-m`: sequences decoded together.
+    #[arg(long, default_value_t = 32)]
+    max_batch_size: usize,
+    /// `-m`: most tokens per sequence (default: the model's limit).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// CPU threads for libtorch.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the summaries as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    let names: Vec<&str> = a.plugins.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    anyhow::ensure!(!names.is_empty(), "name at least one environment plugin");
+    let rollouts: Vec<usize> = a
+        .rollouts_per_example
+        .split(',')
+        .map(|r| r.trim().parse::<usize>().ok().filter(|&r| r > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| anyhow::anyhow!("--rollouts-per-example: positive integers, got {:?}", a.rollouts_per_example))?;
+    anyhow::ensure!(
+        rollouts.len() == 1 || rollouts.len() == names.len(),
+        "--rollouts-per-example has {} values for {} plugins",
+        rollouts.len(),
+        names.len()
+    );
+    let env_args: serde_json::Value = serde_json::from_str(&a.env_args)
+        .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
+    anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
+    let home = crate::home::RlhostHome::from_env()?;
+    // Installed plugins only: say exactly how to install a missing one.
+    let mut dirs = Vec::new();
+    for name in &names {
+        match crate::plugin::install::find_installed(&home, name) {
+            Ok(d) => dirs.push(d),
+            Err(e) => anyhow::bail!(
+                "environment `{name}` is not installed ({e}); install it with:\n  host env install {name}"
+            ),
+        }
+    }
+    if let Some(t) = a.threads {
+        tch::set_num_threads(t as i32);
+    }
+    let rt = super::async_runtime()?;
+    let sandbox = {
+        use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+        match locate_component(None, Some(&home)) {
+            Ok(path) => Some(Arc::new(WasmSandbox::load(
+                &path,
+                Some(&home.cache_dir()),
+                SandboxPolicy::default(),
+            )?) as Arc<dyn crate::sandbox::Sandbox>),
+            Err(e) => {
+                tracing::warn!("no Python sandbox ({e}); environments with a python tool will fail their tool calls");
+                None
+            }
+        }
+    };
+    let loader = PluginLoader::new(
+        LoadOptions {
+            sandbox,
+            ..Default::default()
+        },
+        Some(home.cache_dir()),
+    )?;
+    let (generator, model_name): (Box<dyn Generator>, String) = match (&a.model, &a.base_url) {
+        (Some(m), _) => {
+            let dir = crate::model::hub::resolve(m)?;
+            let device = a.device.resolve(CudaStatus::probe())?;
+            let precision = match a.dtype.as_str() {
+                "auto" => Precision::default_for(device),
+                other => other.parse::<Precision>().map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
+            };
+            let cfg = crate::model::Qwen3Config::load(&dir)?;
+            let engine = crate::engine::Engine::load(
+                &dir,
+                m,
+                device,
+                precision.kind(),
+                crate::engine::EngineConfig {
+                    max_batch_size: a.max_batch_size,
+                    max_model_len: a.max_model_len.unwrap_or(cfg.max_position_embeddings as usize),
+                    max_queue: usize::MAX,
+                },
+            )?;
+            let api = crate::server::Api::new(
+                engine,
+                crate::server::ServerConfig {
+                    served_name: m.clone(),
+                    enable_auto_tool_choice: true,
+                    tool_call_parser: a.tool_call_parser.clone(),
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;
+            (Box::new(InProcess::new(Arc::new(api))), m.clone())
+        }
+        (None, Some(url)) => {
+            let key = std::env::var(&a.api_key_var).ok();
+            let client = OpenAiClient::new(url, key, Duration::from_secs(a.request_timeout));
+            let name = match &a.served_model_name {
+                Some(n) => n.clone(),
+                None => rt
+                    .block_on(client.first_model())
+                    .with_context(|| format!("asking {url} for its model"))?,
+            };
+            (Box::new(client), name)
+        }
+        (None, None) => anyhow::bail!("give a model (-m DIR) or a server (-b URL)"),
+    };
+    let options = EvalOptions {
+        concurrency: (a.max_concurrent > 0).then_some(a.max_concurrent as usize),
+        sampling: Sampling {
+            max_tokens: a.max_tokens,
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: None,
+            seed: Some(a.seed),
+            stop: Vec::new(),
+            chat_template_kwargs: serde_json::Map::new(),
+        },
+        seed: a.seed,
+        retries: a.retries,
+        model: model_name.clone(),
+    };
+    let mut summaries = Vec::new();
+    let mut interrupted = false;
+    for (i, (name, dir)) in names.iter().zip(&dirs).enumerate() {
+        let env = rt
+            .block_on(loader.load_environment(dir))
+            .with_context(|| format!("loading {name} from {}", dir.display()))?;
+        let mut rewards = Vec::new();
+        for dep in &env.info().rewards {
+            let rdir = crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
+                format!("{name} needs the reward plugin {}: host env install {}", dep.plugin, dep.plugin)
+            })?;
+            rewards.push(rt.block_on(loader.load_reward(&rdir))?);
+        }
+        let splits = &env.info().splits;
+        let split = match &a.split {
+            Some(s) => {
+                anyhow::ensure!(
+                    splits.contains(s),
+                    "{name} has no split `{s}` (it has: {})",
+                    splits.join(", ")
+                );
+                s.clone()
+            }
+            None if splits.iter().any(|s| s == "test") => "test".into(),
+            None => splits.first().cloned().ok_or_else(|| anyhow::anyhow!("{name} has no dataset"))?,
+        };
+        let plan = EvalPlan {
+            env: env.clone(),
+            rewards,
+            split: split.clone(),
+            num_examples: (a.num_examples >= 0).then_some(a.num_examples as usize),
+            rollouts: *rollouts.get(i).unwrap_or(&rollouts[0]),
+            env_args: a.env_args.clone(),
+        };
+        let examples = rt.block_on(crate::eval::examples(&plan))?;
+        let total = examples.len() * plan.rollouts;
+        let bar = ProgressBar::new(total as u64).with_style(
+            ProgressStyle::with_template(
+                "{prefix} {bar:30} {pos}/{len} rollouts {per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
+            )
+            .expect("valid template"),
+        );
+        bar.set_prefix(name.to_string());
+        if a.json {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let reward_sum = std::sync::Mutex::new((0.0f64, 0usize));
+        let on_done = |r: &crate::rollout::RolloutRecord| {
+            let mut s = reward_sum.lock().expect("lock");
+            s.0 += r.reward;
+            s.1 += 1;
+            bar.set_message(format!("reward {:.3}", s.0 / s.1 as f64));
+            bar.inc(1);
+        };
+        let started = std::time::Instant::now();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let records = rt.block_on(async {
+            let ctrl_c = tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    let _ = tx.send(());
+                }
+            });
+            let stop = async {
+                if rx.await.is_ok() {
+                    return;
+                }
+                std::future::pending::<()>().await
+            };
+            let out = crate::eval::run(&plan, &examples, generator.as_ref(), &options, &on_done, stop).await;
+            ctrl_c.abort();
+            out
+        });
+        bar.finish_and_clear();
+        if records.len() < total {
+            interrupted = true;
+        }
+        let summary = summarize(
+            env.as_ref(),
+            &generator.describe(),
+            &split,
+            &records,
+            plan.rollouts,
+            a.pass_k_mode,
+            started.elapsed().as_secs_f64(),
+        );
+        if let Some(dir) = &a.save_dir {
+            let out = dir.join(name.replace('/', "--"));
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let mut lines = String::new();
+            for r in &records {
+                lines.push_str(&serde_json::to_string(r)?);
+                lines.push('\n');
+            }
+            rlhost_registry::fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
+            rlhost_registry::fs::write_atomically(
+                &out.join("summary.json"),
+                (serde_json::to_string_pretty(&summary)? + "\n").as_bytes(),
+            )?;
+        }
+        if !a.json {
+            print!("{}", summary.to_text());
+        }
+        summaries.push(summary);
+        if interrupted {
+            break;
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summaries)?);
+    }
+    if let Some(dir) = &a.save_dir {
+        eprintln!("results saved under {}", dir.display());
+    }
+    if interrupted {
+        eprintln!("interrupted: the summaries cover the rollouts that finished");
+        return Ok(ExitCode::from(130));
+    }
+    Ok(ExitCode::SUCCESS)
+}

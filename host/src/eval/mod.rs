@@ -1,0 +1,451 @@
+//! Evaluation: run `rollouts_per_example` rollouts of each example of an environment through the
+//! shared rollout loop, concurrently, and aggregate what vf-eval and prime-rl's eval report:
+//! Reward (the rubric's weighted sum), every metric by name, Avg@k, Pass@k (the unbiased
+//! estimator `1 - C(n-c, k) / C(n, k)` for k = 1, 2, 4, … ≤ n; or prime-rl's Monte-Carlo
+//! Pass@(n/2); or rLLM's any-correct-of-n), completion lengths, truncation, tool-call parse
+//! failures, reward-function errors, failed rollouts and wall time.
+//!
+//! A rollout counts as correct when its `correct` metric is at least 0.5 (environments without
+//! one: when its reward is positive).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use rlhost_sdk::types::Example;
+use serde::Serialize;
+
+use crate::plugin::{Environment, RewardFn};
+use crate::rollout::{Generator, RolloutRecord, RolloutSpec, Sampling, run_rollout};
+
+/// How Pass@k is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+pub enum PassKMode {
+    /// `1 - C(n-c,k)/C(n,k)` for k = 1, 2, 4, … ≤ n (Chen et al. 2021).
+    #[default]
+    Unbiased,
+    /// prime-rl: Monte-Carlo estimate of Pass@(n/2) (random subsets of n/2 rollouts).
+    Prime,
+    /// rLLM: an example passes when any of its n rollouts is correct.
+    Rllm,
+}
+
+/// `1 - C(n-c, k) / C(n, k)`: the chance that k of n samples, c of them correct, include a
+/// correct one. Computed as a product to stay exact for large n.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    assert!(k >= 1 && k <= n && c <= n, "pass@k needs 1 <= k <= n and c <= n");
+    if n - c < k {
+        return 1.0;
+    }
+    // C(n-c,k)/C(n,k) = prod_{i=n-c+1}^{n} (1 - k/i)
+    1.0 - ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
+}
+
+/// What one environment's evaluation needs.
+pub struct EvalPlan {
+    /// The environment.
+    pub env: Arc<dyn Environment>,
+    /// Its reward plugins.
+    pub rewards: Vec<Arc<dyn RewardFn>>,
+    /// The split to read.
+    pub split: String,
+    /// Examples to evaluate (None: all).
+    pub num_examples: Option<usize>,
+    /// Rollouts per example.
+    pub rollouts: usize,
+    /// Environment arguments (JSON object text).
+    pub env_args: String,
+}
+
+/// Options shared by every environment of a run.
+#[derive(Clone)]
+pub struct EvalOptions {
+    /// Rollouts in flight at once (None: unbounded).
+    pub concurrency: Option<usize>,
+    /// Sampling of every turn.
+    pub sampling: Sampling,
+    /// Seed of the environments (rollout r of example i gets a seed derived from it).
+    pub seed: u64,
+    /// Retries of transient generator failures.
+    pub retries: u32,
+    /// The model name in requests.
+    pub model: String,
+}
+
+/// Reads the examples a plan evaluates.
+pub async fn examples(plan: &EvalPlan) -> Result<Vec<Example>, crate::plugin::PluginError> {
+    let mut out = Vec::new();
+    let want = plan.num_examples.unwrap_or(usize::MAX);
+    let mut offset = 0u64;
+    while out.len() < want {
+        let limit = (want - out.len()).min(256) as u32;
+        let page = plan.env.dataset(&plan.split, offset, limit).await?;
+        if page.examples.is_empty() {
+            break;
+        }
+        offset += page.examples.len() as u64;
+        out.extend(page.examples);
+        if offset >= page.total {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every rollout of `plan`; `on_done` hears each finished one. Stops starting new
+/// rollouts once `stop` resolves (what finished is returned).
+pub async fn run(
+    plan: &EvalPlan,
+    examples: &[Example],
+    generator: &dyn Generator,
+    options: &EvalOptions,
+    on_done: &(dyn Fn(&RolloutRecord) + Sync),
+    stop: impl std::future::Future<Output = ()>,
+) -> Vec<RolloutRecord> {
+    let jobs: Vec<(usize, usize)> = (0..examples.len())
+        .flat_map(|i| (0..plan.rollouts).map(move |r| (i, r)))
+        .collect();
+    let limit = options.concurrency.unwrap_or(jobs.len()).max(1);
+    let mut stream = futures_util::stream::iter(jobs.into_iter().map(|(i, r)| {
+        let spec = RolloutSpec {
+            env: plan.env.as_ref(),
+            rewards: &plan.rewards,
+            generator,
+            model: &options.model,
+            example: &examples[i],
+            example_index: i,
+            rollout_index: r,
+            env_args: &plan.env_args,
+            sampling: &options.sampling,
+            seed: options
+                .seed
+                .wrapping_mul(0x9e37_79b9)
+                .wrapping_add((i * plan.rollouts + r) as u64),
+            retries: options.retries,
+        };
+        run_rollout(spec)
+    }))
+    .buffer_unordered(limit);
+    let mut done = Vec::new();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            next = stream.next() => match next {
+                Some(rec) => {
+                    on_done(&rec);
+                    done.push(rec);
+                }
+                None => break,
+            },
+            _ = &mut stop => {
+                tracing::warn!("stopped: {} rollouts finished", done.len());
+                break;
+            }
+        }
+    }
+    done.sort_by_key(|r| (r.example_index, r.rollout_index));
+    done
+}
+
+/// Min, max, mean and standard deviation.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Population standard deviation.
+    pub std: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Stats {
+    fn of(xs: &[f64]) -> Self {
+        if xs.is_empty() {
+            return Self::default();
+        }
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        Self {
+            mean,
+            std: var.sqrt(),
+            min: xs.iter().copied().fold(f64::INFINITY, f64::min),
+            max: xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+/// One environment's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The plugin.
+    pub env: String,
+    /// The model (and endpoint).
+    pub model: String,
+    /// The split.
+    pub split: String,
+    /// Examples evaluated.
+    pub examples: usize,
+    /// Rollouts per example asked for.
+    pub rollouts_per_example: usize,
+    /// Rollouts finished (failed ones included).
+    pub rollouts: usize,
+    /// Mean reward.
+    pub reward: f64,
+    /// Mean of each metric, rubric order first.
+    pub metrics: Vec<(String, f64)>,
+    /// Mean correctness over all rollouts (k = rollouts per example).
+    pub avg_at_k: f64,
+    /// Pass@k by k (per the mode).
+    pub pass_at_k: Vec<(usize, f64)>,
+    /// How Pass@k was computed.
+    pub pass_k_mode: PassKMode,
+    /// Generated tokens per rollout.
+    pub completion_tokens: Stats,
+    /// Share of rollouts truncated (token or turn limit).
+    pub truncated: f64,
+    /// Turns whose tool calls could not be parsed.
+    pub tool_parse_failures: u64,
+    /// Reward plugin failures.
+    pub reward_errors: u64,
+    /// Rollouts that failed (scored 0).
+    pub failed_rollouts: u64,
+    /// The first few failures, for the reader.
+    pub failures: Vec<String>,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+fn correct(r: &RolloutRecord) -> bool {
+    match r.metrics.get("correct") {
+        Some(&c) => c >= 0.5,
+        None => r.reward > 0.0,
+    }
+}
+
+/// Aggregates one environment's rollouts.
+pub fn summarize(
+    env: &dyn Environment,
+    model: &str,
+    split: &str,
+    records: &[RolloutRecord],
+    rollouts_per_example: usize,
+    mode: PassKMode,
+    seconds: f64,
+) -> Summary {
+    let info = env.info();
+    let n = records.len().max(1) as f64;
+    let mut names: Vec<String> = info.rubric.iter().map(|w| w.name.clone()).collect();
+    for r in records {
+        for k in r.metrics.keys() {
+            if !names.contains(k) {
+                names.push(k.clone());
+            }
+        }
+    }
+    let metrics = names
+        .into_iter()
+        .map(|name| {
+            let sum: f64 = records
+                .iter()
+                .map(|r| r.metrics.get(&name).copied().unwrap_or(0.0))
+                .sum();
+            (name, sum / n)
+        })
+        .collect();
+    // Per example: (rollouts, correct ones).
+    let mut per: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for r in records {
+        let e = per.entry(r.example_index).or_default();
+        e.0 += 1;
+        e.1 += usize::from(correct(r));
+    }
+    let k_max = per.values().map(|p| p.0).min().unwrap_or(0);
+    let pass_at_k = match mode {
+        PassKMode::Unbiased => {
+            let mut ks = Vec::new();
+            let mut k = 1;
+            while k <= k_max {
+                ks.push(k);
+                k *= 2;
+            }
+            ks.into_iter()
+                .map(|k| {
+                    let s: f64 = per.values().map(|&(n, c)| pass_at_k(n, c, k)).sum();
+                    (k, s / per.len().max(1) as f64)
+                })
+                .collect()
+        }
+        PassKMode::Prime => {
+            let k = (k_max / 2).max(1);
+            let mut rng = crate::engine::Rng::new(0x5eed);
+            let trials = 1000;
+            let mut total = 0.0;
+            for r_ex in per.keys() {
+                let outcomes: Vec<bool> = records
+                    .iter()
+                    .filter(|r| r.example_index == *r_ex)
+                    .map(correct)
+                    .collect();
+                let mut hits = 0;
+                for _ in 0..trials {
+                    // A random k-subset (partial Fisher-Yates).
+                    let mut idx: Vec<usize> = (0..outcomes.len()).collect();
+                    let mut any = false;
+                    for j in 0..k.min(idx.len()) {
+                        let pick = j + ((rng.uniform() * (idx.len() - j) as f64) as usize)
+                            .min(idx.len() - j - 1);
+                        idx.swap(j, pick);
+                        any |= outcomes[idx[j]];
+                    }
+                    hits += usize::from(any);
+                }
+                total += hits as f64 / trials as f64;
+            }
+            if k_max == 0 {
+                Vec::new()
+            } else {
+                vec![(k, total / per.len().max(1) as f64)]
+            }
+        }
+        PassKMode::Rllm => {
+            let s = per.values().filter(|&&(_, c)| c > 0).count() as f64;
+            if k_max == 0 {
+                Vec::new()
+            } else {
+                vec![(k_max, s / per.len().max(1) as f64)]
+            }
+        }
+    };
+    let lengths: Vec<f64> = records.iter().map(|r| r.completion_tokens as f64).collect();
+    Summary {
+        env: env.id().to_string(),
+        model: model.to_string(),
+        split: split.to_string(),
+        examples: per.len(),
+        rollouts_per_example,
+        rollouts: records.len(),
+        reward: records.iter().map(|r| r.reward).sum::<f64>() / n,
+        metrics,
+        avg_at_k: records.iter().filter(|r| correct(r)).count() as f64 / n,
+        pass_at_k,
+        pass_k_mode: mode,
+        completion_tokens: Stats::of(&lengths),
+        truncated: records.iter().filter(|r| r.truncated).count() as f64 / n,
+        tool_parse_failures: records.iter().map(|r| u64::from(r.tool_parse_failures)).sum(),
+        reward_errors: records.iter().map(|r| u64::from(r.reward_errors)).sum(),
+        failed_rollouts: records.iter().filter(|r| r.error.is_some()).count() as u64,
+        failures: records
+            .iter()
+            .filter_map(|r| r.error.clone())
+            .take(5)
+            .collect(),
+        seconds,
+    }
+}
+
+/// The seed's display names for the math-python rubric.
+fn display(name: &str) -> String {
+    match name {
+        "correct" => "Correct".into(),
+        "num_turns" => "#Turns".into(),
+        "num_tool_calls" => "#Tool calls".into(),
+        "num_errors" => "Errors".into(),
+        other => other.to_string(),
+    }
+}
+
+impl Summary {
+    /// vf-eval's one-line form: `Reward: 0.704, Correct: 0.714, #Turns: 2.118, …`.
+    pub fn one_line(&self) -> String {
+        let mut parts = vec![format!("Reward: {:.3}", self.reward)];
+        parts.extend(
+            self.metrics
+                .iter()
+                .map(|(k, v)| format!("{}: {v:.3}", display(k))),
+        );
+        parts.join(", ")
+    }
+
+    /// A readable table.
+    pub fn to_text(&self) -> String {
+        let k = self.rollouts_per_example;
+        let mut s = format!(
+            "{} on {} ({} split): {} examples x {} rollouts = {} rollouts in {:.1} s\n",
+            self.model, self.env, self.split, self.examples, k, self.rollouts, self.seconds
+        );
+        s.push_str(&format!("  {:<28} {:>9.3}\n", "Reward", self.reward));
+        for (name, v) in &self.metrics {
+            s.push_str(&format!("  {:<28} {v:>9.3}\n", display(name)));
+        }
+        s.push_str(&format!("  {:<28} {:>9.3}\n", format!("Avg@{k}"), self.avg_at_k));
+        for (kk, v) in &self.pass_at_k {
+            let label = match self.pass_k_mode {
+                PassKMode::Unbiased => format!("Pass@{kk}"),
+                PassKMode::Prime => format!("Pass@{kk} (prime-rl, Monte-Carlo)"),
+                PassKMode::Rllm => format!("Pass@{kk} (rLLM, any correct)"),
+            };
+            s.push_str(&format!("  {label:<28} {v:>9.3}\n"));
+        }
+        let c = &self.completion_tokens;
+        s.push_str(&format!(
+            "  {:<28} mean {:.1}, std {:.1}, min {:.0}, max {:.0}\n",
+            "completion tokens", c.mean, c.std, c.min, c.max
+        ));
+        s.push_str(&format!("  {:<28} {:>8.1}%\n", "truncated", 100.0 * self.truncated));
+        s.push_str(&format!(
+            "  {:<28} {:>9}\n  {:<28} {:>9}\n  {:<28} {:>9}\n",
+            "tool-call parse failures",
+            self.tool_parse_failures,
+            "reward errors/timeouts",
+            self.reward_errors,
+            "failed rollouts",
+            self.failed_rollouts
+        ));
+        for f in &self.failures {
+            s.push_str(&format!("    e.g. {f}\n"));
+        }
+        s.push_str(&format!("  {}\n", self.one_line()));
+        s
+    }
+}
+
+/// Runs the plan and measures its wall time.
+pub async fn evaluate(
+    plan: &EvalPlan,
+    generator: &dyn Generator,
+    options: &EvalOptions,
+    on_done: &(dyn Fn(&RolloutRecord) + Sync),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(Vec<RolloutRecord>, f64), crate::plugin::PluginError> {
+    let started = Instant::now();
+    let examples = examples(plan).await?;
+    let records = run(plan, &examples, generator, options, on_done, stop).await;
+    Ok((records, started.elapsed().as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_at_k;
+
+    #[test]
+    fn pass_at_k_matches_hand_computed_values() {
+        // n=4, c=1: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6 = 1/2, pass@4 = 1.
+        assert!((pass_at_k(4, 1, 1) - 0.25).abs() < 1e-12);
+        assert!((pass_at_k(4, 1, 2) - 0.5).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 1, 4), 1.0);
+        // n=10, c=3, k=5: 1 - C(7,5)/C(10,5) = 1 - 21/252 = 0.916666…
+        assert!((pass_at_k(10, 3, 5) - (1.0 - 21.0 / 252.0)).abs() < 1e-12);
+        // None correct, all correct.
+        assert_eq!(pass_at_k(8, 0, 3), 0.0);
+        assert_eq!(pass_at_k(8, 8, 1), 1.0);
+        // pass@1 is the correct fraction.
+        assert!((pass_at_k(32, 7, 1) - 7.0 / 32.0).abs() < 1e-12);
+        // Large n stays finite and exact enough: C(990,10)/C(1000,10).
+        let p = pass_at_k(1000, 10, 10);
+        assert!(p > 0.0956 && p < 0.0957, "{p}");
+    }
+}

@@ -1,0 +1,532 @@
+//! THE rollout loop, shared by `host eval` and `host rl`: the environment's prompt → the model's
+//! turn → tool calls parsed → the environment's response (tool results, the next user turn) →
+//! … until the environment says done or the turn limit → score with the environment's rubric
+//! and reward plugins. Token ids and sampler log-probs are kept per turn (RL needs them; eval
+//! just reports lengths).
+//!
+//! The model sits behind [`Generator`]: [`InProcess`] calls the engine through the same API code
+//! the HTTP server runs (so in-process and served results agree), [`OpenAiClient`] talks to any
+//! OpenAI-compatible server (`host inference`, vLLM, SGLang) with retries and backoff for
+//! transient failures. Failures never escape a rollout: they are recorded in it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rlhost_sdk::types::{Example, Message, Role, Rollout, Tool, ToolCall};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::plugin::{Environment, RewardFn};
+
+/// Sampling of every turn (OpenAI request fields).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Sampling {
+    /// Most new tokens per turn.
+    pub max_tokens: Option<u32>,
+    /// Temperature (default 1).
+    pub temperature: Option<f64>,
+    /// Nucleus mass.
+    pub top_p: Option<f64>,
+    /// Top-k (vLLM extension).
+    pub top_k: Option<i64>,
+    /// Base seed; turn `t` of rollout `r` uses a seed derived from it.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Extra chat-template variables (`enable_thinking`, …).
+    pub chat_template_kwargs: serde_json::Map<String, Value>,
+}
+
+/// One assistant turn as the model produced it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Turn {
+    /// The assistant message (content and parsed tool calls).
+    pub content: String,
+    /// Parsed tool calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// `stop`, `length`, `tool_calls`, `abort`.
+    pub finish_reason: String,
+    /// Prompt token ids, when the server returns them.
+    pub prompt_ids: Vec<u32>,
+    /// Generated token ids, when the server returns them.
+    pub completion_ids: Vec<u32>,
+    /// Sampler log-probs of the generated tokens, when returned.
+    pub logprobs: Vec<f32>,
+    /// Prompt length in tokens (usage).
+    pub prompt_tokens: u64,
+    /// Generated tokens (usage).
+    pub completion_tokens: u64,
+    /// Why the output could not be read as tool calls, when it looked like some.
+    pub tool_parse_error: Option<String>,
+    /// Policy version of the weights (rlhost servers).
+    pub policy_version: Option<u64>,
+}
+
+/// Generator failures.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GenError {
+    /// Worth retrying: connection refused or reset, 429, 5xx, timeouts.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Not worth retrying: the request is refused (4xx) or the response unreadable.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// What the rollout loop calls for a model turn.
+#[async_trait]
+pub trait Generator: Send + Sync {
+    /// A short description (model and endpoint) for reports.
+    fn describe(&self) -> String;
+    /// One chat completion (the raw OpenAI request body → the response JSON).
+    async fn complete(&self, body: &Value) -> Result<Value, GenError>;
+}
+
+/// The chat-completions request for a turn.
+pub fn request(model: &str, messages: &[Message], tools: &[Tool], s: &Sampling, seed: Option<u64>) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+        "logprobs": true,
+        "return_token_ids": true,
+    });
+    if !tools.is_empty() {
+        body["tools"] = tools.iter().map(tool_json).collect();
+    }
+    if let Some(m) = s.max_tokens {
+        body["max_tokens"] = m.into();
+    }
+    if let Some(t) = s.temperature {
+        body["temperature"] = t.into();
+    }
+    if let Some(p) = s.top_p {
+        body["top_p"] = p.into();
+    }
+    if let Some(k) = s.top_k {
+        body["top_k"] = k.into();
+    }
+    if let Some(seed) = seed {
+        body["seed"] = seed.into();
+    }
+    if !s.stop.is_empty() {
+        body["stop"] = json!(s.stop);
+    }
+    if !s.chat_template_kwargs.is_empty() {
+        body["chat_template_kwargs"] = Value::Object(s.chat_template_kwargs.clone());
+    }
+    body
+}
+
+/// A message in OpenAI's shape.
+pub fn message_json(m: &Message) -> Value {
+    let role = match m.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut v = json!({"role": role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = id.as_str().into();
+    }
+    v
+}
+
+/// A tool in OpenAI's shape.
+pub fn tool_json(t: &Tool) -> Value {
+    let params: Value = serde_json::from_str(&t.parameters)
+        .unwrap_or_else(|_| json!({"type": "object", "properties": {}}));
+    json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": params}})
+}
+
+/// Reads the first choice of a chat-completions response.
+pub fn parse_turn(v: &Value) -> Result<Turn, GenError> {
+    let choice = v["choices"]
+        .get(0)
+        .ok_or_else(|| GenError::Fatal(format!("the response has no choices: {v}")))?;
+    let msg = &choice["message"];
+    let tool_calls = msg["tool_calls"]
+        .as_array()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| ToolCall {
+                    id: c["id"].as_str().unwrap_or_default().to_string(),
+                    name: c["function"]["name"].as_str().unwrap_or_default().to_string(),
+                    arguments: match &c["function"]["arguments"] {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ids = |x: &Value| -> Vec<u32> {
+        x.as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+            .unwrap_or_default()
+    };
+    Ok(Turn {
+        content: msg["content"].as_str().unwrap_or_default().to_string(),
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().unwrap_or("stop").to_string(),
+        prompt_ids: ids(&v["prompt_token_ids"]),
+        completion_ids: ids(&choice["token_ids"]),
+        logprobs: choice["logprobs"]["content"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t["logprob"].as_f64()).map(|x| x as f32).collect())
+            .unwrap_or_default(),
+        prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        tool_parse_error: choice["tool_call_error"].as_str().map(str::to_string),
+        policy_version: choice["policy_version"].as_u64(),
+    })
+}
+
+/// The engine in this process, through the server's API code (no HTTP).
+pub struct InProcess {
+    api: Arc<crate::server::Api>,
+}
+
+impl InProcess {
+    /// A generator over `api`.
+    pub fn new(api: Arc<crate::server::Api>) -> Self {
+        Self { api }
+    }
+}
+
+#[async_trait]
+impl Generator for InProcess {
+    fn describe(&self) -> String {
+        format!("{} (in-process engine)", self.api.served_name())
+    }
+
+    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
+        let bytes = serde_json::to_vec(body).expect("json");
+        match self.api.chat(&bytes).await {
+            Ok(crate::server::Reply::Json(v)) => Ok(v),
+            Ok(crate::server::Reply::Stream(_)) => Err(GenError::Fatal("unexpected stream".into())),
+            Err(e) if e.status == 503 => Err(GenError::Transient(e.message)),
+            Err(e) => Err(GenError::Fatal(format!("{} ({})", e.message, e.status))),
+        }
+    }
+}
+
+/// Any OpenAI-compatible server.
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    base_url: String,
+    api_key: Option<String>,
+    timeout: Duration,
+}
+
+impl OpenAiClient {
+    /// A client of `base_url` (ending in `/v1`), with an optional bearer key.
+    pub fn new(base_url: &str, api_key: Option<String>, timeout: Duration) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base_url: base_url.trim_end_matches('/').to_string(),
+            api_key,
+            timeout,
+        }
+    }
+
+    /// The first model the server lists (`GET /models`).
+    pub async fn first_model(&self) -> Result<String, GenError> {
+        let mut req = self.http.get(format!("{}/models", self.base_url)).timeout(self.timeout);
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let r = req.send().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let text = r.text().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| GenError::Fatal(format!("GET /models: {e}: {text}")))?;
+        v["data"][0]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| GenError::Fatal(format!("GET /models lists no model: {v}")))
+    }
+}
+
+#[async_trait]
+impl Generator for OpenAiClient {
+    fn describe(&self) -> String {
+        self.base_url.clone()
+    }
+
+    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
+        let mut req = self
+            .http
+            .post(format!("{}/chat/completions", self.base_url))
+            .header("content-type", "application/json")
+            .timeout(self.timeout)
+            .body(body.to_string());
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let r = req.send().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let status = r.status().as_u16();
+        let text = r.text().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        if status == 429 || status >= 500 {
+            return Err(GenError::Transient(format!("HTTP {status}: {text}")));
+        }
+        if status != 200 {
+            return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
+        }
+        serde_json::from_str(&text).map_err(|e| GenError::Fatal(format!("unreadable response: {e}")))
+    }
+}
+
+/// Calls `g`, retrying transient failures with exponential backoff (0.5 s, 1 s, 2 s, …).
+pub async fn complete_with_retries(g: &dyn Generator, body: &Value, retries: u32) -> Result<Value, GenError> {
+    let mut attempt = 0;
+    loop {
+        match g.complete(body).await {
+            Err(GenError::Transient(e)) if attempt < retries => {
+                let wait = Duration::from_millis(500 << attempt.min(6));
+                tracing::debug!("transient generator failure ({e}); retrying in {wait:?}");
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Tokens of one turn, kept for RL.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TurnTokens {
+    /// Prompt ids as the server tokenized them.
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids.
+    pub completion_ids: Vec<u32>,
+    /// Their sampler log-probs.
+    pub logprobs: Vec<f32>,
+    /// Why the turn ended.
+    pub finish_reason: String,
+    /// Policy version, when known.
+    pub policy_version: Option<u64>,
+}
+
+/// One finished (or failed) rollout.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RolloutRecord {
+    /// The plugin it ran on.
+    pub env: String,
+    /// The example's id.
+    pub example_id: String,
+    /// Index of the example in the evaluated list.
+    pub example_index: usize,
+    /// Which rollout of the example.
+    pub rollout_index: usize,
+    /// The prompt messages.
+    pub prompt: Vec<Message>,
+    /// Everything after the prompt.
+    pub completion: Vec<Message>,
+    /// Per-turn tokens.
+    pub turns: Vec<TurnTokens>,
+    /// Metric values by name (rubric and reward plugins).
+    pub metrics: BTreeMap<String, f64>,
+    /// Weighted sum of the rubric's metrics.
+    pub reward: f64,
+    /// A turn hit the token limit, or the turn limit ended the episode.
+    pub truncated: bool,
+    /// Prompt tokens over all turns.
+    pub prompt_tokens: u64,
+    /// Generated tokens over all turns.
+    pub completion_tokens: u64,
+    /// Turns whose output looked like tool calls but could not be parsed.
+    pub tool_parse_failures: u32,
+    /// Reward plugins that failed or timed out.
+    pub reward_errors: u32,
+    /// What went wrong, when the rollout failed (it is then scored 0).
+    pub error: Option<String>,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+/// What one rollout needs.
+pub struct RolloutSpec<'a> {
+    /// The environment.
+    pub env: &'a dyn Environment,
+    /// Its reward plugins.
+    pub rewards: &'a [Arc<dyn RewardFn>],
+    /// The model.
+    pub generator: &'a dyn Generator,
+    /// The model name in requests.
+    pub model: &'a str,
+    /// The example.
+    pub example: &'a Example,
+    /// Index of the example (reports).
+    pub example_index: usize,
+    /// Which rollout of the example.
+    pub rollout_index: usize,
+    /// Environment arguments (JSON object text).
+    pub env_args: &'a str,
+    /// Sampling.
+    pub sampling: &'a Sampling,
+    /// The rollout's seed (environment and sampling).
+    pub seed: u64,
+    /// Retries for transient generator failures.
+    pub retries: u32,
+}
+
+/// Per-episode tools and turn limit from the state (the SDK's convention), else the info's.
+fn episode_limits(env: &dyn Environment, state: &str) -> (Vec<Tool>, u32) {
+    let info = env.info();
+    let v: Value = serde_json::from_str(state).unwrap_or(Value::Null);
+    let tools = match v.get("tools").and_then(Value::as_array) {
+        Some(names) => info
+            .tools
+            .iter()
+            .filter(|t| names.iter().any(|n| n.as_str() == Some(t.name.as_str())))
+            .cloned()
+            .collect(),
+        None => info.tools.clone(),
+    };
+    let max_turns = v
+        .get("max_turns")
+        .and_then(Value::as_u64)
+        .map_or(info.max_turns, |m| m as u32);
+    (tools, max_turns.max(1))
+}
+
+/// Runs one rollout; never fails (failures are recorded in the result).
+pub async fn run_rollout(spec: RolloutSpec<'_>) -> RolloutRecord {
+    let started = Instant::now();
+    let mut rec = RolloutRecord {
+        env: spec.env.id().to_string(),
+        example_id: spec.example.id.clone(),
+        example_index: spec.example_index,
+        rollout_index: spec.rollout_index,
+        ..Default::default()
+    };
+    if let Err(e) = rollout_inner(&spec, &mut rec).await {
+        rec.error = Some(e);
+        rec.reward = 0.0;
+    }
+    rec.seconds = started.elapsed().as_secs_f64();
+    rec
+}
+
+async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Result<(), String> {
+    let mut session = spec
+        .env
+        .start(spec.seed)
+        .await
+        .map_err(|e| format!("starting the environment: {e}"))?;
+    let start = session
+        .initial_prompt(spec.example, spec.env_args)
+        .await
+        .map_err(|e| format!("initial prompt: {e}"))?;
+    let mut messages = start.messages;
+    let mut state = start.state;
+    rec.prompt = messages.clone();
+    let (tools, max_turns) = episode_limits(spec.env, &state);
+    let mut turns = 0u32;
+    loop {
+        let seed = spec.sampling.seed.map(|s| {
+            s.wrapping_add(spec.seed.wrapping_mul(1_000_003))
+                .wrapping_add(u64::from(turns))
+        });
+        let body = request(spec.model, &messages, &tools, spec.sampling, seed);
+        let v = complete_with_retries(spec.generator, &body, spec.retries)
+            .await
+            .map_err(|e| format!("model turn {}: {e}", turns + 1))?;
+        let turn = parse_turn(&v).map_err(|e| e.to_string())?;
+        turns += 1;
+        rec.prompt_tokens += turn.prompt_tokens;
+        rec.completion_tokens += turn.completion_tokens;
+        if turn.tool_parse_error.is_some() {
+            rec.tool_parse_failures += 1;
+        }
+        rec.turns.push(TurnTokens {
+            prompt_ids: turn.prompt_ids.clone(),
+            completion_ids: turn.completion_ids.clone(),
+            logprobs: turn.logprobs.clone(),
+            finish_reason: turn.finish_reason.clone(),
+            policy_version: turn.policy_version,
+        });
+        messages.push(Message {
+            role: Role::Assistant,
+            content: turn.content.clone(),
+            tool_calls: turn.tool_calls.clone(),
+            tool_call_id: None,
+            reasoning: None,
+        });
+        if turn.finish_reason == "length" {
+            rec.truncated = true;
+            break;
+        }
+        if turn.finish_reason == "abort" {
+            return Err("the server aborted the generation".into());
+        }
+        let step = session
+            .env_response(&messages, &state)
+            .await
+            .map_err(|e| format!("environment response after turn {turns}: {e}"))?;
+        state = step.state;
+        if step.done {
+            break;
+        }
+        messages.extend(step.messages);
+        if turns >= max_turns {
+            rec.truncated = true;
+            break;
+        }
+    }
+    rec.completion = messages[rec.prompt.len()..].to_vec();
+    let rollout = Rollout {
+        example: spec.example.clone(),
+        messages: messages.clone(),
+        state,
+        truncated: rec.truncated,
+    };
+    let metrics = session
+        .score(&rollout)
+        .await
+        .map_err(|e| format!("scoring: {e}"))?;
+    for m in metrics {
+        rec.metrics.insert(m.name, m.value);
+    }
+    let final_text = rec
+        .completion
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+        .map(|m| m.content.clone())
+        .unwrap_or_default();
+    for r in spec.rewards {
+        match r
+            .score(&final_text, &spec.example.answer, &spec.example.info, spec.seed)
+            .await
+        {
+            Ok(ms) => {
+                for m in ms {
+                    rec.metrics.insert(m.name, m.value);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("reward plugin {} failed: {e}", r.id());
+                rec.reward_errors += 1;
+            }
+        }
+    }
+    rec.reward = spec
+        .env
+        .info()
+        .rubric
+        .iter()
+        .map(|w| w.weight * rec.metrics.get(&w.name).copied().unwrap_or(0.0))
+        .sum();
+    Ok(())
+}
