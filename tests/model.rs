@@ -5,12 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use common::{host, run, texts};
 
@@ -170,70 +167,44 @@ fn hub_ids_resolve_from_the_local_cache() {
 
 /// A minimal hub on loopback: `GET /{owner}/{name}/resolve/main/{file}` with `Range`, answered
 /// with the headers hub clients rely on (`ETag`, `X-Repo-Commit`, `Content-Range`); 404 for
-/// files the folder lacks. Serves until `stop` is set or a minute has passed.
-fn serve_hub(id: &'static str, dir: PathBuf, stop: Arc<AtomicBool>, hits: Arc<AtomicUsize>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            let (stream, _) = match listener.accept() {
-                Ok(c) => c,
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-            };
-            stream.set_nonblocking(false).unwrap();
-            stream
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request = String::new();
-            if reader.read_line(&mut request).is_err() {
-                continue;
+/// files the folder lacks.
+fn serve_hub(id: &'static str, dir: PathBuf, hits: Arc<AtomicUsize>) -> (u16, Arc<AtomicBool>) {
+    common::serve_http(60, move |req| {
+        hits.fetch_add(1, Ordering::Relaxed);
+        let range_start: usize = req
+            .headers
+            .iter()
+            .find(|(k, _)| k == "range")
+            .and_then(|(_, v)| v.strip_prefix("bytes=")?.split('-').next()?.parse().ok())
+            .unwrap_or(0);
+        let prefix = format!("/{id}/resolve/main/");
+        match req
+            .path
+            .strip_prefix(&prefix)
+            .and_then(|f| std::fs::read(dir.join(f)).ok())
+        {
+            Some(bytes) => {
+                let end = bytes.len().saturating_sub(1);
+                let headers = vec![
+                    (
+                        "Content-Range".to_string(),
+                        format!("bytes {range_start}-{end}/{}", bytes.len()),
+                    ),
+                    ("ETag".to_string(), format!("\"{:016x}\"", fnv(&bytes))),
+                    (
+                        "X-Repo-Commit".to_string(),
+                        "5eed000000000000000000000000000000000000".to_string(),
+                    ),
+                ];
+                (206, headers, bytes[range_start.min(bytes.len())..].to_vec())
             }
-            let mut range_start = 0usize;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(r) = lower.strip_prefix("range: bytes=") {
-                    range_start = r.split('-').next().unwrap().trim().parse().unwrap_or(0);
-                }
-            }
-            hits.fetch_add(1, Ordering::Relaxed);
-            let path = request.split_whitespace().nth(1).unwrap_or("").to_owned();
-            let prefix = format!("/{id}/resolve/main/");
-            let body = path
-                .strip_prefix(&prefix)
-                .and_then(|f| std::fs::read(dir.join(f)).ok());
-            let mut stream = stream;
-            match body {
-                Some(bytes) => {
-                    let end = bytes.len().saturating_sub(1);
-                    let slice = &bytes[range_start.min(bytes.len())..];
-                    let etag = format!("{:016x}", fnv(&bytes));
-                    let head = format!(
-                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {range_start}-{end}/{}\r\nETag: \"{etag}\"\r\nX-Repo-Commit: 5eed000000000000000000000000000000000000\r\nConnection: close\r\n\r\n",
-                        slice.len(),
-                        bytes.len()
-                    );
-                    let _ = stream.write_all(head.as_bytes());
-                    let _ = stream.write_all(slice);
-                }
-                None => {
-                    let _ = stream.write_all(
-                        b"HTTP/1.1 404 Not Found\r\nX-Error-Code: EntryNotFound\r\nContent-Length: 15\r\nConnection: close\r\n\r\nEntry not found",
-                    );
-                }
-            }
+            None => (
+                404,
+                vec![("X-Error-Code".to_string(), "EntryNotFound".to_string())],
+                b"Entry not found".to_vec(),
+            ),
         }
-    });
-    port
+    })
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
@@ -247,9 +218,8 @@ fn hub_ids_download_into_the_cache_then_work_offline() {
     let home = tempfile::tempdir().unwrap();
     let model = home.path().join("m");
     init_tiny(home.path(), &model);
-    let stop = Arc::new(AtomicBool::new(false));
     let hits = Arc::new(AtomicUsize::new(0));
-    let port = serve_hub("acme/Tiny-1M", model.clone(), stop.clone(), hits.clone());
+    let (port, stop) = serve_hub("acme/Tiny-1M", model.clone(), hits.clone());
     let hf_home = home.path().join("hf");
 
     let out = run(host(home.path())
@@ -286,8 +256,7 @@ fn hub_ids_download_into_the_cache_then_work_offline() {
     assert!(out.status.success(), "{}", texts(&out).1);
 
     // A repository the hub does not have: the error says what failed, where.
-    let stop = Arc::new(AtomicBool::new(false));
-    let port = serve_hub("acme/Other", model.clone(), stop.clone(), hits.clone());
+    let (port, stop) = serve_hub("acme/Other", model.clone(), hits.clone());
     let out = run(host(home.path())
         .env("HF_HOME", &hf_home)
         .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))

@@ -95,14 +95,24 @@ pub struct EvalArgs {
 }
 
 pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
-    let names: Vec<&str> = a.plugins.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let names: Vec<&str> = a
+        .plugins
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     anyhow::ensure!(!names.is_empty(), "name at least one environment plugin");
     let rollouts: Vec<usize> = a
         .rollouts_per_example
         .split(',')
         .map(|r| r.trim().parse::<usize>().ok().filter(|&r| r > 0))
         .collect::<Option<_>>()
-        .ok_or_else(|| anyhow::anyhow!("--rollouts-per-example: positive integers, got {:?}", a.rollouts_per_example))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--rollouts-per-example: positive integers, got {:?}",
+                a.rollouts_per_example
+            )
+        })?;
     anyhow::ensure!(
         rollouts.len() == 1 || rollouts.len() == names.len(),
         "--rollouts-per-example has {} values for {} plugins",
@@ -136,7 +146,9 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 SandboxPolicy::default(),
             )?) as Arc<dyn crate::sandbox::Sandbox>),
             Err(e) => {
-                tracing::warn!("no Python sandbox ({e}); environments with a python tool will fail their tool calls");
+                tracing::warn!(
+                    "no Python sandbox ({e}); environments with a python tool will fail their tool calls"
+                );
                 None
             }
         }
@@ -154,7 +166,9 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             let device = a.device.resolve(CudaStatus::probe())?;
             let precision = match a.dtype.as_str() {
                 "auto" => Precision::default_for(device),
-                other => other.parse::<Precision>().map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
+                other => other
+                    .parse::<Precision>()
+                    .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
             };
             let cfg = crate::model::Qwen3Config::load(&dir)?;
             let engine = crate::engine::Engine::load(
@@ -164,7 +178,9 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 precision.kind(),
                 crate::engine::EngineConfig {
                     max_batch_size: a.max_batch_size,
-                    max_model_len: a.max_model_len.unwrap_or(cfg.max_position_embeddings as usize),
+                    max_model_len: a
+                        .max_model_len
+                        .unwrap_or(cfg.max_position_embeddings as usize),
                     max_queue: usize::MAX,
                 },
             )?;
@@ -215,9 +231,13 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("loading {name} from {}", dir.display()))?;
         let mut rewards = Vec::new();
         for dep in &env.info().rewards {
-            let rdir = crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
-                format!("{name} needs the reward plugin {}: host env install {}", dep.plugin, dep.plugin)
-            })?;
+            let rdir =
+                crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
+                    format!(
+                        "{name} needs the reward plugin {}: host env install {}",
+                        dep.plugin, dep.plugin
+                    )
+                })?;
             rewards.push(rt.block_on(loader.load_reward(&rdir))?);
         }
         let splits = &env.info().splits;
@@ -231,7 +251,10 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 s.clone()
             }
             None if splits.iter().any(|s| s == "test") => "test".into(),
-            None => splits.first().cloned().ok_or_else(|| anyhow::anyhow!("{name} has no dataset"))?,
+            None => splits
+                .first()
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("{name} has no dataset"))?,
         };
         let plan = EvalPlan {
             env: env.clone(),
@@ -275,7 +298,15 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 }
                 std::future::pending::<()>().await
             };
-            let out = crate::eval::run(&plan, &examples, generator.as_ref(), &options, &on_done, stop).await;
+            let out = crate::eval::run(
+                &plan,
+                &examples,
+                generator.as_ref(),
+                &options,
+                &on_done,
+                stop,
+            )
+            .await;
             ctrl_c.abort();
             out
         });

@@ -49,7 +49,7 @@ pub enum Command {
     #[command(args_override_self = true)]
     Inference(inference::InferenceArgs),
     /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
-    Eval(eval::EvalArgs),
+    Eval(Box<eval::EvalArgs>),
     /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
     Rl(Pending),
     /// Supervised fine-tuning on environment datasets (warm-up before RL).
@@ -97,7 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Registry(args) => registry::run(args),
         Command::Model(args) => model::run(args),
         Command::Inference(args) => inference::run(args),
-        Command::Eval(args) => eval::run(args),
+        Command::Eval(args) => eval::run(*args),
         other => Err(not_implemented(other.name())),
     }
 }
@@ -157,6 +157,7 @@ mod tests {
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "trust"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "info", "dir"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "-m", "dir"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "env", "-m", "dir"]))
                 .expect("parses");
             assert_eq!(parsed.command.name(), sub.get_name());
         }
@@ -164,12 +165,11 @@ mod tests {
 
     #[test]
     fn pending_groups_refuse_to_run() {
-        let cli = Cli::try_parse_from(["host", "eval", "math-python", "-n", "5"])
+        let cli = Cli::try_parse_from(["host", "rl", "--plugin", "math-python"])
             .expect("pending groups accept any arguments");
         let err = run(cli).expect_err("must not pretend to work");
         assert!(
-            err.to_string()
-                .contains("`host eval` is not implemented yet"),
+            err.to_string().contains("`host rl` is not implemented yet"),
             "{err}"
         );
         let cli = Cli::try_parse_from(["host", "bench", "inference", "--model", "x"])

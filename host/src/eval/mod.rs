@@ -34,12 +34,17 @@ pub enum PassKMode {
 /// `1 - C(n-c, k) / C(n, k)`: the chance that k of n samples, c of them correct, include a
 /// correct one. Computed as a product to stay exact for large n.
 pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
-    assert!(k >= 1 && k <= n && c <= n, "pass@k needs 1 <= k <= n and c <= n");
+    assert!(
+        k >= 1 && k <= n && c <= n,
+        "pass@k needs 1 <= k <= n and c <= n"
+    );
     if n - c < k {
         return 1.0;
     }
     // C(n-c,k)/C(n,k) = prod_{i=n-c+1}^{n} (1 - k/i)
-    1.0 - ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product::<f64>()
+    1.0 - ((n - c + 1)..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
 }
 
 /// What one environment's evaluation needs.
@@ -296,8 +301,9 @@ pub fn summarize(
                     let mut idx: Vec<usize> = (0..outcomes.len()).collect();
                     let mut any = false;
                     for j in 0..k.min(idx.len()) {
-                        let pick = j + ((rng.uniform() * (idx.len() - j) as f64) as usize)
-                            .min(idx.len() - j - 1);
+                        let pick = j
+                            + ((rng.uniform() * (idx.len() - j) as f64) as usize)
+                                .min(idx.len() - j - 1);
                         idx.swap(j, pick);
                         any |= outcomes[idx[j]];
                     }
@@ -335,7 +341,10 @@ pub fn summarize(
         pass_k_mode: mode,
         completion_tokens: Stats::of(&lengths),
         truncated: records.iter().filter(|r| r.truncated).count() as f64 / n,
-        tool_parse_failures: records.iter().map(|r| u64::from(r.tool_parse_failures)).sum(),
+        tool_parse_failures: records
+            .iter()
+            .map(|r| u64::from(r.tool_parse_failures))
+            .sum(),
         reward_errors: records.iter().map(|r| u64::from(r.reward_errors)).sum(),
         failed_rollouts: records.iter().filter(|r| r.error.is_some()).count() as u64,
         failures: records
@@ -381,7 +390,11 @@ impl Summary {
         for (name, v) in &self.metrics {
             s.push_str(&format!("  {:<28} {v:>9.3}\n", display(name)));
         }
-        s.push_str(&format!("  {:<28} {:>9.3}\n", format!("Avg@{k}"), self.avg_at_k));
+        s.push_str(&format!(
+            "  {:<28} {:>9.3}\n",
+            format!("Avg@{k}"),
+            self.avg_at_k
+        ));
         for (kk, v) in &self.pass_at_k {
             let label = match self.pass_k_mode {
                 PassKMode::Unbiased => format!("Pass@{kk}"),
@@ -395,7 +408,11 @@ impl Summary {
             "  {:<28} mean {:.1}, std {:.1}, min {:.0}, max {:.0}\n",
             "completion tokens", c.mean, c.std, c.min, c.max
         ));
-        s.push_str(&format!("  {:<28} {:>8.1}%\n", "truncated", 100.0 * self.truncated));
+        s.push_str(&format!(
+            "  {:<28} {:>8.1}%\n",
+            "truncated",
+            100.0 * self.truncated
+        ));
         s.push_str(&format!(
             "  {:<28} {:>9}\n  {:<28} {:>9}\n  {:<28} {:>9}\n",
             "tool-call parse failures",

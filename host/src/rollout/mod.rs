@@ -85,7 +85,13 @@ pub trait Generator: Send + Sync {
 }
 
 /// The chat-completions request for a turn.
-pub fn request(model: &str, messages: &[Message], tools: &[Tool], s: &Sampling, seed: Option<u64>) -> Value {
+pub fn request(
+    model: &str,
+    messages: &[Message],
+    tools: &[Tool],
+    s: &Sampling,
+    seed: Option<u64>,
+) -> Value {
     let mut body = json!({
         "model": model,
         "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
@@ -161,7 +167,10 @@ pub fn parse_turn(v: &Value) -> Result<Turn, GenError> {
                 .iter()
                 .map(|c| ToolCall {
                     id: c["id"].as_str().unwrap_or_default().to_string(),
-                    name: c["function"]["name"].as_str().unwrap_or_default().to_string(),
+                    name: c["function"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
                     arguments: match &c["function"]["arguments"] {
                         Value::String(s) => s.clone(),
                         other => other.to_string(),
@@ -172,18 +181,31 @@ pub fn parse_turn(v: &Value) -> Result<Turn, GenError> {
         .unwrap_or_default();
     let ids = |x: &Value| -> Vec<u32> {
         x.as_array()
-            .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_u64())
+                    .map(|t| t as u32)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     Ok(Turn {
         content: msg["content"].as_str().unwrap_or_default().to_string(),
         tool_calls,
-        finish_reason: choice["finish_reason"].as_str().unwrap_or("stop").to_string(),
+        finish_reason: choice["finish_reason"]
+            .as_str()
+            .unwrap_or("stop")
+            .to_string(),
         prompt_ids: ids(&v["prompt_token_ids"]),
         completion_ids: ids(&choice["token_ids"]),
         logprobs: choice["logprobs"]["content"]
             .as_array()
-            .map(|a| a.iter().filter_map(|t| t["logprob"].as_f64()).map(|x| x as f32).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t["logprob"].as_f64())
+                    .map(|x| x as f32)
+                    .collect()
+            })
             .unwrap_or_default(),
         prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
         completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
@@ -242,12 +264,21 @@ impl OpenAiClient {
 
     /// The first model the server lists (`GET /models`).
     pub async fn first_model(&self) -> Result<String, GenError> {
-        let mut req = self.http.get(format!("{}/models", self.base_url)).timeout(self.timeout);
+        let mut req = self
+            .http
+            .get(format!("{}/models", self.base_url))
+            .timeout(self.timeout);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
-        let r = req.send().await.map_err(|e| GenError::Transient(e.to_string()))?;
-        let text = r.text().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let r = req
+            .send()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let text = r
+            .text()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| GenError::Fatal(format!("GET /models: {e}: {text}")))?;
         v["data"][0]["id"]
@@ -273,21 +304,32 @@ impl Generator for OpenAiClient {
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
-        let r = req.send().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let r = req
+            .send()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
         let status = r.status().as_u16();
-        let text = r.text().await.map_err(|e| GenError::Transient(e.to_string()))?;
+        let text = r
+            .text()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
         if status == 429 || status >= 500 {
             return Err(GenError::Transient(format!("HTTP {status}: {text}")));
         }
         if status != 200 {
             return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
         }
-        serde_json::from_str(&text).map_err(|e| GenError::Fatal(format!("unreadable response: {e}")))
+        serde_json::from_str(&text)
+            .map_err(|e| GenError::Fatal(format!("unreadable response: {e}")))
     }
 }
 
 /// Calls `g`, retrying transient failures with exponential backoff (0.5 s, 1 s, 2 s, …).
-pub async fn complete_with_retries(g: &dyn Generator, body: &Value, retries: u32) -> Result<Value, GenError> {
+pub async fn complete_with_retries(
+    g: &dyn Generator,
+    body: &Value,
+    retries: u32,
+) -> Result<Value, GenError> {
     let mut attempt = 0;
     loop {
         match g.complete(body).await {
@@ -507,7 +549,12 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
         .unwrap_or_default();
     for r in spec.rewards {
         match r
-            .score(&final_text, &spec.example.answer, &spec.example.info, spec.seed)
+            .score(
+                &final_text,
+                &spec.example.answer,
+                &spec.example.info,
+                spec.seed,
+            )
             .await
         {
             Ok(ms) => {

@@ -520,7 +520,6 @@ fn logprob_items(st: &AppState, c: &Completion, as_ids: bool) -> Vec<Value> {
 
 type Chunks = tmpsc::Receiver<String>;
 
-
 fn sse(rx: Chunks) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|s| {

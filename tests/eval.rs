@@ -1,0 +1,284 @@
+//! End-to-end: `host eval` as a user runs it. A scripted OpenAI server (a real HTTP server on
+//! loopback replaying fixed turns, tool calls included) proves the metric arithmetic of
+//! will/math-python exactly, with the real plugin and the real Python sandbox running the tool
+//! calls; flaky server errors are retried; a missing plugin prints the install command; and
+//! `host inference` + `host eval -b` agree with `host eval -m` (in-process) under greedy decoding.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+/// The first `n` MATH train rows: (problem, answer), the order math-python serves them in.
+fn math_rows(n: usize) -> Vec<(String, String)> {
+    let data = std::env::var_os("RLHOST_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| common::repo_root().join("../shared/data"));
+    std::fs::read_to_string(data.join("math/train.jsonl"))
+        .unwrap()
+        .lines()
+        .take(n)
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["problem"].as_str().unwrap().to_string(),
+                v["answer"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn call(id: &str, code: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": "python", "arguments": json!({"code": code}).to_string()}})
+}
+
+fn completion(content: Option<String>, calls: Vec<Value>) -> Value {
+    let finish = if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    json!({
+        "id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": finish,
+                     "message": {"role": "assistant", "content": content, "tool_calls": calls}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    })
+}
+
+/// Turn `turn` of the scripted conversation for example `i` (answer `answer`).
+fn scripted(i: usize, turn: usize, answer: &str) -> Value {
+    let boxed = |a: &str| {
+        Some(format!(
+            "<think>\nchecked\n</think>\nThe answer is $\\boxed{{{a}}}$."
+        ))
+    };
+    match (i, turn) {
+        // A tool call, then the right answer.
+        (0, 0) => completion(None, vec![call("c0", "print(6 * 7)")]),
+        (0, _) => completion(boxed(answer), vec![]),
+        // A wrong answer at once.
+        (1, _) => completion(boxed("123456789"), vec![]),
+        // A tool call that raises, then the right answer.
+        (2, 0) => completion(Some("Let me compute.".into()), vec![call("c2", "1/0")]),
+        (2, _) => completion(boxed(answer), vec![]),
+        // Two tool calls in one turn, then the right answer.
+        (3, 0) => completion(None, vec![call("c3a", "print(1)"), call("c3b", "print(2)")]),
+        (_, _) => completion(boxed(answer), vec![]),
+    }
+}
+
+#[test]
+fn scripted_conversations_give_the_exact_math_python_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["math-python"]);
+    let rows = math_rows(4);
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let (port, stop) = common::serve_http(120, move |req| {
+        if req.path.ends_with("/models") {
+            return (
+                200,
+                vec![],
+                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
+            );
+        }
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        // Every fifth request fails once with a 503: the client must retry.
+        if n % 5 == 4 {
+            return (503, vec![], br#"{"error":{"message":"busy"}}"#.to_vec());
+        }
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let msgs = body["messages"].as_array().unwrap();
+        let user = msgs.iter().find(|m| m["role"] == "user").unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let turn = msgs.iter().filter(|m| m["role"] == "assistant").count();
+        let i = rows
+            .iter()
+            .position(|(p, _)| user.contains(p.as_str()))
+            .expect("a known question");
+        assert_eq!(
+            body["tools"][0]["function"]["name"], "python",
+            "the tool is offered"
+        );
+        (
+            200,
+            vec![],
+            scripted(i, turn, &rows[i].1).to_string().into_bytes(),
+        )
+    });
+    let save = tmp.path().join("results");
+    let out = common::run(
+        common::host(&home)
+            .args([
+                "eval",
+                "math-python",
+                "-n",
+                "4",
+                "-r",
+                "2",
+                "-c",
+                "3",
+                "--split",
+                "train",
+            ])
+            .args(["-b", &format!("http://127.0.0.1:{port}/v1"), "-s"])
+            .arg(&save),
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // Per example: correct, turns, tool calls, errors → reward = correct - 0.1 errors.
+    //   0: 1, 2, 1, 0 → 1.0    1: 0, 1, 0, 0 → 0.0    2: 1, 2, 1, 1 → 0.9    3: 1, 2, 2, 0 → 1.0
+    assert!(
+        stdout.contains(
+            "Reward: 0.725, Correct: 0.750, #Turns: 1.750, #Tool calls: 1.000, Errors: 0.250"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Pass@1                           0.750"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Pass@2                           0.750"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("failed rollouts                      0"),
+        "{stdout}"
+    );
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(save.join("math-python/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["rollouts"], 8);
+    assert!((summary["reward"].as_f64().unwrap() - 0.725).abs() < 1e-9);
+    let lines: Vec<Value> = std::fs::read_to_string(save.join("math-python/results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 8);
+    // Example 2's tool result is the sandbox's real traceback.
+    let ex2 = lines.iter().find(|l| l["example_index"] == 2).unwrap();
+    let tool = ex2["completion"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap();
+    assert!(
+        tool["content"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError"),
+        "{tool}"
+    );
+    assert!((ex2["reward"].as_f64().unwrap() - 0.9).abs() < 1e-9);
+    assert!(requests.load(Ordering::SeqCst) >= 14, "retries happened");
+}
+
+#[test]
+fn a_missing_plugin_names_the_install_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::run(common::host(tmp.path()).args([
+        "eval",
+        "aime2024",
+        "-b",
+        "http://127.0.0.1:9/v1",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = common::texts(&out).1;
+    assert!(stderr.contains("host env install aime2024"), "{stderr}");
+}
+
+fn tiny(dir: &Path) {
+    let out = common::run(
+        Command::new(common::host_bin())
+            .args(["model", "init", "--preset", "tiny", "--seed", "9", "--out"])
+            .arg(dir),
+    );
+    assert!(out.status.success(), "{}", common::texts(&out).1);
+}
+
+#[test]
+fn served_and_in_process_evals_agree_under_greedy_decoding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["math500"]);
+    let model = tmp.path().join("tiny");
+    tiny(&model);
+    let args = [
+        "eval",
+        "math500",
+        "-n",
+        "3",
+        "-r",
+        "2",
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0",
+        "--json",
+    ];
+    let local = common::run(
+        common::host(&home)
+            .args(args)
+            .args(["--threads", "1", "-m"])
+            .arg(&model),
+    );
+    let (stdout, stderr) = common::texts(&local);
+    assert!(local.status.success(), "{stderr}");
+    let local: Value = serde_json::from_str(&stdout).unwrap();
+
+    let mut server = Command::new(common::host_bin())
+        .args([
+            "inference",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--enable-auto-tool-choice",
+            "-m",
+        ])
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let served = common::run(common::host(&home).args(args).args(["-b", &url]));
+    let _ = server.kill();
+    let _ = server.wait();
+    let (stdout, stderr) = common::texts(&served);
+    assert!(served.status.success(), "{stderr}");
+    let served: Value = serde_json::from_str(&stdout).unwrap();
+    for key in [
+        "reward",
+        "metrics",
+        "avg_at_k",
+        "pass_at_k",
+        "completion_tokens",
+        "truncated",
+        "rollouts",
+    ] {
+        assert_eq!(local[0][key], served[0][key], "{key}");
+    }
+    assert_eq!(local[0]["rollouts"], 6);
+    assert_eq!(local[0]["completion_tokens"]["max"], 24.0);
+}
