@@ -47,6 +47,49 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
         .product::<f64>()
 }
 
+/// Pass@k over examples, each given by the outcomes of its rollouts (see [`PassKMode`]).
+/// Examples with fewer rollouts than others (an interrupted run) bound k.
+pub fn pass_rates(outcomes: &[Vec<bool>], mode: PassKMode) -> Vec<(usize, f64)> {
+    let k_max = outcomes.iter().map(Vec::len).min().unwrap_or(0);
+    if k_max == 0 {
+        return Vec::new();
+    }
+    let mean = |f: &dyn Fn(&[bool]) -> f64| {
+        outcomes.iter().map(|o| f(o)).sum::<f64>() / outcomes.len() as f64
+    };
+    let count = |o: &[bool]| o.iter().filter(|&&c| c).count();
+    match mode {
+        PassKMode::Unbiased => std::iter::successors(Some(1usize), |k| Some(k * 2))
+            .take_while(|&k| k <= k_max)
+            .map(|k| (k, mean(&|o| pass_at_k(o.len(), count(o), k))))
+            .collect(),
+        PassKMode::Prime => {
+            let k = (k_max / 2).max(1);
+            let mut rng = crate::engine::Rng::new(0x5eed);
+            let trials = 2000;
+            let mut rates = Vec::with_capacity(outcomes.len());
+            for o in outcomes {
+                let mut hits = 0;
+                let mut idx: Vec<usize> = (0..o.len()).collect();
+                for _ in 0..trials {
+                    // A random k-subset (partial Fisher-Yates).
+                    let mut any = false;
+                    for j in 0..k {
+                        let left = idx.len() - j;
+                        let pick = j + ((rng.uniform() * left as f64) as usize).min(left - 1);
+                        idx.swap(j, pick);
+                        any |= o[idx[j]];
+                    }
+                    hits += usize::from(any);
+                }
+                rates.push(hits as f64 / trials as f64);
+            }
+            vec![(k, rates.iter().sum::<f64>() / rates.len() as f64)]
+        }
+        PassKMode::Rllm => vec![(k_max, mean(&|o| f64::from(u8::from(count(o) > 0))))],
+    }
+}
+
 /// What one environment's evaluation needs.
 pub struct EvalPlan {
     /// The environment.
@@ -261,77 +304,19 @@ pub fn summarize(
             (name, sum / n)
         })
         .collect();
-    // Per example: (rollouts, correct ones).
-    let mut per: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    // Per example, the outcomes of its rollouts.
+    let mut per: BTreeMap<usize, Vec<bool>> = BTreeMap::new();
     for r in records {
-        let e = per.entry(r.example_index).or_default();
-        e.0 += 1;
-        e.1 += usize::from(correct(r));
+        per.entry(r.example_index).or_default().push(correct(r));
     }
-    let k_max = per.values().map(|p| p.0).min().unwrap_or(0);
-    let pass_at_k = match mode {
-        PassKMode::Unbiased => {
-            let mut ks = Vec::new();
-            let mut k = 1;
-            while k <= k_max {
-                ks.push(k);
-                k *= 2;
-            }
-            ks.into_iter()
-                .map(|k| {
-                    let s: f64 = per.values().map(|&(n, c)| pass_at_k(n, c, k)).sum();
-                    (k, s / per.len().max(1) as f64)
-                })
-                .collect()
-        }
-        PassKMode::Prime => {
-            let k = (k_max / 2).max(1);
-            let mut rng = crate::engine::Rng::new(0x5eed);
-            let trials = 1000;
-            let mut total = 0.0;
-            for r_ex in per.keys() {
-                let outcomes: Vec<bool> = records
-                    .iter()
-                    .filter(|r| r.example_index == *r_ex)
-                    .map(correct)
-                    .collect();
-                let mut hits = 0;
-                for _ in 0..trials {
-                    // A random k-subset (partial Fisher-Yates).
-                    let mut idx: Vec<usize> = (0..outcomes.len()).collect();
-                    let mut any = false;
-                    for j in 0..k.min(idx.len()) {
-                        let pick = j
-                            + ((rng.uniform() * (idx.len() - j) as f64) as usize)
-                                .min(idx.len() - j - 1);
-                        idx.swap(j, pick);
-                        any |= outcomes[idx[j]];
-                    }
-                    hits += usize::from(any);
-                }
-                total += hits as f64 / trials as f64;
-            }
-            if k_max == 0 {
-                Vec::new()
-            } else {
-                vec![(k, total / per.len().max(1) as f64)]
-            }
-        }
-        PassKMode::Rllm => {
-            let s = per.values().filter(|&&(_, c)| c > 0).count() as f64;
-            if k_max == 0 {
-                Vec::new()
-            } else {
-                vec![(k_max, s / per.len().max(1) as f64)]
-            }
-        }
-    };
+    let outcomes: Vec<Vec<bool>> = per.into_values().collect();
+    let pass_at_k = pass_rates(&outcomes, mode);
     let lengths: Vec<f64> = records.iter().map(|r| r.completion_tokens as f64).collect();
     Summary {
         env: env.id().to_string(),
         model: model.to_string(),
         split: split.to_string(),
-        examples: per.len(),
+        examples: outcomes.len(),
         rollouts_per_example,
         rollouts: records.len(),
         reward: records.iter().map(|r| r.reward).sum::<f64>() / n,
@@ -446,7 +431,33 @@ pub async fn evaluate(
 
 #[cfg(test)]
 mod tests {
-    use super::pass_at_k;
+    use super::{PassKMode, pass_at_k, pass_rates};
+
+    #[test]
+    fn pass_rates_per_mode() {
+        let (t, f) = (true, false);
+        let outcomes = vec![vec![t, f, f, f], vec![f, f, f, f], vec![t, t, f, f]];
+        // Unbiased: example pass@k averaged: k=1: (1/4 + 0 + 2/4) / 3; k=2: (1/2 + 0 + 5/6) / 3;
+        // k=4: (1 + 0 + 1) / 3.
+        let u = pass_rates(&outcomes, PassKMode::Unbiased);
+        let want = [
+            (1, 0.75 / 3.0),
+            (2, (0.5 + 5.0 / 6.0) / 3.0),
+            (4, 2.0 / 3.0),
+        ];
+        assert_eq!(u.len(), 3);
+        for ((k, v), (wk, wv)) in u.iter().zip(want) {
+            assert_eq!(*k, wk);
+            assert!((v - wv).abs() < 1e-12, "pass@{k}: {v} vs {wv}");
+        }
+        // rLLM: any correct of n.
+        assert_eq!(pass_rates(&outcomes, PassKMode::Rllm), vec![(4, 2.0 / 3.0)]);
+        // prime-rl: Monte-Carlo pass@2, close to the exact value.
+        let p = pass_rates(&outcomes, PassKMode::Prime);
+        assert_eq!(p[0].0, 2);
+        assert!((p[0].1 - want[1].1).abs() < 0.03, "{p:?}");
+        assert!(pass_rates(&[], PassKMode::Unbiased).is_empty());
+    }
 
     #[test]
     fn pass_at_k_matches_hand_computed_values() {
