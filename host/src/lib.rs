@@ -15,6 +15,7 @@
 //! - [`engine`]: batched generation (continuous batching, KV slots, sampling, weight updates).
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
+//! - [`rl`]: GRPO training: losses and advantages.
 //! - [`rollout`]: the rollout loop shared by eval and RL, and the model behind it (`Generator`).
 //! - [`sandbox`]: the Python tool sandbox.
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine (`host inference`).
@@ -31,6 +32,7 @@ pub mod eval;
 pub mod home;
 pub mod model;
 pub mod plugin;
+pub mod rl;
 pub mod rollout;
 pub mod sandbox;
 pub mod server;
