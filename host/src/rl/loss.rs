@@ -109,16 +109,16 @@ pub fn policy_loss(
             (-unclipped.minimum(&clipped_r), clipped)
         }
     };
-    let mut per_token = per_token;
     let mut kl_mean = 0.0;
-    if let Some(r) = ref_logprobs
-        && cfg.kl_coef != 0.0
-    {
-        let d = r - logprobs;
-        let kl = d.exp() - &d - 1.0;
-        kl_mean = masked_mean(&kl.detach(), &mask);
-        per_token = per_token + kl * cfg.kl_coef;
-    }
+    let per_token = match ref_logprobs {
+        Some(r) if cfg.kl_coef != 0.0 => {
+            let d = r - logprobs;
+            let kl = d.exp() - &d - 1.0;
+            kl_mean = masked_mean(&kl.detach(), &mask);
+            per_token + kl * cfg.kl_coef
+        }
+        _ => per_token,
+    };
     let loss = match cfg.norm_type {
         NormType::Token => {
             (&per_token * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)
