@@ -1,4 +1,5 @@
-//! GRPO training (`host rl`): losses and group advantages today; the orchestrator, trainer,
-//! weight sync and checkpoints build on them.
+//! GRPO training (`host rl`): losses and group advantages, and the trainer's optimiser step;
+//! the orchestrator, weight sync and checkpoints build on them.
 
 pub mod loss;
+pub mod trainer;
