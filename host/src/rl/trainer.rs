@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use tch::nn::OptimizerConfig;
 use tch::{Kind, Tensor};
 
 use super::loss::{LossConfig, LossStats, NormType, policy_loss};
@@ -128,11 +127,76 @@ pub struct StepStats {
     pub skipped: bool,
 }
 
+/// AdamW (decoupled weight decay, bias-corrected moments, as `torch.optim.AdamW`), with its
+/// state in plain tensors so checkpoints can hold it.
+struct AdamW {
+    /// Parameters by HF name, and their first and second moments.
+    params: Vec<(String, Tensor, Tensor, Tensor)>,
+    steps: i64,
+}
+
+impl AdamW {
+    fn new(model: &Qwen3) -> Self {
+        let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = vars
+            .into_iter()
+            .map(|(n, p)| {
+                let m = p.zeros_like().set_requires_grad(false);
+                let v = p.zeros_like().set_requires_grad(false);
+                (n, p, m, v)
+            })
+            .collect();
+        Self { params, steps: 0 }
+    }
+
+    fn zero_grad(&mut self) {
+        for (_, p, _, _) in &mut self.params {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    fn grads(&self) -> impl Iterator<Item = Tensor> + '_ {
+        self.params
+            .iter()
+            .map(|(_, p, _, _)| p.grad())
+            .filter(Tensor::defined)
+    }
+
+    fn step(&mut self, lr: f64, cfg: &OptimConfig, grad_scale: f64) {
+        self.steps += 1;
+        let [b1, b2] = cfg.betas;
+        let (c1, c2) = (
+            1.0 - b1.powi(self.steps as i32),
+            1.0 - b2.powi(self.steps as i32),
+        );
+        tch::no_grad(|| {
+            for (_, p, m, v) in &mut self.params {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let g = g * grad_scale;
+                let _ = p.f_mul_scalar_(1.0 - lr * cfg.weight_decay);
+                let _ = m.f_mul_scalar_(b1);
+                let _ = m.f_add_(&(&g * (1.0 - b1)));
+                let _ = v.f_mul_scalar_(b2);
+                let _ = v.f_add_(&(&g * &g * (1.0 - b2)));
+                let denom = (&*v / c2).sqrt() + 1e-8;
+                let _ = p.f_sub_(&((&*m / c1) / denom * lr));
+            }
+        });
+    }
+}
+
 /// The trainer: a policy, its optimiser and schedule.
 pub struct Trainer {
     /// The policy being trained (f32 master weights).
     pub model: Qwen3,
-    opt: tch::nn::Optimizer,
+    opt: AdamW,
     optim: OptimConfig,
     loss: LossConfig,
     /// Sampling temperature the log-probs are taken at.
@@ -156,14 +220,7 @@ impl Trainer {
         micro_batch_tokens: usize,
         total_steps: usize,
     ) -> Result<Self, TrainError> {
-        let opt = tch::nn::AdamW {
-            beta1: optim.betas[0],
-            beta2: optim.betas[1],
-            wd: optim.weight_decay,
-            eps: 1e-8,
-            amsgrad: false,
-        }
-        .build(&model.vs, optim.lr)?;
+        let opt = AdamW::new(&model);
         Ok(Self {
             model,
             opt,
@@ -186,6 +243,70 @@ impl Trainer {
             .into_iter()
             .map(|(k, v)| (k, v.detach()))
             .collect()
+    }
+
+    /// Saves the trainer's state into `dir`: the policy as a Hugging Face folder (loadable by
+    /// the engine and transformers), the optimiser moments (`optimizer.safetensors`) and the
+    /// step counters (`trainer_state.json`). Each file is written atomically.
+    pub fn save(&self, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
+        self.model.save(dir)?;
+        let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        for (name, _, m, v) in &self.opt.params {
+            tensors.push((format!("{name}.exp_avg"), m.shallow_clone()));
+            tensors.push((format!("{name}.exp_avg_sq"), v.shallow_clone()));
+        }
+        crate::model::safetensors::write(
+            &dir.join("optimizer.safetensors"),
+            &tensors,
+            Some(Kind::Float),
+        )?;
+        let state = serde_json::json!({"step": self.step, "adam_steps": self.opt.steps,
+                                       "bad_in_a_row": self.bad_in_a_row});
+        let path = dir.join("trainer_state.json");
+        rlhost_registry::fs::write_atomically(&path, state.to_string().as_bytes()).map_err(|e| {
+            crate::model::ModelError::Io {
+                path,
+                message: e.to_string(),
+            }
+        })
+    }
+
+    /// Restores what [`Trainer::save`] wrote (weights, moments, counters).
+    pub fn restore(&mut self, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
+        let malformed = |message: String| crate::model::ModelError::Malformed {
+            path: dir.to_owned(),
+            message,
+        };
+        self.model.update_from_dir(dir)?;
+        let mut moments: BTreeMap<String, Tensor> =
+            crate::model::safetensors::read(&dir.join("optimizer.safetensors"))?
+                .into_iter()
+                .collect();
+        tch::no_grad(|| -> Result<(), crate::model::ModelError> {
+            for (name, _, m, v) in &mut self.opt.params {
+                for (suffix, dst) in [("exp_avg", m), ("exp_avg_sq", v)] {
+                    let key = format!("{name}.{suffix}");
+                    let src = moments
+                        .remove(&key)
+                        .ok_or_else(|| malformed(format!("optimizer state lacks {key}")))?;
+                    if src.size() != dst.size() {
+                        return Err(malformed(format!("{key} has shape {:?}", src.size())));
+                    }
+                    dst.copy_(&src);
+                }
+            }
+            Ok(())
+        })?;
+        let text = std::fs::read_to_string(dir.join("trainer_state.json"))
+            .map_err(|e| malformed(format!("trainer_state.json: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| malformed(format!("trainer_state.json: {e}")))?;
+        self.step = v["step"]
+            .as_u64()
+            .ok_or_else(|| malformed("no step".into()))? as usize;
+        self.opt.steps = v["adam_steps"].as_i64().unwrap_or(self.step as i64);
+        self.bad_in_a_row = v["bad_in_a_row"].as_u64().unwrap_or(0) as usize;
+        Ok(())
     }
 
     fn check(samples: &[Sample]) -> Result<(), TrainError> {
@@ -240,7 +361,6 @@ impl Trainer {
         Self::check(samples)?;
         let device = self.model.vs.device();
         let lr = self.optim.lr_at(self.step, self.total_steps);
-        self.opt.set_lr(lr);
         self.opt.zero_grad();
         let trained: usize = samples
             .iter()
@@ -313,21 +433,11 @@ impl Trainer {
             weighted.ratio_max = weighted.ratio_max.max(ls.ratio_max);
         }
         let grad_norm = tch::no_grad(|| {
-            let sq: f64 = self
-                .model
-                .vs
-                .trainable_variables()
-                .iter()
-                .map(|v| {
-                    let g = v.grad();
-                    if g.defined() {
-                        g.pow_tensor_scalar(2).sum(Kind::Float).double_value(&[])
-                    } else {
-                        0.0
-                    }
-                })
-                .sum();
-            sq.sqrt()
+            self.opt
+                .grads()
+                .map(|g| g.pow_tensor_scalar(2).sum(Kind::Float).double_value(&[]))
+                .sum::<f64>()
+                .sqrt()
         });
         stats.loss = loss_total;
         stats.grad_norm = grad_norm;
@@ -347,18 +457,12 @@ impl Trainer {
             return Ok(stats);
         }
         self.bad_in_a_row = 0;
-        if self.optim.max_norm > 0.0 && grad_norm > self.optim.max_norm {
-            let scale = self.optim.max_norm / (grad_norm + 1e-6);
-            tch::no_grad(|| {
-                for v in self.model.vs.trainable_variables() {
-                    let mut g = v.grad();
-                    if g.defined() {
-                        let _ = g.f_mul_(&Tensor::from(scale));
-                    }
-                }
-            });
-        }
-        self.opt.step();
+        let scale = if self.optim.max_norm > 0.0 && grad_norm > self.optim.max_norm {
+            self.optim.max_norm / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        self.opt.step(lr, &self.optim, scale);
         self.opt.zero_grad();
         self.step += 1;
         Ok(stats)
