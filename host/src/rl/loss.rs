@@ -41,7 +41,7 @@ pub enum NormType {
 
 /// Loss settings (the trainer config's `[loss]`).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct LossConfig {
     /// The surrogate.
     #[serde(rename = "type")]

@@ -1,5 +1,6 @@
 //! GRPO training (`host rl`): losses and group advantages, and the trainer's optimiser step;
 //! the orchestrator, weight sync and checkpoints build on them.
 
+pub mod config;
 pub mod loss;
 pub mod trainer;

@@ -29,7 +29,7 @@ pub enum Schedule {
 
 /// Optimiser settings (the trainer config's `[optim]`).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct OptimConfig {
     /// Peak learning rate.
     pub lr: f64,
