@@ -49,7 +49,6 @@ fn unbuilt_groups_fail_loudly_and_touch_nothing() {
     // Groups with some subcommands built refuse the ones that are not.
     let pending: Vec<(Vec<&str>, &str)> = vec![
         (vec!["bench", "inference", "--flag"], "host bench inference"),
-        (vec!["rl", "--plugin", "arith"], "host rl"),
         (vec!["sft", "x"], "host sft"),
     ];
     for (args, command) in pending {

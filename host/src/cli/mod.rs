@@ -12,6 +12,7 @@ mod eval;
 mod inference;
 mod model;
 mod registry;
+mod rl;
 mod sandbox;
 
 use std::process::ExitCode;
@@ -51,7 +52,7 @@ pub enum Command {
     /// Evaluate a model on environment plugins (Avg@k, Pass@k, vf-eval style metrics).
     Eval(Box<eval::EvalArgs>),
     /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
-    Rl(Pending),
+    Rl(rl::RlArgs),
     /// Supervised fine-tuning on environment datasets (warm-up before RL).
     Sft(Pending),
     /// Benchmarks that compare rlhost with a peer measured in the same run.
@@ -98,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Model(args) => model::run(args),
         Command::Inference(args) => inference::run(args),
         Command::Eval(args) => eval::run(*args),
+        Command::Rl(args) => rl::run(args),
         other => Err(not_implemented(other.name())),
     }
 }
@@ -165,11 +167,12 @@ mod tests {
 
     #[test]
     fn pending_groups_refuse_to_run() {
-        let cli = Cli::try_parse_from(["host", "rl", "--plugin", "math-python"])
+        let cli = Cli::try_parse_from(["host", "sft", "data.jsonl"])
             .expect("pending groups accept any arguments");
         let err = run(cli).expect_err("must not pretend to work");
         assert!(
-            err.to_string().contains("`host rl` is not implemented yet"),
+            err.to_string()
+                .contains("`host sft` is not implemented yet"),
             "{err}"
         );
         let cli = Cli::try_parse_from(["host", "bench", "inference", "--model", "x"])

@@ -77,6 +77,10 @@ pub fn expand(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>
             None => break,
         }
     }
+    // Commands that read their own config files (`host rl`) take `@` as it is.
+    if cmd.get_arguments().any(|a| a.is_trailing_var_arg_set()) {
+        return Ok(args);
+    }
     let longs: Vec<(String, bool)> = cmd
         .get_arguments()
         .filter_map(|a| {

@@ -3,4 +3,5 @@
 
 pub mod config;
 pub mod loss;
+pub mod run;
 pub mod trainer;

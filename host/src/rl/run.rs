@@ -1,0 +1,510 @@
+//! The RL loop behind `host rl`: an orchestrator produces batches of scored rollouts from the
+//! environment's train split through the shared rollout loop; the trainer takes a step on each;
+//! new weights go to the engine (colocated: in memory, no disk). With `async_level` ≥ 1 the
+//! orchestrator generates the next batches while the trainer trains (at most `async_level`
+//! batches ahead); every sample carries the policy version that produced it and the step line
+//! reports the lag. Checkpoints (trainer weights + optimiser + counters, orchestrator step) are
+//! written atomically every `ckpt.interval` steps; `--resume` continues from the newest.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use rlhost_sdk::types::Example;
+use serde::Serialize;
+
+use super::config::{RlConfig, RunOptions};
+use super::loss::advantages;
+use super::trainer::{Sample, Trainer};
+use crate::engine::{Engine, EngineConfig, WeightSource};
+use crate::plugin::Environment;
+use crate::rollout::{Generator, RolloutRecord, RolloutSpec, Sampling, run_rollout};
+
+/// One step's worth of training data.
+struct Batch {
+    step: usize,
+    records: Vec<RolloutRecord>,
+    samples: Vec<Sample>,
+    /// Groups kept after filtering.
+    groups: usize,
+    solve_all: usize,
+    solve_none: usize,
+    min_version: u64,
+    seconds: f64,
+}
+
+/// What one step reports (a line of `metrics.jsonl`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepLine {
+    /// Step (1-based).
+    pub step: usize,
+    /// Mean reward of the batch's rollouts.
+    pub reward: f64,
+    /// Mean of each metric.
+    pub metrics: BTreeMap<String, f64>,
+    /// Groups where every rollout succeeded / failed.
+    pub solve_all: usize,
+    /// See `solve_all`.
+    pub solve_none: usize,
+    /// Samples trained on.
+    pub samples: usize,
+    /// Mean sample length in tokens.
+    pub seq_len: f64,
+    /// Share of truncated rollouts.
+    pub truncated: f64,
+    /// Failed rollouts.
+    pub failed: usize,
+    /// The trainer's step statistics.
+    pub loss: f64,
+    /// Gradient norm.
+    pub grad_norm: f64,
+    /// Learning rate.
+    pub lr: f64,
+    /// Mean importance ratio.
+    pub ratio_mean: f64,
+    /// Largest importance ratio.
+    pub ratio_max: f64,
+    /// Clipped token share.
+    pub clipped_frac: f64,
+    /// Trainer policy version minus the oldest sample's.
+    pub policy_lag: u64,
+    /// Rollout generation seconds (overlaps training when async).
+    pub rollout_s: f64,
+    /// Training seconds.
+    pub train_s: f64,
+    /// Trained tokens per training second.
+    pub tokens_per_s: f64,
+    /// The step was skipped (non-finite).
+    pub skipped: bool,
+}
+
+fn success(r: &RolloutRecord) -> bool {
+    match r.metrics.get("correct") {
+        Some(&c) => c >= 0.5,
+        None => r.reward > 0.0,
+    }
+}
+
+/// Turns a step's rollouts into samples (one per model turn: its prompt tokens masked, its
+/// generated tokens trained with the group's advantage).
+fn build_batch(
+    cfg: &RlConfig,
+    step: usize,
+    records: Vec<RolloutRecord>,
+    seconds: f64,
+) -> anyhow::Result<Batch> {
+    let k = cfg.orchestrator.rollouts_per_example;
+    let seq_len = cfg.trainer.data.seq_len;
+    let mut groups: BTreeMap<usize, Vec<&RolloutRecord>> = BTreeMap::new();
+    for r in &records {
+        groups.entry(r.example_index).or_default().push(r);
+    }
+    let mut samples = Vec::new();
+    let (mut kept, mut solve_all, mut solve_none) = (0, 0, 0);
+    let mut min_version = u64::MAX;
+    for group in groups.values() {
+        let wins = group.iter().filter(|r| success(r)).count();
+        if wins == group.len() {
+            solve_all += 1;
+        }
+        if wins == 0 {
+            solve_none += 1;
+        }
+        let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
+        let same = rewards.iter().all(|&x| (x - rewards[0]).abs() < 1e-12);
+        if cfg.orchestrator.online_difficulty_filtering && same {
+            continue;
+        }
+        kept += 1;
+        let adv = advantages(cfg.orchestrator.advantage, &rewards);
+        for (r, a) in group.iter().zip(adv) {
+            if r.error.is_some() {
+                continue;
+            }
+            let masked = cfg.orchestrator.mask_truncated_completions && r.truncated;
+            for t in &r.turns {
+                if t.completion_ids.is_empty() {
+                    continue;
+                }
+                anyhow::ensure!(
+                    !t.prompt_ids.is_empty() && t.logprobs.len() == t.completion_ids.len(),
+                    "the generation server returned no token ids or log-probs; RL needs both \
+                     (rlhost's server and vLLM >= 0.10.2 return them when asked)"
+                );
+                let len = t.prompt_ids.len() + t.completion_ids.len();
+                if len > seq_len {
+                    tracing::warn!("a {len}-token turn exceeds seq_len {seq_len}: left out");
+                    continue;
+                }
+                if let Some(v) = t.policy_version {
+                    min_version = min_version.min(v);
+                }
+                let mut ids = t.prompt_ids.clone();
+                ids.extend(&t.completion_ids);
+                let mut mask = vec![false; t.prompt_ids.len()];
+                mask.extend(std::iter::repeat_n(!masked, t.completion_ids.len()));
+                let mut old = vec![0f32; t.prompt_ids.len()];
+                old.extend(&t.logprobs);
+                samples.push(Sample {
+                    ids,
+                    mask,
+                    old_logprobs: old,
+                    advantage: a as f32,
+                });
+            }
+        }
+    }
+    let _ = k;
+    Ok(Batch {
+        step,
+        records,
+        samples,
+        groups: kept,
+        solve_all,
+        solve_none,
+        min_version: if min_version == u64::MAX {
+            0
+        } else {
+            min_version
+        },
+        seconds,
+    })
+}
+
+/// Everything the orchestrator needs to produce batches.
+struct Producer {
+    env: Arc<dyn Environment>,
+    generator: Arc<dyn Generator>,
+    model: String,
+    examples: Vec<Example>,
+    order: Vec<usize>,
+    cfg: RlConfig,
+    env_args: String,
+}
+
+impl Producer {
+    async fn batch(&self, step: usize) -> anyhow::Result<Batch> {
+        let o = &self.cfg.orchestrator;
+        let started = Instant::now();
+        let problems = (o.batch_size / o.rollouts_per_example).max(1);
+        let sampling = Sampling {
+            max_tokens: Some(o.sampling.max_tokens),
+            temperature: Some(o.sampling.temperature),
+            seed: Some(o.seed.wrapping_add(step as u64 * 7919)),
+            ..Default::default()
+        };
+        let mut jobs = Vec::new();
+        for p in 0..problems {
+            let idx = self.order[(step * problems + p) % self.order.len()];
+            for r in 0..o.rollouts_per_example {
+                jobs.push((p, idx, r));
+            }
+        }
+        use futures_util::StreamExt;
+        let records: Vec<RolloutRecord> =
+            futures_util::stream::iter(jobs.into_iter().map(|(p, idx, r)| {
+                let spec = RolloutSpec {
+                    env: self.env.as_ref(),
+                    rewards: &[],
+                    generator: self.generator.as_ref(),
+                    model: &self.model,
+                    example: &self.examples[idx],
+                    example_index: p,
+                    rollout_index: r,
+                    env_args: &self.env_args,
+                    sampling: &sampling,
+                    seed: o
+                        .seed
+                        .wrapping_mul(0x9e37_79b9)
+                        .wrapping_add((step * 1_000_003 + p * o.rollouts_per_example + r) as u64),
+                    retries: 3,
+                };
+                run_rollout(spec)
+            }))
+            .buffer_unordered(o.max_concurrent.max(1))
+            .collect()
+            .await;
+        build_batch(&self.cfg, step, records, started.elapsed().as_secs_f64())
+    }
+}
+
+/// A deterministic permutation of `n` (Fisher-Yates with the run's seed).
+fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut rng = crate::engine::Rng::new(seed ^ 0xda7a);
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = ((rng.uniform() * (i + 1) as f64) as usize).min(i);
+        v.swap(i, j);
+    }
+    v
+}
+
+/// The newest complete checkpoint under `dir` and its step.
+pub fn latest_checkpoint(dir: &Path) -> Option<(usize, PathBuf)> {
+    let mut best: Option<(usize, PathBuf)> = None;
+    for entry in std::fs::read_dir(dir.join("checkpoints")).ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(step) = name
+            .strip_prefix("step_")
+            .and_then(|s| s.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // Complete only: the orchestrator's state is written last.
+        if !entry.path().join("orchestrator_state.json").is_file() {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(s, _)| step > *s) {
+            best = Some((step, entry.path()));
+        }
+    }
+    best
+}
+
+fn save_checkpoint(out: &Path, trainer: &Trainer, step: usize, keep: usize) -> anyhow::Result<()> {
+    let root = out.join("checkpoints");
+    std::fs::create_dir_all(&root)?;
+    let tmp = root.join(format!(".step_{step}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    trainer.save(&tmp)?;
+    rlhost_registry::fs::write_atomically(
+        &tmp.join("orchestrator_state.json"),
+        serde_json::json!({"step": step}).to_string().as_bytes(),
+    )?;
+    let dst = root.join(format!("step_{step}"));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::rename(&tmp, &dst).with_context(|| format!("publishing {}", dst.display()))?;
+    // Keep the newest `keep`.
+    let mut steps: Vec<usize> = std::fs::read_dir(&root)?
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .strip_prefix("step_")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    steps.sort_unstable();
+    for s in steps.iter().take(steps.len().saturating_sub(keep.max(1))) {
+        let _ = std::fs::remove_dir_all(root.join(format!("step_{s}")));
+    }
+    Ok(())
+}
+
+/// Runs `host rl`. `progress` hears each finished step.
+pub fn run(
+    cfg: RlConfig,
+    opts: &RunOptions,
+    env: Arc<dyn Environment>,
+    progress: &dyn Fn(&StepLine),
+) -> anyhow::Result<Vec<StepLine>> {
+    let out = opts
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("outputs/rl"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    anyhow::ensure!(
+        cfg.orchestrator.client.base_urls.is_empty(),
+        "remote generation servers (orchestrator.client.base_urls) are not supported by host rl yet; leave it empty to use the colocated engine"
+    );
+    anyhow::ensure!(
+        cfg.orchestrator.rollouts_per_example >= 2,
+        "orchestrator.rollouts_per_example must be at least 2 (group advantages)"
+    );
+    let device = cfg
+        .trainer
+        .device
+        .parse::<crate::device::DeviceSpec>()?
+        .resolve(crate::device::CudaStatus::probe())?;
+    let policy_dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
+    let serve_dir = crate::model::hub::resolve(&cfg.inference.model.name)?;
+    let policy = crate::model::Qwen3::load(&policy_dir, device, tch::Kind::Float)
+        .with_context(|| format!("loading the policy {}", policy_dir.display()))?;
+    let max_steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);
+    let mut trainer = Trainer::new(
+        policy,
+        cfg.trainer.optim.clone(),
+        cfg.trainer.loss.clone(),
+        cfg.orchestrator.sampling.temperature,
+        cfg.trainer.data.seq_len * cfg.trainer.data.micro_batch_size.max(1),
+        max_steps,
+    )?;
+    let engine_kind = match device {
+        tch::Device::Cpu => tch::Kind::Float,
+        _ => tch::Kind::BFloat16,
+    };
+    let engine = Engine::load(
+        &serve_dir,
+        &cfg.inference.model.name,
+        device,
+        engine_kind,
+        EngineConfig {
+            max_batch_size: cfg.inference.max_batch_size,
+            max_model_len: cfg.inference.max_model_len,
+            max_queue: usize::MAX,
+        },
+    )?;
+    let mut start = 0;
+    if opts.resume {
+        match latest_checkpoint(&out) {
+            Some((step, dir)) => {
+                trainer
+                    .restore(&dir)
+                    .with_context(|| format!("restoring {}", dir.display()))?;
+                start = step;
+                tracing::info!("resuming from {} (step {step})", dir.display());
+            }
+            None => tracing::warn!(
+                "--resume: no checkpoint under {}; starting fresh",
+                out.display()
+            ),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    if start > 0 {
+        rt.block_on(engine.update_weights(WeightSource::Tensors(trainer.weights())))?;
+    }
+    let api = Arc::new(
+        crate::server::Api::new(
+            engine.clone(),
+            crate::server::ServerConfig {
+                served_name: cfg.inference.model.name.clone(),
+                enable_auto_tool_choice: true,
+                tool_call_parser: cfg.inference.tool_call_parser.clone(),
+            },
+        )
+        .map_err(|e| anyhow::anyhow!(e))?,
+    );
+    let split = cfg.orchestrator.environment.split.clone();
+    let examples = rt.block_on(async {
+        let plan = crate::eval::EvalPlan {
+            env: env.clone(),
+            rewards: Vec::new(),
+            split: split.clone(),
+            num_examples: None,
+            rollouts: 1,
+            env_args: String::new(),
+        };
+        crate::eval::examples(&plan).await
+    })?;
+    anyhow::ensure!(
+        !examples.is_empty(),
+        "split `{split}` of {} is empty",
+        env.id()
+    );
+    let env_args = serde_json::to_string(&cfg.orchestrator.environment.args)?;
+    let producer = Arc::new(Producer {
+        env: env.clone(),
+        generator: Arc::new(crate::rollout::InProcess::new(api)),
+        model: cfg.inference.model.name.clone(),
+        order: permutation(examples.len(), cfg.orchestrator.seed),
+        examples,
+        cfg: cfg.clone(),
+        env_args,
+    });
+    // The orchestrator runs ahead of the trainer by at most `async_level` batches.
+    let ahead = cfg.orchestrator.async_level.max(1);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<Batch>>(ahead);
+    let p = producer.clone();
+    let sync = cfg.orchestrator.async_level == 0;
+    let (go_tx, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    rt.spawn(async move {
+        for step in start..max_steps {
+            if sync && step > start && go_rx.recv().await.is_none() {
+                return;
+            }
+            let b = p.batch(step).await;
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+    });
+    let metrics_path = out.join("metrics.jsonl");
+    let mut lines = Vec::new();
+    for step in start..max_steps {
+        let batch = rt
+            .block_on(rx.recv())
+            .ok_or_else(|| anyhow::anyhow!("the orchestrator stopped"))??;
+        debug_assert_eq!(batch.step, step);
+        let t0 = Instant::now();
+        let stats = trainer.train_step(&batch.samples)?;
+        let train_s = t0.elapsed().as_secs_f64();
+        let version =
+            rt.block_on(engine.update_weights(WeightSource::Tensors(trainer.weights())))?;
+        if sync {
+            let _ = go_tx.send(());
+        }
+        let n = batch.records.len().max(1) as f64;
+        let mut metrics: BTreeMap<String, f64> = BTreeMap::new();
+        for r in &batch.records {
+            for (k, v) in &r.metrics {
+                *metrics.entry(k.clone()).or_default() += v / n;
+            }
+        }
+        let line = StepLine {
+            step: step + 1,
+            reward: batch.records.iter().map(|r| r.reward).sum::<f64>() / n,
+            metrics,
+            solve_all: batch.solve_all,
+            solve_none: batch.solve_none,
+            samples: batch.samples.len(),
+            seq_len: batch
+                .samples
+                .iter()
+                .map(|s| s.ids.len() as f64)
+                .sum::<f64>()
+                / batch.samples.len().max(1) as f64,
+            truncated: batch.records.iter().filter(|r| r.truncated).count() as f64 / n,
+            failed: batch.records.iter().filter(|r| r.error.is_some()).count(),
+            loss: stats.loss,
+            grad_norm: stats.grad_norm,
+            lr: stats.lr,
+            ratio_mean: stats.loss_stats.ratio_mean,
+            ratio_max: stats.loss_stats.ratio_max,
+            clipped_frac: stats.loss_stats.clipped_frac,
+            policy_lag: (version - 1).saturating_sub(batch.min_version),
+            rollout_s: batch.seconds,
+            train_s,
+            tokens_per_s: stats.tokens as f64 / train_s.max(1e-9),
+            skipped: stats.skipped,
+        };
+        let _ = batch.groups;
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)?;
+            writeln!(f, "{}", serde_json::to_string(&line)?)?;
+        }
+        progress(&line);
+        lines.push(line);
+        let done = step + 1;
+        let interval = cfg.trainer.ckpt.interval;
+        if (interval > 0 && done % interval == 0) || done == max_steps {
+            save_checkpoint(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
+        }
+    }
+    // The trained policy as a plain model folder, ready for `host eval -m`.
+    let final_dir = out.join("final");
+    trainer.model.save(&final_dir)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ] {
+        let src = policy_dir.join(f);
+        if src.is_file() {
+            rlhost_registry::fs::write_atomically(&final_dir.join(f), &std::fs::read(&src)?)?;
+        }
+    }
+    engine.shutdown();
+    Ok(lines)
+}

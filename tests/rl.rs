@@ -1,0 +1,159 @@
+//! End-to-end: `host rl` as a user runs it, on the installed `arith` plugin and a tiny Qwen3:
+//! steps run through the real rollout loop, engine and trainer; metrics.jsonl gets one line per
+//! step; checkpoints are written atomically; a run killed mid-way and resumed ends at the same
+//! step count with a valid checkpoint; bad configuration fails fast naming the key.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<String> {
+    [
+        "rl",
+        "--plugin",
+        "arith",
+        "--orchestrator.environment.args",
+        "{tools = \"none\"}",
+        "--orchestrator.batch-size",
+        "8",
+        "--orchestrator.rollouts-per-example",
+        "4",
+        "--orchestrator.sampling.max-tokens",
+        "12",
+        "--orchestrator.max-concurrent",
+        "8",
+        "--inference.max-model-len",
+        "256",
+        "--inference.max-batch-size",
+        "8",
+        "--trainer.data.seq-len",
+        "256",
+        "--trainer.optim.lr",
+        "1e-3",
+        "--trainer.ckpt.interval",
+        "2",
+        "--trainer.ckpt.keep",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--trainer.max-steps".to_string(),
+        steps.to_string(),
+        "--model.name".into(),
+        model.display().to_string(),
+        "--output-dir".into(),
+        out.display().to_string(),
+    ])
+    .collect()
+}
+
+#[test]
+fn steps_checkpoints_and_resume_after_a_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["arith"]);
+    let model = tmp.path().join("tiny");
+    let out = common::run(
+        Command::new(common::host_bin())
+            .args(["model", "init", "--seed", "2", "--out"])
+            .arg(&model),
+    );
+    assert!(out.status.success());
+    let run_dir = tmp.path().join("run");
+    let steps = 12;
+    // Start, wait for the first checkpoint, kill hard.
+    let mut child = common::host(&home)
+        .args(rl_args(&model, &run_dir, steps))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !run_dir
+        .join("checkpoints/step_2/orchestrator_state.json")
+        .is_file()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint appeared"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Resume to the end.
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, steps))
+            .arg("--resume"),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("step   {steps} |")), "{stdout}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.last().unwrap()["step"], steps);
+    for l in &lines {
+        assert_eq!(l["samples"], 8, "{l}");
+        assert!(l["ratio_mean"].as_f64().unwrap() > 0.99, "{l}");
+    }
+    // The newest checkpoints are complete and load; older ones were pruned.
+    let ckpts: Vec<String> = std::fs::read_dir(run_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(ckpts.contains(&format!("step_{steps}")), "{ckpts:?}");
+    assert!(
+        ckpts.iter().filter(|c| c.starts_with("step_")).count() <= 2,
+        "{ckpts:?}"
+    );
+    let info = common::run(
+        common::host(&home)
+            .args(["model", "info", "--check"])
+            .arg(run_dir.join(format!("checkpoints/step_{steps}"))),
+    );
+    assert!(info.status.success(), "{}", common::texts(&info).1);
+    let eval = common::run(
+        common::host(&home)
+            .args([
+                "eval",
+                "arith",
+                "-n",
+                "2",
+                "-r",
+                "1",
+                "--max-tokens",
+                "8",
+                "-a",
+                "{\"tools\": \"none\"}",
+                "-m",
+            ])
+            .arg(run_dir.join("final")),
+    );
+    assert!(eval.status.success(), "{}", common::texts(&eval).1);
+}
+
+#[test]
+fn bad_configuration_fails_fast() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::run(common::host(tmp.path()).args([
+        "rl",
+        "--plugin",
+        "arith",
+        "--trainer.optim.lrr",
+        "1",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = common::texts(&out).1;
+    assert!(
+        stderr.contains("lrr") && stderr.contains("trainer.optim"),
+        "{stderr}"
+    );
+    let out = common::run(common::host(tmp.path()).args(["rl", "--plugin", "nothere"]));
+    assert!(common::texts(&out).1.contains("host env install nothere"));
+}
