@@ -157,3 +157,79 @@ fn bad_configuration_fails_fast() {
     let out = common::run(common::host(tmp.path()).args(["rl", "--plugin", "nothere"]));
     assert!(common::texts(&out).1.contains("host env install nothere"));
 }
+
+/// Remote mode: `host inference` in its own process generates; the trainer writes each step's
+/// weights to a folder and calls `/update_weights`; the policy version the orchestrator sees
+/// increases with the steps.
+#[test]
+fn remote_servers_generate_and_receive_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["arith"]);
+    let model = tmp.path().join("tiny");
+    let out = common::run(
+        Command::new(common::host_bin())
+            .args(["model", "init", "--seed", "3", "--out"])
+            .arg(&model),
+    );
+    assert!(out.status.success());
+    let mut server = Command::new(common::host_bin())
+        .args([
+            "inference",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--enable-auto-tool-choice",
+            "-m",
+        ])
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let run_dir = tmp.path().join("remote");
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, 3))
+            .args([
+                "--orchestrator.client.base-urls",
+                &format!("[\"{url}\"]"),
+                "--orchestrator.async-level",
+                "0",
+            ]),
+    );
+    let models = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(
+        models["data"][0]["policy_version"], 3,
+        "three updates reached the server"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    // Synchronous: every batch came from the newest policy.
+    assert!(lines.iter().all(|l| l["policy_lag"] == 0), "{lines:?}");
+    assert!(run_dir.join("weights/step_3/model.safetensors").is_file());
+}

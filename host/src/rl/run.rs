@@ -307,10 +307,6 @@ pub fn run(
         .unwrap_or_else(|| PathBuf::from("outputs/rl"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     anyhow::ensure!(
-        cfg.orchestrator.client.base_urls.is_empty(),
-        "remote generation servers (orchestrator.client.base_urls) are not supported by host rl yet; leave it empty to use the colocated engine"
-    );
-    anyhow::ensure!(
         cfg.orchestrator.rollouts_per_example >= 2,
         "orchestrator.rollouts_per_example must be at least 2 (group advantages)"
     );
@@ -320,7 +316,6 @@ pub fn run(
         .parse::<crate::device::DeviceSpec>()?
         .resolve(crate::device::CudaStatus::probe())?;
     let policy_dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
-    let serve_dir = crate::model::hub::resolve(&cfg.inference.model.name)?;
     let policy = crate::model::Qwen3::load(&policy_dir, device, tch::Kind::Float)
         .with_context(|| format!("loading the policy {}", policy_dir.display()))?;
     let max_steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);
@@ -332,21 +327,81 @@ pub fn run(
         cfg.trainer.data.seq_len * cfg.trainer.data.micro_batch_size.max(1),
         max_steps,
     )?;
-    let engine_kind = match device {
-        tch::Device::Cpu => tch::Kind::Float,
-        _ => tch::Kind::BFloat16,
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let remote = !cfg.orchestrator.client.base_urls.is_empty();
+    // Colocated: an engine in this process gets the weights in memory. Remote: the servers
+    // load each step's weights from a folder the trainer writes.
+    let (engine, generator, pool, served): (
+        Option<Engine>,
+        Arc<dyn Generator>,
+        Option<Arc<crate::rollout::OpenAiPool>>,
+        String,
+    ) = if remote {
+        let key = cfg
+            .orchestrator
+            .client
+            .api_key_var
+            .as_ref()
+            .and_then(|v| std::env::var(v).ok());
+        let clients: Vec<crate::rollout::OpenAiClient> = cfg
+            .orchestrator
+            .client
+            .base_urls
+            .iter()
+            .map(|u| {
+                crate::rollout::OpenAiClient::new(
+                    u,
+                    key.clone(),
+                    std::time::Duration::from_secs(600),
+                )
+            })
+            .collect();
+        let served = rt.block_on(clients[0].first_model()).with_context(|| {
+            format!(
+                "asking {} for its model",
+                cfg.orchestrator.client.base_urls[0]
+            )
+        })?;
+        let pool = Arc::new(crate::rollout::OpenAiPool::new(clients));
+        (None, pool.clone(), Some(pool), served)
+    } else {
+        let serve_dir = crate::model::hub::resolve(&cfg.inference.model.name)?;
+        let engine_kind = match device {
+            tch::Device::Cpu => tch::Kind::Float,
+            _ => tch::Kind::BFloat16,
+        };
+        let engine = Engine::load(
+            &serve_dir,
+            &cfg.inference.model.name,
+            device,
+            engine_kind,
+            EngineConfig {
+                max_batch_size: cfg.inference.max_batch_size,
+                max_model_len: cfg.inference.max_model_len,
+                max_queue: usize::MAX,
+            },
+        )?;
+        let api = Arc::new(
+            crate::server::Api::new(
+                engine.clone(),
+                crate::server::ServerConfig {
+                    served_name: cfg.inference.model.name.clone(),
+                    enable_auto_tool_choice: true,
+                    tool_call_parser: cfg.inference.tool_call_parser.clone(),
+                },
+            )
+            .map_err(|e| anyhow::anyhow!(e))?,
+        );
+        (
+            Some(engine),
+            Arc::new(crate::rollout::InProcess::new(api)),
+            None,
+            cfg.inference.model.name.clone(),
+        )
     };
-    let engine = Engine::load(
-        &serve_dir,
-        &cfg.inference.model.name,
-        device,
-        engine_kind,
-        EngineConfig {
-            max_batch_size: cfg.inference.max_batch_size,
-            max_model_len: cfg.inference.max_model_len,
-            max_queue: usize::MAX,
-        },
-    )?;
     let mut start = 0;
     if opts.resume {
         match latest_checkpoint(&out) {
@@ -363,24 +418,39 @@ pub fn run(
             ),
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // Hands the trainer's weights to whoever generates; returns the new policy version.
+    let sync_weights = |trainer: &Trainer, step: usize| -> anyhow::Result<u64> {
+        match (&engine, &pool) {
+            (Some(e), _) => {
+                Ok(rt.block_on(e.update_weights(WeightSource::Tensors(trainer.weights())))?)
+            }
+            (None, Some(pool)) => {
+                let root = out.join("weights");
+                std::fs::create_dir_all(&root)?;
+                let tmp = root.join(format!(".step_{step}.tmp"));
+                let dst = root.join(format!("step_{step}"));
+                let _ = std::fs::remove_dir_all(&tmp);
+                trainer.model.save(&tmp)?;
+                let _ = std::fs::remove_dir_all(&dst);
+                std::fs::rename(&tmp, &dst)?;
+                let mut version = step as u64;
+                for c in pool.clients() {
+                    if let Some(v) = rt.block_on(c.update_weights(&dst))? {
+                        version = v;
+                    }
+                }
+                // Servers have loaded it; keep only the newest two folders.
+                if step >= 2 {
+                    let _ = std::fs::remove_dir_all(root.join(format!("step_{}", step - 2)));
+                }
+                Ok(version)
+            }
+            _ => unreachable!("an engine or servers"),
+        }
+    };
     if start > 0 {
-        rt.block_on(engine.update_weights(WeightSource::Tensors(trainer.weights())))?;
+        sync_weights(&trainer, start)?;
     }
-    let api = Arc::new(
-        crate::server::Api::new(
-            engine.clone(),
-            crate::server::ServerConfig {
-                served_name: cfg.inference.model.name.clone(),
-                enable_auto_tool_choice: true,
-                tool_call_parser: cfg.inference.tool_call_parser.clone(),
-            },
-        )
-        .map_err(|e| anyhow::anyhow!(e))?,
-    );
     let split = cfg.orchestrator.environment.split.clone();
     let examples = rt.block_on(async {
         let plan = crate::eval::EvalPlan {
@@ -401,8 +471,8 @@ pub fn run(
     let env_args = serde_json::to_string(&cfg.orchestrator.environment.args)?;
     let producer = Arc::new(Producer {
         env: env.clone(),
-        generator: Arc::new(crate::rollout::InProcess::new(api)),
-        model: cfg.inference.model.name.clone(),
+        generator,
+        model: served,
         order: permutation(examples.len(), cfg.orchestrator.seed),
         examples,
         cfg: cfg.clone(),
@@ -435,8 +505,7 @@ pub fn run(
         let t0 = Instant::now();
         let stats = trainer.train_step(&batch.samples)?;
         let train_s = t0.elapsed().as_secs_f64();
-        let version =
-            rt.block_on(engine.update_weights(WeightSource::Tensors(trainer.weights())))?;
+        let version = sync_weights(&trainer, step + 1)?;
         if sync {
             let _ = go_tx.send(());
         }
@@ -505,6 +574,8 @@ pub fn run(
             rlhost_registry::fs::write_atomically(&final_dir.join(f), &std::fs::read(&src)?)?;
         }
     }
-    engine.shutdown();
+    if let Some(e) = &engine {
+        e.shutdown();
+    }
     Ok(lines)
 }

@@ -324,6 +324,79 @@ impl Generator for OpenAiClient {
     }
 }
 
+/// Several OpenAI-compatible servers behind one [`Generator`], used in turn (round robin), so
+/// rollouts spread over an inference fleet.
+pub struct OpenAiPool {
+    clients: Vec<OpenAiClient>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl OpenAiPool {
+    /// A pool over `clients` (at least one).
+    pub fn new(clients: Vec<OpenAiClient>) -> Self {
+        assert!(!clients.is_empty(), "a pool needs a server");
+        Self {
+            clients,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The servers.
+    pub fn clients(&self) -> &[OpenAiClient] {
+        &self.clients
+    }
+}
+
+#[async_trait]
+impl Generator for OpenAiPool {
+    fn describe(&self) -> String {
+        self.clients
+            .iter()
+            .map(|c| c.base_url.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
+        self.clients[i].complete(body).await
+    }
+}
+
+impl OpenAiClient {
+    /// Asks the server to load new weights from `dir` (rlhost's and vLLM-style
+    /// `POST /update_weights {"model_path": …}` next to `/v1`); returns the policy version it
+    /// reports.
+    pub async fn update_weights(&self, dir: &std::path::Path) -> Result<Option<u64>, GenError> {
+        let root = self.base_url.trim_end_matches("/v1");
+        let mut req = self
+            .http
+            .post(format!("{root}/update_weights"))
+            .header("content-type", "application/json")
+            .timeout(self.timeout)
+            .body(json!({"model_path": dir}).to_string());
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let r = req
+            .send()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let status = r.status().as_u16();
+        let text = r
+            .text()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
+        if status != 200 {
+            return Err(GenError::Fatal(format!(
+                "POST {root}/update_weights: HTTP {status}: {text}"
+            )));
+        }
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(v["policy_version"].as_u64())
+    }
+}
+
 /// Calls `g`, retrying transient failures with exponential backoff (0.5 s, 1 s, 2 s, …).
 pub async fn complete_with_retries(
     g: &dyn Generator,
