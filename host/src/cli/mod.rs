@@ -1,9 +1,8 @@
 //! The `host` command line. Thin by design: each subcommand parses its arguments, calls one library
 //! function, and prints the result. No logic that a test would want to reach lives here.
 //!
-//! Subcommand groups that are not built yet are still listed (so `host --help` shows the whole
-//! product), but they refuse to run with a "not implemented yet" error and a non-zero exit: they
-//! never pretend to work.
+//! Subcommands that are not built yet (`host bench inference`) refuse to run with a "not
+//! implemented yet" error and a non-zero exit: they never pretend to work.
 
 mod bench;
 mod doctor;
@@ -14,10 +13,11 @@ mod model;
 mod registry;
 mod rl;
 mod sandbox;
+mod sft;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 /// rlhost: reinforcement learning of LLMs on verifiable tasks, in one binary.
 ///
@@ -53,20 +53,12 @@ pub enum Command {
     Eval(Box<eval::EvalArgs>),
     /// Train a model with GRPO against an environment plugin (`host rl --plugin math-python`).
     Rl(rl::RlArgs),
-    /// Supervised fine-tuning on environment datasets (warm-up before RL).
-    Sft(Pending),
+    /// Supervised fine-tuning on conversations or `host eval` rollouts (warm start before RL).
+    Sft(sft::SftArgs),
     /// Benchmarks that compare rlhost with a peer measured in the same run.
     Bench(bench::BenchArgs),
     /// Check this installation: versions, CUDA, threads, plugin ABIs, paths, registry.
     Doctor(doctor::DoctorArgs),
-}
-
-/// Arguments of a subcommand group that is not built yet: accepted and ignored, so that
-/// `host env install x` reports "not implemented yet" instead of an argument error.
-#[derive(Debug, Args)]
-pub struct Pending {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    args: Vec<String>,
 }
 
 impl Command {
@@ -100,7 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inference(args) => inference::run(args),
         Command::Eval(args) => eval::run(*args),
         Command::Rl(args) => rl::run(args),
-        other => Err(not_implemented(other.name())),
+        Command::Sft(args) => sft::run(args),
     }
 }
 
@@ -160,6 +152,18 @@ mod tests {
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "info", "dir"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "-m", "dir"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "env", "-m", "dir"]))
+                .or_else(|_| {
+                    Cli::try_parse_from([
+                        "host",
+                        sub.get_name(),
+                        "-m",
+                        "m",
+                        "--data",
+                        "d",
+                        "--out",
+                        "o",
+                    ])
+                })
                 .expect("parses");
             assert_eq!(parsed.command.name(), sub.get_name());
         }
@@ -167,14 +171,6 @@ mod tests {
 
     #[test]
     fn pending_groups_refuse_to_run() {
-        let cli = Cli::try_parse_from(["host", "sft", "data.jsonl"])
-            .expect("pending groups accept any arguments");
-        let err = run(cli).expect_err("must not pretend to work");
-        assert!(
-            err.to_string()
-                .contains("`host sft` is not implemented yet"),
-            "{err}"
-        );
         let cli = Cli::try_parse_from(["host", "bench", "inference", "--model", "x"])
             .expect("unbuilt subcommands parse");
         let err = run(cli).expect_err("must not pretend to work");

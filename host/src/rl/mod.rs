@@ -4,4 +4,5 @@
 pub mod config;
 pub mod loss;
 pub mod run;
+pub mod sft;
 pub mod trainer;

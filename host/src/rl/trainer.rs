@@ -108,6 +108,16 @@ pub enum TrainError {
     Torch(#[from] tch::TchError),
 }
 
+/// What a step optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// The configured policy-gradient loss (GRPO).
+    Policy,
+    /// Negative log-likelihood of the unmasked tokens, averaged per token (SFT); advantages
+    /// and sampler log-probs are ignored.
+    Likelihood,
+}
+
 /// What a step did.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct StepStats {
@@ -356,8 +366,17 @@ impl Trainer {
         out
     }
 
-    /// One optimiser step on `samples`.
+    /// One optimiser step on `samples` with the policy-gradient loss.
     pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepStats, TrainError> {
+        self.step_with(samples, Objective::Policy)
+    }
+
+    /// One optimiser step on `samples` with `objective`.
+    pub fn step_with(
+        &mut self,
+        samples: &[Sample],
+        objective: Objective,
+    ) -> Result<StepStats, TrainError> {
         Self::check(samples)?;
         let device = self.model.vs.device();
         let lr = self.optim.lr_at(self.step, self.total_steps);
@@ -416,10 +435,19 @@ impl Trainer {
                 .expand(shape, false);
             let logits = self.model.forward(&ids, &positions, Some(&key), None);
             let logp = Qwen3::token_logprobs(&logits, &tgt, self.temperature);
-            let (loss, ls) = policy_loss(&self.loss, &logp, &old, &adv, &mask, None);
-            // Weight so the sum over micro-batches is the whole batch's loss.
             let here = mask.sum(Kind::Float).double_value(&[]);
-            let w = match self.loss.norm_type {
+            let (loss, ls, norm) = match objective {
+                Objective::Policy => {
+                    let (l, s) = policy_loss(&self.loss, &logp, &old, &adv, &mask, None);
+                    (l, s, self.loss.norm_type)
+                }
+                Objective::Likelihood => {
+                    let l = -(&logp * &mask).sum(Kind::Float) / here.max(1.0);
+                    (l, LossStats::default(), NormType::Token)
+                }
+            };
+            // Weight so the sum over micro-batches is the whole batch's loss.
+            let w = match norm {
                 NormType::Token => here / trained.max(1) as f64,
                 NormType::Sequence => rows.len() as f64 / samples.len() as f64,
             };

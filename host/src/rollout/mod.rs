@@ -443,6 +443,8 @@ pub struct RolloutRecord {
     pub example_index: usize,
     /// Which rollout of the example.
     pub rollout_index: usize,
+    /// The tools offered in this episode.
+    pub tools: Vec<Tool>,
     /// The prompt messages.
     pub prompt: Vec<Message>,
     /// Everything after the prompt.
@@ -547,6 +549,7 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
     let mut state = start.state;
     rec.prompt = messages.clone();
     let (tools, max_turns) = episode_limits(spec.env, &state);
+    rec.tools = tools.clone();
     let mut turns = 0u32;
     loop {
         let seed = spec.sampling.seed.map(|s| {

@@ -1,0 +1,151 @@
+//! `host sft`: supervised warm start on conversations (or `host eval -s` rollouts).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::model::{ChatTemplate, Qwen3, Tokenizer};
+use crate::rl::sft::{self, SftOptions};
+use crate::rl::trainer::{OptimConfig, Schedule, Trainer};
+
+/// Arguments of `host sft`.
+#[derive(Debug, Args)]
+pub struct SftArgs {
+    /// The model to start from: a folder or hub id (with its tokenizer and chat template).
+    #[arg(short = 'm', long = "model", visible_alias = "model.name")]
+    model: String,
+    /// JSONL: `{"messages": [...], "tools": [...]}` lines, or `host eval -s` results.jsonl.
+    #[arg(long)]
+    data: PathBuf,
+    /// Where the trained model folder goes.
+    #[arg(long)]
+    out: PathBuf,
+    /// Optimiser steps.
+    #[arg(long, default_value_t = 200)]
+    steps: usize,
+    /// Samples (assistant turns) per step.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// `constant`, `linear` or `cosine`.
+    #[arg(long, default_value = "cosine")]
+    schedule: String,
+    /// Longest sample in tokens (longer ones are left out).
+    #[arg(long, default_value_t = 2048)]
+    max_len: usize,
+    /// Train only on rollouts whose `correct` metric is set (eval results).
+    #[arg(long)]
+    only_correct: bool,
+    /// Shuffling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// CPU threads for libtorch.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
+    if let Some(t) = a.threads {
+        tch::set_num_threads(t as i32);
+    }
+    let schedule = match a.schedule.as_str() {
+        "constant" => Schedule::Constant,
+        "linear" => Schedule::Linear,
+        "cosine" => Schedule::Cosine,
+        other => anyhow::bail!("--schedule: constant, linear or cosine, not {other:?}"),
+    };
+    let dir = crate::model::hub::resolve(&a.model)?;
+    let tok = Tokenizer::load(&dir)?;
+    let template = ChatTemplate::load(&dir)
+        .with_context(|| format!("{} has no chat template", dir.display()))?;
+    let convs = sft::read(&a.data, a.only_correct)?;
+    let mut samples = Vec::new();
+    for (i, c) in convs.iter().enumerate() {
+        samples.extend(
+            sft::samples(&template, &tok, c, a.max_len).map_err(|e| {
+                anyhow::anyhow!("{}: conversation {}: {e}", a.data.display(), i + 1)
+            })?,
+        );
+    }
+    anyhow::ensure!(
+        !samples.is_empty(),
+        "{} yields no trainable assistant turns (of {} conversations)",
+        a.data.display(),
+        convs.len()
+    );
+    let device = crate::device::DeviceSpec::Auto.resolve(crate::device::CudaStatus::probe())?;
+    let model = Qwen3::load(&dir, device, tch::Kind::Float)?;
+    let optim = OptimConfig {
+        lr: a.lr,
+        warmup_steps: a.warmup,
+        schedule,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(
+        model,
+        optim.clone(),
+        Default::default(),
+        1.0,
+        a.max_len * 8,
+        a.steps,
+    )?;
+    println!(
+        "sft: {} conversations, {} assistant turns, {} steps of {}",
+        convs.len(),
+        samples.len(),
+        a.steps,
+        a.batch_size
+    );
+    let bar = ProgressBar::new(a.steps as u64).with_style(
+        ProgressStyle::with_template(
+            "sft {bar:30} {pos}/{len} steps {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .expect("valid template"),
+    );
+    let opts = SftOptions {
+        steps: a.steps,
+        batch_size: a.batch_size,
+        max_len: a.max_len,
+        micro_batch_tokens: a.max_len * 8,
+        optim,
+        seed: a.seed,
+    };
+    let first = std::cell::Cell::new(None::<f64>);
+    let last = std::cell::Cell::new(0.0);
+    sft::train(&mut trainer, &samples, &opts, &|step, s| {
+        if first.get().is_none() {
+            first.set(Some(s.loss));
+        }
+        last.set(s.loss);
+        bar.set_position(step as u64);
+        bar.set_message(format!("loss {:.4}", s.loss));
+    })?;
+    bar.finish_and_clear();
+    trainer.model.save(&a.out)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ] {
+        let src = dir.join(f);
+        if src.is_file() {
+            rlhost_registry::fs::write_atomically(&a.out.join(f), &std::fs::read(&src)?)?;
+        }
+    }
+    println!(
+        "sft: loss {:.4} -> {:.4}; wrote {}",
+        first.get().unwrap_or(0.0),
+        last.get(),
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,192 @@
+//! Supervised fine-tuning (`host sft`): the warm start before RL. Conversations (chat messages
+//! and the tools offered) are cut into one sample per assistant turn, exactly as the rollout loop
+//! sees them: the prompt is the chat template's render of the messages before the turn with the
+//! generation prompt (masked), the target is what the template renders for the turn itself up to
+//! and including its end-of-turn marker (trained, negative log-likelihood per token).
+//!
+//! Input lines are `{"messages": [...], "tools": [...]}` (OpenAI shape) or the rollouts
+//! `host eval -s` writes (`prompt` + `completion` + `tools`, with `metrics`), so traces of a
+//! stronger policy (a teacher) become training data directly.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::trainer::{Objective, OptimConfig, Sample, StepStats, Trainer};
+use crate::model::{ChatTemplate, Tokenizer};
+
+/// Errors of SFT data.
+#[derive(Debug, thiserror::Error)]
+pub enum SftError {
+    /// A line cannot be used.
+    #[error("{file}:{line}: {message}")]
+    Line {
+        /// The file.
+        file: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// Reading failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// One conversation: OpenAI-shaped messages and tools.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    /// The messages.
+    pub messages: Vec<Value>,
+    /// The tools (OpenAI function schemas), if any.
+    pub tools: Option<Value>,
+}
+
+/// Reads conversations from a JSONL file; with `only_correct`, eval rollouts whose `correct`
+/// metric is below 0.5 (or that failed) are skipped.
+pub fn read(path: &Path, only_correct: bool) -> Result<Vec<Conversation>, SftError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| SftError::Io(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| SftError::Line {
+            file: path.display().to_string(),
+            line: i + 1,
+            message,
+        };
+        let v: Value = serde_json::from_str(l).map_err(|e| bad(e.to_string()))?;
+        if v.get("prompt").is_some() && v.get("completion").is_some() {
+            // A rollout from `host eval -s`: SDK-shaped messages.
+            if only_correct
+                && (!v["error"].is_null() || v["metrics"]["correct"].as_f64().unwrap_or(0.0) < 0.5)
+            {
+                continue;
+            }
+            let mut msgs: Vec<rlhost_sdk::types::Message> =
+                serde_json::from_value(v["prompt"].clone())
+                    .map_err(|e| bad(format!("prompt: {e}")))?;
+            msgs.extend(
+                serde_json::from_value::<Vec<rlhost_sdk::types::Message>>(v["completion"].clone())
+                    .map_err(|e| bad(format!("completion: {e}")))?,
+            );
+            let tools: Vec<rlhost_sdk::types::Tool> =
+                serde_json::from_value(v.get("tools").cloned().unwrap_or(Value::Array(vec![])))
+                    .map_err(|e| bad(format!("tools: {e}")))?;
+            out.push(Conversation {
+                messages: msgs.iter().map(crate::rollout::message_json).collect(),
+                tools: (!tools.is_empty())
+                    .then(|| Value::Array(tools.iter().map(crate::rollout::tool_json).collect())),
+            });
+        } else {
+            let messages = v["messages"].as_array().cloned().ok_or_else(|| {
+                bad("expected {\"messages\": [...]} or a host eval rollout".into())
+            })?;
+            out.push(Conversation {
+                messages,
+                tools: v.get("tools").filter(|t| t.is_array()).cloned(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The per-turn samples of a conversation (longer than `max_len` tokens: left out).
+pub fn samples(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    conv: &Conversation,
+    max_len: usize,
+) -> Result<Vec<Sample>, String> {
+    let messages = crate::server::openai::messages(Some(&Value::Array(conv.messages.clone())))
+        .map_err(|e| e.message)?;
+    let list = messages.as_array().expect("an array");
+    let none = serde_json::Map::new();
+    let mut out = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        if m["role"] != "assistant" {
+            continue;
+        }
+        let before = Value::Array(list[..i].to_vec());
+        let through = Value::Array(list[..=i].to_vec());
+        let prompt = template
+            .render(&before, conv.tools.as_ref(), true, &none)
+            .map_err(|e| e.to_string())?;
+        let full = template
+            .render(&through, conv.tools.as_ref(), false, &none)
+            .map_err(|e| e.to_string())?;
+        let Some(rest) = full.strip_prefix(&prompt) else {
+            return Err(format!(
+                "the template's render of assistant turn {i} does not extend its prompt"
+            ));
+        };
+        // Up to and including the end-of-turn marker: what the model emits before stopping.
+        let target = rest.trim_end_matches('\n');
+        let p = tok.encode(&prompt).map_err(|e| e.to_string())?;
+        let t = tok.encode(target).map_err(|e| e.to_string())?;
+        if p.len() + t.len() > max_len || t.is_empty() {
+            continue;
+        }
+        let mut mask = vec![false; p.len()];
+        mask.extend(std::iter::repeat_n(true, t.len()));
+        let n = p.len() + t.len();
+        let mut ids = p;
+        ids.extend(t);
+        out.push(Sample {
+            ids,
+            mask,
+            old_logprobs: vec![0.0; n],
+            advantage: 0.0,
+        });
+    }
+    Ok(out)
+}
+
+/// Options of an SFT run.
+#[derive(Debug, Clone)]
+pub struct SftOptions {
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Samples per step.
+    pub batch_size: usize,
+    /// Longest sample.
+    pub max_len: usize,
+    /// Micro-batch token budget.
+    pub micro_batch_tokens: usize,
+    /// AdamW and schedule.
+    pub optim: OptimConfig,
+    /// Shuffling seed.
+    pub seed: u64,
+}
+
+/// Trains `trainer` on `samples` for `opts.steps` steps of shuffled batches; `progress` hears
+/// each step.
+pub fn train(
+    trainer: &mut Trainer,
+    samples: &[Sample],
+    opts: &SftOptions,
+    progress: &dyn Fn(usize, &StepStats),
+) -> Result<(), super::trainer::TrainError> {
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    let mut rng = crate::engine::Rng::new(opts.seed ^ 0x5f7);
+    let mut cursor = order.len();
+    for step in 0..opts.steps {
+        let mut batch = Vec::with_capacity(opts.batch_size);
+        while batch.len() < opts.batch_size.min(samples.len()) {
+            if cursor >= order.len() {
+                for i in (1..order.len()).rev() {
+                    let j = ((rng.uniform() * (i + 1) as f64) as usize).min(i);
+                    order.swap(i, j);
+                }
+                cursor = 0;
+            }
+            batch.push(samples[order[cursor]].clone());
+            cursor += 1;
+        }
+        let stats = trainer.step_with(&batch, Objective::Likelihood)?;
+        progress(step + 1, &stats);
+    }
+    Ok(())
+}
