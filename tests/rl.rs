@@ -102,6 +102,9 @@ fn steps_checkpoints_and_resume_after_a_kill() {
         assert_eq!(l["samples"], 8, "{l}");
         assert!(l["ratio_mean"].as_f64().unwrap() > 0.99, "{l}");
     }
+    // The reward and loss curves.
+    let png = std::fs::read(run_dir.join("curves.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     // The newest checkpoints are complete and load; older ones were pruned.
     let ckpts: Vec<String> = std::fs::read_dir(run_dir.join("checkpoints"))
         .unwrap()

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod loss;
+pub mod plot;
 pub mod run;
 pub mod sft;
 pub mod trainer;

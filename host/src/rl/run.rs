@@ -560,6 +560,22 @@ pub fn run(
             save_checkpoint(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
         }
     }
+    // Reward and loss curves of the whole run (metrics.jsonl includes resumed parts).
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(&metrics_path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let curve = |k: &str| -> Vec<f64> {
+        all.iter()
+            .map(|l| l[k].as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    super::plot::write_png(
+        &out.join("curves.png"),
+        &[("reward", curve("reward")), ("loss", curve("loss"))],
+    )
+    .with_context(|| format!("writing {}", out.join("curves.png").display()))?;
     // The trained policy as a plain model folder, ready for `host eval -m`.
     let final_dir = out.join("final");
     trainer.model.save(&final_dir)?;
