@@ -204,3 +204,70 @@ pub fn home_with_plugins(root: &Path, dists: &[&str]) -> PathBuf {
     }
     home
 }
+
+/// `host inference` serving `model` on a free loopback port, killed on drop.
+pub struct InferenceServer {
+    /// The process.
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT/v1`.
+    pub url: String,
+}
+
+impl InferenceServer {
+    /// Starts the server (one thread, auto tool choice) with `extra` flags; waits until it
+    /// listens.
+    pub fn start(model: &Path, extra: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(host_bin())
+            .args([
+                "inference",
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--enable-auto-tool-choice",
+                "-m",
+            ])
+            .arg(model)
+            .args(extra)
+            .env("RLHOST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .trim_end_matches('/')
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for InferenceServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tiny Qwen3 with rlhost's tokenizer, made by `host model init --seed SEED`.
+pub fn tiny_model(dir: &Path, seed: u64) {
+    let out = run(Command::new(host_bin())
+        .args([
+            "model",
+            "init",
+            "--preset",
+            "tiny",
+            "--seed",
+            &seed.to_string(),
+            "--out",
+        ])
+        .arg(dir));
+    assert!(out.status.success(), "{}", texts(&out).1);
+}

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -199,21 +197,12 @@ fn a_missing_plugin_names_the_install_command() {
     assert!(stderr.contains("host env install aime2024"), "{stderr}");
 }
 
-fn tiny(dir: &Path) {
-    let out = common::run(
-        Command::new(common::host_bin())
-            .args(["model", "init", "--preset", "tiny", "--seed", "9", "--out"])
-            .arg(dir),
-    );
-    assert!(out.status.success(), "{}", common::texts(&out).1);
-}
-
 #[test]
 fn served_and_in_process_evals_agree_under_greedy_decoding() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["math500"]);
     let model = tmp.path().join("tiny");
-    tiny(&model);
+    common::tiny_model(&model, 9);
     let args = [
         "eval",
         "math500",
@@ -237,34 +226,9 @@ fn served_and_in_process_evals_agree_under_greedy_decoding() {
     assert!(local.status.success(), "{stderr}");
     let local: Value = serde_json::from_str(&stdout).unwrap();
 
-    let mut server = Command::new(common::host_bin())
-        .args([
-            "inference",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--enable-auto-tool-choice",
-            "-m",
-        ])
-        .arg(&model)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_string();
-    let served = common::run(common::host(&home).args(args).args(["-b", &url]));
-    let _ = server.kill();
-    let _ = server.wait();
+    let server = common::InferenceServer::start(&model, &[]);
+    let served = common::run(common::host(&home).args(args).args(["-b", &server.url]));
+    drop(server);
     let (stdout, stderr) = common::texts(&served);
     assert!(served.status.success(), "{stderr}");
     let served: Value = serde_json::from_str(&stdout).unwrap();

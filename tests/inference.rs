@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rlhost::model::{ChatTemplate, Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
@@ -18,61 +17,22 @@ use serde_json::{Value, json};
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
 
-struct Server {
-    child: Child,
-    base: String,
+fn rss_kib(child: &Child) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
-impl Server {
-    fn start(dir: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(common::host_bin())
-            .args(["inference", "--port", "0", "--threads", "1", "-m"])
-            .arg(dir)
-            .args(extra)
-            .env("RLHOST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        Server {
-            child,
-            base: url.trim_end_matches('/').to_string(),
-        }
+fn terminate(child: &Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
     }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap()
-    }
-
-    fn terminate(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe extern "C" {
-            fn kill(pid: i32, sig: i32) -> i32;
-        }
-        unsafe {
-            kill(self.child.id() as i32, 15);
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    unsafe {
+        kill(child.id() as i32, 15);
     }
 }
 
@@ -183,7 +143,7 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("taught");
     taught_model(&dir);
-    let server = Server::start(
+    let server = common::InferenceServer::start(
         &dir,
         &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
     );
@@ -201,7 +161,7 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
     .unwrap();
     let out = Command::new(python)
         .arg(common::repo_root().join("scripts/openai-client-check.py"))
-        .args(["--base-url", &server.base, "--model", "tiny", "--case"])
+        .args(["--base-url", &server.url, "--model", "tiny", "--case"])
         .arg(&case)
         .output()
         .unwrap();
@@ -249,29 +209,17 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
     }
 }
 
-fn plain_model(dir: &Path, seed: u64) {
-    let model = Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        seed,
-    )
-    .unwrap();
-    model.save(dir).unwrap();
-    tiny_tokenizer::write(dir, 512).unwrap();
-}
-
 #[test]
 fn bad_requests_get_400s_that_name_the_problem() {
     let tmp = tempfile::tempdir().unwrap();
-    plain_model(tmp.path(), 1);
-    let server = Server::start(
+    common::tiny_model(tmp.path(), 1);
+    let server = common::InferenceServer::start(
         tmp.path(),
         &["--max-model-len", "64", "--served-model-name", "tiny"],
     );
     let rt = rt();
     let client = reqwest::Client::new();
-    let chat = format!("{}/chat/completions", server.base);
+    let chat = format!("{}/chat/completions", server.url);
     let msg = json!([{"role": "user", "content": "hi"}]);
     let cases: Vec<(Value, &str)> = vec![
         (
@@ -321,7 +269,7 @@ fn bad_requests_get_400s_that_name_the_problem() {
         assert!(r.text().await.unwrap().contains("not valid JSON"));
         // Unknown routes.
         let r = client
-            .get(format!("{}/nope", server.base))
+            .get(format!("{}/nope", server.url))
             .send()
             .await
             .unwrap();
@@ -337,13 +285,13 @@ fn bad_requests_get_400s_that_name_the_problem() {
 fn completions_n_samples_and_weight_updates() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    plain_model(&a, 2);
-    plain_model(&b, 3);
-    let server = Server::start(&a, &["--served-model-name", "tiny"]);
+    common::tiny_model(&a, 2);
+    common::tiny_model(&b, 3);
+    let server = common::InferenceServer::start(&a, &["--served-model-name", "tiny"]);
     let rt = rt();
     let client = reqwest::Client::new();
     rt.block_on(async {
-        let url = format!("{}/completions", server.base);
+        let url = format!("{}/completions", server.url);
         let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 6, "temperature": 0, "n": 3,
                           "logprobs": 2, "return_token_ids": true, "ignore_eos": true});
         let (status, v) = post(&client, &url, &body).await;
@@ -358,7 +306,7 @@ fn completions_n_samples_and_weight_updates() {
         assert_eq!(v["policy_version"], 0);
         let before = choices[0]["token_ids"].clone();
         // New weights through the API.
-        let upd = format!("{}/update_weights", server.base.trim_end_matches("/v1"));
+        let upd = format!("{}/update_weights", server.url.trim_end_matches("/v1"));
         let (status, r) = post(&client, &upd, &json!({"model_path": b})).await;
         assert_eq!((status, r["policy_version"].clone()), (200, json!(1)), "{r}");
         let (_, v) = post(&client, &url, &body).await;
@@ -378,7 +326,7 @@ fn completions_n_samples_and_weight_updates() {
         assert!(toks.iter().all(|t| t.as_str().unwrap().starts_with("token_id:")));
         let models: Value = serde_json::from_str(
             &client
-                .get(format!("{}/models", server.base))
+                .get(format!("{}/models", server.url))
                 .send()
                 .await
                 .unwrap()
@@ -394,10 +342,10 @@ fn completions_n_samples_and_weight_updates() {
 #[test]
 fn sixty_four_clients_complete_with_flat_memory_and_overload_is_a_503() {
     let tmp = tempfile::tempdir().unwrap();
-    plain_model(tmp.path(), 4);
-    let server = Server::start(tmp.path(), &["--max-batch-size", "16"]);
+    common::tiny_model(tmp.path(), 4);
+    let server = common::InferenceServer::start(tmp.path(), &["--max-batch-size", "16"]);
     let rt = rt();
-    let chat = format!("{}/chat/completions", server.base);
+    let chat = format!("{}/chat/completions", server.url);
     let round = |secs: u64| {
         let chat = chat.clone();
         rt.block_on(async move {
@@ -430,9 +378,9 @@ fn sixty_four_clients_complete_with_flat_memory_and_overload_is_a_503() {
         })
     };
     let first = round(2);
-    let rss1 = server.rss_kib();
+    let rss1 = rss_kib(&server.child);
     let second = round(4);
-    let rss2 = server.rss_kib();
+    let rss2 = rss_kib(&server.child);
     assert!(first >= 64 && second >= 64, "{first} {second}");
     assert!(
         rss2 < rss1 + rss1 / 5 + 20_000,
@@ -441,8 +389,9 @@ fn sixty_four_clients_complete_with_flat_memory_and_overload_is_a_503() {
     drop(server);
 
     // A server that admits at most two requests refuses the rest with 503 + Retry-After.
-    let server = Server::start(tmp.path(), &["--max-batch-size", "1", "--max-queue", "2"]);
-    let chat = format!("{}/chat/completions", server.base);
+    let server =
+        common::InferenceServer::start(tmp.path(), &["--max-batch-size", "1", "--max-queue", "2"]);
+    let chat = format!("{}/chat/completions", server.url);
     let statuses: Vec<(u16, bool)> = rt.block_on(async move {
         let client = reqwest::Client::new();
         let mut tasks = Vec::new();
@@ -474,10 +423,10 @@ fn sixty_four_clients_complete_with_flat_memory_and_overload_is_a_503() {
 #[test]
 fn sigterm_stops_the_server_cleanly_mid_request() {
     let tmp = tempfile::tempdir().unwrap();
-    plain_model(tmp.path(), 5);
-    let mut server = Server::start(tmp.path(), &[]);
+    common::tiny_model(tmp.path(), 5);
+    let mut server = common::InferenceServer::start(tmp.path(), &[]);
     let rt = rt();
-    let chat = format!("{}/chat/completions", server.base);
+    let chat = format!("{}/chat/completions", server.url);
     let pending = rt.spawn(async move {
         let client = reqwest::Client::new();
         let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000,
@@ -491,7 +440,7 @@ fn sigterm_stops_the_server_cleanly_mid_request() {
         r.text().await.unwrap()
     });
     std::thread::sleep(Duration::from_millis(500));
-    server.terminate();
+    terminate(&server.child);
     let started = Instant::now();
     let status = loop {
         if let Some(s) = server.child.try_wait().unwrap() {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<String> {
@@ -54,12 +54,7 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["arith"]);
     let model = tmp.path().join("tiny");
-    let out = common::run(
-        Command::new(common::host_bin())
-            .args(["model", "init", "--seed", "2", "--out"])
-            .arg(&model),
-    );
-    assert!(out.status.success());
+    common::tiny_model(&model, 2);
     let run_dir = tmp.path().join("run");
     let steps = 12;
     // Start, wait for the first checkpoint, kill hard.
@@ -169,37 +164,9 @@ fn remote_servers_generate_and_receive_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["arith"]);
     let model = tmp.path().join("tiny");
-    let out = common::run(
-        Command::new(common::host_bin())
-            .args(["model", "init", "--seed", "3", "--out"])
-            .arg(&model),
-    );
-    assert!(out.status.success());
-    let mut server = Command::new(common::host_bin())
-        .args([
-            "inference",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--enable-auto-tool-choice",
-            "-m",
-        ])
-        .arg(&model)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_string();
+    common::tiny_model(&model, 3);
+    let server = common::InferenceServer::start(&model, &[]);
+    let url = server.url.clone();
     let run_dir = tmp.path().join("remote");
     let out = common::run(
         common::host(&home)
@@ -217,8 +184,7 @@ fn remote_servers_generate_and_receive_weights() {
         .unwrap()
         .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let (stdout, stderr) = common::texts(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     let models: serde_json::Value = serde_json::from_str(&models).unwrap();

@@ -51,12 +51,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["arith"]);
     let base = tmp.path().join("tiny");
-    let out = common::run(
-        Command::new(common::host_bin())
-            .args(["model", "init", "--seed", "1", "--out"])
-            .arg(&base),
-    );
-    assert!(out.status.success());
+    common::tiny_model(&base, 1);
     let mut teacher = Command::new("python3")
         .arg(common::repo_root().join("scripts/arith-teacher.py"))
         .stdout(Stdio::piped())

@@ -37,14 +37,12 @@ fn templates_render_the_golden_cases_byte_for_byte() {
         } else {
             &qwen3
         };
-        let mut kwargs = case["kwargs"].as_object().unwrap().clone();
-        let generation = kwargs
-            .remove("add_generation_prompt")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        let tools = case["tools"].as_array().map(|_| &case["tools"]);
         let rendered = template
-            .render(&case["messages"], tools, generation, &kwargs)
+            .apply(
+                &case["messages"],
+                Some(&case["tools"]),
+                case["kwargs"].as_object().unwrap(),
+            )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
         let ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
@@ -68,14 +66,12 @@ fn rlhost_template_renders_qwen3s_golden_cases() {
             continue;
         }
         let name = case["name"].as_str().unwrap();
-        let mut kwargs = case["kwargs"].as_object().unwrap().clone();
-        let generation = kwargs
-            .remove("add_generation_prompt")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        let tools = case["tools"].as_array().map(|_| &case["tools"]);
         let rendered = ours
-            .render(&case["messages"], tools, generation, &kwargs)
+            .apply(
+                &case["messages"],
+                Some(&case["tools"]),
+                case["kwargs"].as_object().unwrap(),
+            )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
         checked += 1;

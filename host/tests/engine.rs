@@ -10,19 +10,14 @@ use std::time::Duration;
 use rlhost::engine::{
     Completion, Engine, EngineConfig, EngineError, FinishReason, SamplingParams, WeightSource,
 };
-use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
+use rlhost::model::Qwen3;
 use tch::{Device, Kind, Tensor};
 
+#[path = "../../tests/common.rs"]
+mod common;
+
 fn tiny(dir: &Path, seed: u64) {
-    let model = Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        seed,
-    )
-    .unwrap();
-    model.save(dir).unwrap();
-    tiny_tokenizer::write(dir, 512).unwrap();
+    common::tiny_model(dir, seed);
 }
 
 fn engine(dir: &Path, cfg: EngineConfig) -> Engine {

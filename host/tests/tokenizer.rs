@@ -153,14 +153,12 @@ fn the_tiny_tokenizer_matches_transformers() {
         );
     }
     for (i, conv) in conversations.iter().enumerate() {
-        let mut kwargs = conv["kwargs"].as_object().unwrap().clone();
-        let generation = kwargs
-            .remove("add_generation_prompt")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        let tools = conv["tools"].as_array().map(|_| &conv["tools"]);
         let rendered = template
-            .render(&conv["messages"], tools, generation, &kwargs)
+            .apply(
+                &conv["messages"],
+                Some(&conv["tools"]),
+                conv["kwargs"].as_object().unwrap(),
+            )
             .unwrap();
         assert_eq!(rendered, reference["renders"][i], "render {i}");
         let want: Vec<u32> = serde_json::from_value(reference["render_ids"][i].clone()).unwrap();

@@ -12,7 +12,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::device::{CudaStatus, DeviceSpec, Precision};
 use crate::eval::{EvalOptions, EvalPlan, PassKMode, summarize};
-use crate::plugin::{LoadOptions, PluginLoader};
 use crate::rollout::{Generator, InProcess, OpenAiClient, Sampling};
 
 /// Arguments of `host eval`.
@@ -137,29 +136,7 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         tch::set_num_threads(t as i32);
     }
     let rt = super::async_runtime()?;
-    let sandbox = {
-        use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
-        match locate_component(None, Some(&home)) {
-            Ok(path) => Some(Arc::new(WasmSandbox::load(
-                &path,
-                Some(&home.cache_dir()),
-                SandboxPolicy::default(),
-            )?) as Arc<dyn crate::sandbox::Sandbox>),
-            Err(e) => {
-                tracing::warn!(
-                    "no Python sandbox ({e}); environments with a python tool will fail their tool calls"
-                );
-                None
-            }
-        }
-    };
-    let loader = PluginLoader::new(
-        LoadOptions {
-            sandbox,
-            ..Default::default()
-        },
-        Some(home.cache_dir()),
-    )?;
+    let loader = super::env_loader(&home)?;
     let (generator, model_name): (Box<dyn Generator>, String) = match (&a.model, &a.base_url) {
         (Some(m), _) => {
             let dir = crate::model::hub::resolve(m)?;

@@ -105,6 +105,32 @@ pub(crate) fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// A plugin loader for environments that may call the python tool: the WebAssembly sandbox
+/// found for `home` (a warning, and failing tool calls, when there is none).
+pub(crate) fn env_loader(
+    home: &crate::home::RlhostHome,
+) -> anyhow::Result<crate::plugin::PluginLoader> {
+    use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+    let sandbox = match locate_component(None, Some(home)) {
+        Ok(path) => Some(std::sync::Arc::new(WasmSandbox::load(
+            &path,
+            Some(&home.cache_dir()),
+            SandboxPolicy::default(),
+        )?) as std::sync::Arc<dyn crate::sandbox::Sandbox>),
+        Err(e) => {
+            tracing::warn!("no Python sandbox ({e}); python tool calls will fail");
+            None
+        }
+    };
+    Ok(crate::plugin::PluginLoader::new(
+        crate::plugin::LoadOptions {
+            sandbox,
+            ..Default::default()
+        },
+        Some(home.cache_dir()),
+    )?)
+}
+
 /// The error of a subcommand that is not built yet.
 pub(crate) fn not_implemented(command: &str) -> anyhow::Error {
     anyhow::anyhow!(

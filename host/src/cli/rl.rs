@@ -3,13 +3,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-
-use crate::plugin::{LoadOptions, PluginLoader};
 
 /// Arguments of `host rl`: `--plugin NAME`, `--trainer @ FILE`, `--orchestrator @ FILE`,
 /// `--inference @ FILE`, `--SECTION.KEY VALUE` overrides (`--trainer.optim.lr 3e-6`),
@@ -42,27 +39,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             "environment `{id}` is not installed ({e}); install it with:\n  host env install {id}"
         )
     })?;
-    let sandbox = {
-        use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
-        match locate_component(None, Some(&home)) {
-            Ok(path) => Some(Arc::new(WasmSandbox::load(
-                &path,
-                Some(&home.cache_dir()),
-                SandboxPolicy::default(),
-            )?) as Arc<dyn crate::sandbox::Sandbox>),
-            Err(e) => {
-                tracing::warn!("no Python sandbox ({e}); python tool calls will fail");
-                None
-            }
-        }
-    };
-    let loader = PluginLoader::new(
-        LoadOptions {
-            sandbox,
-            ..Default::default()
-        },
-        Some(home.cache_dir()),
-    )?;
+    let loader = super::env_loader(&home)?;
     let env = super::async_runtime()?
         .block_on(loader.load_environment(&dir))
         .with_context(|| format!("loading {id}"))?;

@@ -137,6 +137,22 @@ pub struct Completion {
     pub prompt_tokens: usize,
 }
 
+impl Completion {
+    /// A sample with nothing generated yet.
+    pub fn empty(index: usize, prompt_tokens: usize) -> Self {
+        Self {
+            index,
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            text: String::new(),
+            finish_reason: FinishReason::Abort,
+            versions: Vec::new(),
+            prompt_tokens,
+        }
+    }
+}
+
 /// New weights for a running engine.
 pub enum WeightSource {
     /// A Hugging Face folder (safetensors) of the same architecture.
@@ -374,16 +390,7 @@ pub async fn collect(
     prompt_tokens: usize,
 ) -> Result<Vec<Completion>, EngineError> {
     let mut out: Vec<Completion> = (0..n)
-        .map(|index| Completion {
-            index,
-            token_ids: Vec::new(),
-            logprobs: Vec::new(),
-            top_logprobs: Vec::new(),
-            text: String::new(),
-            finish_reason: FinishReason::Abort,
-            versions: Vec::new(),
-            prompt_tokens,
-        })
+        .map(|index| Completion::empty(index, prompt_tokens))
         .collect();
     let mut done = 0;
     while done < n {

@@ -215,6 +215,25 @@ impl ChatTemplate {
     }
 }
 
+impl ChatTemplate {
+    /// transformers' `apply_chat_template(messages, tools=tools, **kwargs)`: `kwargs` holds
+    /// `add_generation_prompt` (default false) and the template's other variables.
+    pub fn apply(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ModelError> {
+        let mut extra = kwargs.clone();
+        let generation = extra
+            .remove("add_generation_prompt")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let tools = tools.filter(|t| !t.is_null());
+        self.render(messages, tools, generation, &extra)
+    }
+}
+
 /// What to append to a conversation's token stream after new (tool or user) messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delta {

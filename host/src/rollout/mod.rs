@@ -262,6 +262,29 @@ impl OpenAiClient {
         }
     }
 
+    /// POSTs JSON with the key and timeout; transport failures are transient.
+    async fn post(&self, url: &str, body: &Value) -> Result<(u16, String), GenError> {
+        let mut req = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .timeout(self.timeout)
+            .body(body.to_string());
+        if let Some(k) = &self.api_key {
+            req = req.bearer_auth(k);
+        }
+        let r = req
+            .send()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let status = r.status().as_u16();
+        let text = r
+            .text()
+            .await
+            .map_err(|e| GenError::Transient(e.to_string()))?;
+        Ok((status, text))
+    }
+
     /// The first model the server lists (`GET /models`).
     pub async fn first_model(&self) -> Result<String, GenError> {
         let mut req = self
@@ -295,24 +318,9 @@ impl Generator for OpenAiClient {
     }
 
     async fn complete(&self, body: &Value) -> Result<Value, GenError> {
-        let mut req = self
-            .http
-            .post(format!("{}/chat/completions", self.base_url))
-            .header("content-type", "application/json")
-            .timeout(self.timeout)
-            .body(body.to_string());
-        if let Some(k) = &self.api_key {
-            req = req.bearer_auth(k);
-        }
-        let r = req
-            .send()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
-        let status = r.status().as_u16();
-        let text = r
-            .text()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let (status, text) = self
+            .post(&format!("{}/chat/completions", self.base_url), body)
+            .await?;
         if status == 429 || status >= 500 {
             return Err(GenError::Transient(format!("HTTP {status}: {text}")));
         }
@@ -369,24 +377,12 @@ impl OpenAiClient {
     /// reports.
     pub async fn update_weights(&self, dir: &std::path::Path) -> Result<Option<u64>, GenError> {
         let root = self.base_url.trim_end_matches("/v1");
-        let mut req = self
-            .http
-            .post(format!("{root}/update_weights"))
-            .header("content-type", "application/json")
-            .timeout(self.timeout)
-            .body(json!({"model_path": dir}).to_string());
-        if let Some(k) = &self.api_key {
-            req = req.bearer_auth(k);
-        }
-        let r = req
-            .send()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
-        let status = r.status().as_u16();
-        let text = r
-            .text()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let (status, text) = self
+            .post(
+                &format!("{root}/update_weights"),
+                &json!({"model_path": dir}),
+            )
+            .await?;
         if status != 200 {
             return Err(GenError::Fatal(format!(
                 "POST {root}/update_weights: HTTP {status}: {text}"

@@ -559,16 +559,7 @@ fn chat_stream(
         let mut shown = vec![0usize; n];
         let mut done: Vec<Completion> = Vec::new();
         let mut partial: Vec<Completion> = (0..n)
-            .map(|index| Completion {
-                index,
-                token_ids: vec![],
-                logprobs: vec![],
-                top_logprobs: vec![],
-                text: String::new(),
-                finish_reason: FinishReason::Abort,
-                versions: vec![],
-                prompt_tokens: meta.prompt_ids.len(),
-            })
+            .map(|index| Completion::empty(index, meta.prompt_ids.len()))
             .collect();
         for index in 0..n {
             let c = chunk(
