@@ -151,6 +151,22 @@ impl Completion {
             prompt_tokens,
         }
     }
+
+    /// Appends one generated token (what an [`Event::Token`] carries).
+    pub fn push_token(
+        &mut self,
+        id: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+        text: &str,
+        version: u64,
+    ) {
+        self.token_ids.push(id);
+        self.logprobs.push(logprob);
+        self.top_logprobs.push(top);
+        self.text.push_str(text);
+        self.versions.push(version);
+    }
 }
 
 /// New weights for a running engine.
@@ -402,14 +418,7 @@ pub async fn collect(
                 top,
                 text,
                 version,
-            } => {
-                let c = &mut out[index];
-                c.token_ids.push(id);
-                c.logprobs.push(logprob);
-                c.top_logprobs.push(top);
-                c.text.push_str(&text);
-                c.versions.push(version);
-            }
+            } => out[index].push_token(id, logprob, top, &text, version),
             Event::Finished {
                 index,
                 reason,

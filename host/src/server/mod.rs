@@ -581,10 +581,7 @@ fn chat_stream(
                     text,
                     version,
                 } => {
-                    let c = &mut partial[index];
-                    c.token_ids.push(id);
-                    c.logprobs.push(logprob);
-                    c.versions.push(version);
+                    partial[index].push_token(id, logprob, top.clone(), &text, version);
                     texts[index].push_str(&text);
                     // What may be shown: everything, or (parsing calls) the text before a call
                     // starts, minus a tail that could begin the marker.
