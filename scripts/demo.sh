@@ -78,3 +78,19 @@ if [ -x .venv-ref/bin/python ]; then
 else
   "$HOST" bench generate --model "$DEMO/tiny" --repeats 2 --no-peer
 fi
+echo
+echo "== the training pipeline on arith: teacher rollouts -> host sft -> host eval -> host rl (GRPO) -> host eval"
+python3 scripts/arith-teacher.py > "$DEMO/teacher.url" &
+TEACHER=$!
+for _ in $(seq 100); do [ -s "$DEMO/teacher.url" ] && break; sleep 0.1; done
+"$HOST" eval arith -b "$(cat "$DEMO/teacher.url")" -n 300 -r 1 -c 16 --split train -s "$DEMO/traces" | tail -1
+kill "$TEACHER"; wait "$TEACHER" 2>/dev/null || true
+"$HOST" sft -m "$DEMO/tiny" --data "$DEMO/traces/arith/results.jsonl" --only-correct \
+  --steps 60 --batch-size 16 --lr 3e-3 --out "$DEMO/warm"
+EVAL=(eval arith -n 50 -r 2 --max-tokens 48 --temperature 1 --seed 1)
+"$HOST" "${EVAL[@]}" -m "$DEMO/warm" -s "$DEMO/eval-before" > "$DEMO/eval-before.txt"
+"$HOST" rl --plugin arith --model.name "$DEMO/warm" --output-dir "$DEMO/rl"
+"$HOST" "${EVAL[@]}" -m "$DEMO/rl/final" -s "$DEMO/eval-after" > "$DEMO/eval-after.txt"
+echo "before RL: $(tail -1 "$DEMO/eval-before.txt")"
+echo "after RL:  $(tail -1 "$DEMO/eval-after.txt")"
+echo "reward and loss curves: $DEMO/rl/curves.png"

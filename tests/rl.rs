@@ -41,6 +41,8 @@ fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<
     .chain([
         "--trainer.max-steps".to_string(),
         steps.to_string(),
+        "--orchestrator.max-steps".to_string(),
+        steps.to_string(),
         "--model.name".into(),
         model.display().to_string(),
         "--output-dir".into(),
@@ -96,6 +98,8 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     for l in &lines {
         assert_eq!(l["samples"], 8, "{l}");
         assert!(l["ratio_mean"].as_f64().unwrap() > 0.99, "{l}");
+        // configs/arith/rl: async_level 1.
+        assert!(l["policy_lag"].as_u64().unwrap() <= 1, "{l}");
     }
     // The reward and loss curves.
     let png = std::fs::read(run_dir.join("curves.png")).unwrap();

@@ -568,5 +568,13 @@ mod tests {
         assert_eq!(cfg.trainer.loss.clip_ratio, 8.0);
         assert_eq!(cfg.orchestrator.environment.id, "math-python");
         assert_eq!(cfg.trainer.model.name, "Qwen/Qwen3-8B");
+        let (cfg, _) = parse(
+            &args(&["--plugin", "arith", "--model.name", "/m"]),
+            &configs,
+        )
+        .unwrap();
+        assert_eq!(cfg.orchestrator.rollouts_per_example, 8);
+        assert_eq!(cfg.inference.max_model_len, 1024);
+        assert_eq!(cfg.inference.model.name, "/m");
     }
 }

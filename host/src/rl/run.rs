@@ -319,6 +319,13 @@ pub fn run(
     let policy = crate::model::Qwen3::load(&policy_dir, device, tch::Kind::Float)
         .with_context(|| format!("loading the policy {}", policy_dir.display()))?;
     let max_steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);
+    if cfg.trainer.max_steps != cfg.orchestrator.max_steps {
+        tracing::warn!(
+            "trainer.max_steps = {} and orchestrator.max_steps = {} differ: running {max_steps} steps",
+            cfg.trainer.max_steps,
+            cfg.orchestrator.max_steps
+        );
+    }
     let mut trainer = Trainer::new(
         policy,
         cfg.trainer.optim.clone(),
@@ -478,16 +485,19 @@ pub fn run(
         cfg: cfg.clone(),
         env_args,
     });
-    // The orchestrator runs ahead of the trainer by at most `async_level` batches.
-    let ahead = cfg.orchestrator.async_level.max(1);
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<Batch>>(ahead);
+    // The orchestrator starts the batch of step s once the trainer has finished step
+    // s - async_level, so no batch comes from a policy more than `async_level` steps old.
+    let level = cfg.orchestrator.async_level;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<Batch>>(level.max(1));
+    let (done_tx, done_rx) = tokio::sync::watch::channel(start);
     let p = producer.clone();
-    let sync = cfg.orchestrator.async_level == 0;
-    let (go_tx, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     rt.spawn(async move {
+        let mut done_rx = done_rx;
         for step in start..max_steps {
-            if sync && step > start && go_rx.recv().await.is_none() {
-                return;
+            while *done_rx.borrow() + level < step {
+                if done_rx.changed().await.is_err() {
+                    return;
+                }
             }
             let b = p.batch(step).await;
             if tx.send(b).await.is_err() {
@@ -506,9 +516,7 @@ pub fn run(
         let stats = trainer.train_step(&batch.samples)?;
         let train_s = t0.elapsed().as_secs_f64();
         let version = sync_weights(&trainer, step + 1)?;
-        if sync {
-            let _ = go_tx.send(());
-        }
+        let _ = done_tx.send(step + 1);
         let n = batch.records.len().max(1) as f64;
         let mut metrics: BTreeMap<String, f64> = BTreeMap::new();
         for r in &batch.records {
