@@ -520,3 +520,48 @@ fn config_files_and_missing_models_fail_fast_with_the_culprit_named() {
             .contains("unknown tool-call parser \"json5\"")
     );
 }
+
+/// `host bench generate` measures the engine (the transformers peer is the demo's; here rlhost
+/// alone): one row per batch size with a positive throughput.
+#[test]
+fn bench_generate_reports_every_batch_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::tiny_model(tmp.path(), 6);
+    let out = common::run(
+        common::host(tmp.path())
+            .args([
+                "bench",
+                "generate",
+                "--no-peer",
+                "--batch-sizes",
+                "1,3",
+                "--new-tokens",
+                "5",
+            ])
+            .args([
+                "--prompt-len",
+                "7",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+                "--model",
+            ])
+            .arg(tmp.path()),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["batch"], 3);
+    assert!(
+        rows.iter()
+            .all(|r| r["rlhost_tokens_per_s"].as_f64().unwrap() > 0.0)
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["transformers_tokens_per_s"].is_null())
+    );
+}
