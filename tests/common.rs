@@ -205,6 +205,16 @@ pub fn home_with_plugins(root: &Path, dists: &[&str]) -> PathBuf {
     home
 }
 
+/// The first line a child process prints on its (piped) stdout.
+pub fn first_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout is piped"))
+        .read_line(&mut line)
+        .unwrap();
+    line
+}
+
 /// `host inference` serving `model` on a free loopback port, killed on drop.
 pub struct InferenceServer {
     /// The process.
@@ -217,7 +227,6 @@ impl InferenceServer {
     /// Starts the server (one thread, auto tool choice) with `extra` flags; waits until it
     /// listens.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
-        use std::io::BufRead;
         let mut child = Command::new(host_bin())
             .args([
                 "inference",
@@ -235,10 +244,7 @@ impl InferenceServer {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let line = first_line(&mut child);
         let url = line
             .split_whitespace()
             .find(|w| w.starts_with("http://"))

@@ -389,7 +389,6 @@ impl Drop for Server {
 
 impl World {
     fn serve(&self) -> Server {
-        use std::io::BufRead;
         let mut child = host(&self.home())
             .args([
                 "registry",
@@ -403,10 +402,7 @@ impl World {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let line = common::first_line(&mut child);
         let url = line
             .trim()
             .strip_prefix("listening on ")

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
@@ -57,10 +56,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut url = String::new();
-    std::io::BufReader::new(teacher.stdout.take().unwrap())
-        .read_line(&mut url)
-        .unwrap();
+    let url = common::first_line(&mut teacher);
     let traces = tmp.path().join("traces");
     let out = common::run(
         common::host(&home)

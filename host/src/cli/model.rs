@@ -9,17 +9,6 @@ use clap::{Args, Subcommand};
 use crate::device::{DeviceSpec, Precision};
 use crate::model::{Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
 
-/// Files of a model folder that belong to its tokenizer and chat template.
-const TOKENIZER_FILES: [&str; 7] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-];
-
 /// Copies the tokenizer files of `from` into `out`, growing `cfg`'s vocabulary to fit and
 /// taking its end-of-sequence id. Returns a one-line summary.
 fn copy_tokenizer(
@@ -33,15 +22,7 @@ fn copy_tokenizer(
             from.display()
         )
     })?;
-    for name in TOKENIZER_FILES {
-        let src = from.join(name);
-        if src.is_file() {
-            let bytes =
-                std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
-            rlhost_registry::fs::write_atomically(&out.join(name), &bytes)
-                .with_context(|| format!("writing {}", out.join(name).display()))?;
-        }
-    }
+    crate::model::tokenizer::copy_files(from, out)?;
     let size = tok.vocab_size() as i64;
     if size > cfg.vocab_size {
         cfg.vocab_size = size;

@@ -130,17 +130,7 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
     })?;
     bar.finish_and_clear();
     trainer.model.save(&a.out)?;
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "generation_config.json",
-        "chat_template.jinja",
-    ] {
-        let src = dir.join(f);
-        if src.is_file() {
-            rlhost_registry::fs::write_atomically(&a.out.join(f), &std::fs::read(&src)?)?;
-        }
-    }
+    crate::model::tokenizer::copy_files(&dir, &a.out)?;
     println!(
         "sft: loss {:.4} -> {:.4}; wrote {}",
         first.get().unwrap_or(0.0),

@@ -93,3 +93,28 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 }
+
+/// Files of a model folder that belong to its tokenizer and chat template.
+pub const TOKENIZER_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+];
+
+/// Copies the tokenizer and chat-template files `from` has into `to` (each atomically), so a
+/// folder of new weights is a complete model.
+pub fn copy_files(from: &Path, to: &Path) -> Result<(), ModelError> {
+    for name in TOKENIZER_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            let bytes = std::fs::read(&src).map_err(|e| io(&src, e))?;
+            let dst = to.join(name);
+            rlhost_registry::fs::write_atomically(&dst, &bytes).map_err(|e| io(&dst, e))?;
+        }
+    }
+    Ok(())
+}

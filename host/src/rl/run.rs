@@ -587,17 +587,7 @@ pub fn run(
     // The trained policy as a plain model folder, ready for `host eval -m`.
     let final_dir = out.join("final");
     trainer.model.save(&final_dir)?;
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "generation_config.json",
-        "chat_template.jinja",
-    ] {
-        let src = policy_dir.join(f);
-        if src.is_file() {
-            rlhost_registry::fs::write_atomically(&final_dir.join(f), &std::fs::read(&src)?)?;
-        }
-    }
+    crate::model::tokenizer::copy_files(&policy_dir, &final_dir)?;
     if let Some(e) = &engine {
         e.shutdown();
     }

@@ -262,14 +262,9 @@ impl OpenAiClient {
         }
     }
 
-    /// POSTs JSON with the key and timeout; transport failures are transient.
-    async fn post(&self, url: &str, body: &Value) -> Result<(u16, String), GenError> {
-        let mut req = self
-            .http
-            .post(url)
-            .header("content-type", "application/json")
-            .timeout(self.timeout)
-            .body(body.to_string());
+    /// Sends `req` with the key and timeout; transport failures are transient.
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, String), GenError> {
+        let mut req = req.timeout(self.timeout);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
@@ -285,23 +280,21 @@ impl OpenAiClient {
         Ok((status, text))
     }
 
+    /// POSTs JSON.
+    async fn post(&self, url: &str, body: &Value) -> Result<(u16, String), GenError> {
+        let req = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.send(req).await
+    }
+
     /// The first model the server lists (`GET /models`).
     pub async fn first_model(&self) -> Result<String, GenError> {
-        let mut req = self
-            .http
-            .get(format!("{}/models", self.base_url))
-            .timeout(self.timeout);
-        if let Some(k) = &self.api_key {
-            req = req.bearer_auth(k);
-        }
-        let r = req
-            .send()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
-        let text = r
-            .text()
-            .await
-            .map_err(|e| GenError::Transient(e.to_string()))?;
+        let (_, text) = self
+            .send(self.http.get(format!("{}/models", self.base_url)))
+            .await?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| GenError::Fatal(format!("GET /models: {e}: {text}")))?;
         v["data"][0]["id"]
