@@ -80,17 +80,32 @@ else
 fi
 echo
 echo "== the training pipeline on arith: teacher rollouts -> host sft -> host eval -> host rl (GRPO) -> host eval"
-python3 scripts/arith-teacher.py > "$DEMO/teacher.url" &
+# A scripted teacher (scripts/arith-teacher.py) answers 40% of the level-1 questions with the
+# python tool and the rest with a lazy mental estimate; its conversations, recorded through the
+# real environment and sandbox, warm-start the tiny model, which learns both habits: it copies
+# expressions into tool calls well but calls the tool only about as often as the teacher did.
+# GRPO on the train split then has to discover that the tool pays. Before/after are measured on
+# the held-out test-d1 split, sampling at temperature 1 as the policy does, seeded.
+python3 scripts/arith-teacher.py --tool-rate 0.4 > "$DEMO/teacher.url" &
 TEACHER=$!
 for _ in $(seq 100); do [ -s "$DEMO/teacher.url" ] && break; sleep 0.1; done
-"$HOST" eval arith -b "$(cat "$DEMO/teacher.url")" -n 300 -r 1 -c 16 --split train -s "$DEMO/traces" | tail -1
+"$HOST" eval arith -b "$(cat "$DEMO/teacher.url")" -n 3000 -r 1 -c 16 --split train-d1 -s "$DEMO/traces" | tail -1
 kill "$TEACHER"; wait "$TEACHER" 2>/dev/null || true
-"$HOST" sft -m "$DEMO/tiny" --data "$DEMO/traces/arith/results.jsonl" --only-correct \
-  --steps 60 --batch-size 16 --lr 3e-3 --out "$DEMO/warm"
-EVAL=(eval arith -n 50 -r 2 --max-tokens 48 --temperature 1 --seed 1)
+"$HOST" sft -m "$DEMO/tiny" --data "$DEMO/traces/arith/results.jsonl" \
+  --steps 600 --batch-size 16 --lr 6e-3 --schedule constant --out "$DEMO/warm"
+EVAL=(eval arith --split test-d1 -n 100 -r 2 --max-tokens 48 --temperature 1 --seed 1)
 "$HOST" "${EVAL[@]}" -m "$DEMO/warm" -s "$DEMO/eval-before" > "$DEMO/eval-before.txt"
 "$HOST" rl --plugin arith --model.name "$DEMO/warm" --output-dir "$DEMO/rl"
 "$HOST" "${EVAL[@]}" -m "$DEMO/rl/final" -s "$DEMO/eval-after" > "$DEMO/eval-after.txt"
+echo
+echo "held-out test-d1, 100 questions x 2 samples at temperature 1:"
 echo "before RL: $(tail -1 "$DEMO/eval-before.txt")"
 echo "after RL:  $(tail -1 "$DEMO/eval-after.txt")"
+python3 - "$DEMO/eval-before/arith/summary.json" "$DEMO/eval-after/arith/summary.json" <<'PY'
+import json, sys
+def correct(path):
+    return dict(json.load(open(path))["metrics"])["correct"]
+before, after = (correct(p) for p in sys.argv[1:])
+print(f"Correct {before:.3f} -> {after:.3f} ({after - before:+.3f})")
+PY
 echo "reward and loss curves: $DEMO/rl/curves.png"

@@ -44,6 +44,9 @@ pub struct SftArgs {
     /// Train only on rollouts whose `correct` metric is set (eval results).
     #[arg(long)]
     only_correct: bool,
+    /// Also save the model every N steps, to `OUT/step-N` (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    save_every: usize,
     /// Shuffling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -118,23 +121,43 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
         optim,
         seed: a.seed,
     };
-    let first = std::cell::Cell::new(None::<f64>);
-    let last = std::cell::Cell::new(0.0);
-    sft::train(&mut trainer, &samples, &opts, &|step, s| {
-        if first.get().is_none() {
-            first.set(Some(s.loss));
-        }
-        last.set(s.loss);
+    let mut first = None::<f64>;
+    let mut last = 0.0;
+    // Without a terminal the bar is hidden: a line every tenth of the run instead.
+    let every_line = if bar.is_hidden() {
+        a.steps.div_ceil(10).max(1)
+    } else {
+        usize::MAX
+    };
+    let started = std::time::Instant::now();
+    sft::train(&mut trainer, &samples, &opts, &mut |step, s, trainer| {
+        first.get_or_insert(s.loss);
+        last = s.loss;
         bar.set_position(step as u64);
         bar.set_message(format!("loss {:.4}", s.loss));
+        if step % every_line == 0 {
+            println!(
+                "sft: step {step}/{} loss {:.4} lr {:.2e} ({:.0} s)",
+                a.steps,
+                s.loss,
+                s.lr,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if a.save_every > 0 && step % a.save_every == 0 && step < a.steps {
+            let dir_n = a.out.join(format!("step-{step}"));
+            trainer.model.save(&dir_n)?;
+            crate::model::tokenizer::copy_files(&dir, &dir_n)?;
+        }
+        Ok(())
     })?;
     bar.finish_and_clear();
     trainer.model.save(&a.out)?;
     crate::model::tokenizer::copy_files(&dir, &a.out)?;
     println!(
         "sft: loss {:.4} -> {:.4}; wrote {}",
-        first.get().unwrap_or(0.0),
-        last.get(),
+        first.unwrap_or(0.0),
+        last,
         a.out.display()
     );
     Ok(ExitCode::SUCCESS)

@@ -61,6 +61,19 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The cache of a one-row prefix seen by `batch` rows (a view: no copy; gradients of the
+    /// rows sum into the prefix's).
+    pub fn broadcast(&self, batch: i64) -> Self {
+        let grow = |t: &Tensor| t.expand([batch, -1, -1, -1], false);
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.as_ref().map(|(k, v)| (grow(k), grow(v))))
+                .collect(),
+        }
+    }
 }
 
 /// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::trainer::{Objective, OptimConfig, Sample, StepStats, Trainer};
+use super::trainer::{Objective, OptimConfig, Sample, StepStats, TrainError, Trainer};
 use crate::model::{ChatTemplate, Tokenizer};
 
 /// Errors of SFT data.
@@ -161,14 +161,14 @@ pub struct SftOptions {
     pub seed: u64,
 }
 
-/// Trains `trainer` on `samples` for `opts.steps` steps of shuffled batches; `progress` hears
-/// each step.
+/// Trains `trainer` on `samples` for `opts.steps` steps of shuffled batches; `after_step` hears
+/// each step (1-based) with the trainer, and may save it; its error stops training.
 pub fn train(
     trainer: &mut Trainer,
     samples: &[Sample],
     opts: &SftOptions,
-    progress: &dyn Fn(usize, &StepStats),
-) -> Result<(), super::trainer::TrainError> {
+    after_step: &mut dyn FnMut(usize, &StepStats, &Trainer) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
     let mut order: Vec<usize> = (0..samples.len()).collect();
     let mut rng = crate::engine::Rng::new(opts.seed ^ 0x5f7);
     let mut cursor = order.len();
@@ -186,7 +186,7 @@ pub fn train(
             cursor += 1;
         }
         let stats = trainer.step_with(&batch, Objective::Likelihood)?;
-        progress(step + 1, &stats);
+        after_step(step + 1, &stats, trainer)?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use tch::{Kind, Tensor};
 
 use super::loss::{LossConfig, LossStats, NormType, policy_loss};
 use crate::model::Qwen3;
+use crate::model::qwen3::KvCache;
 
 /// Learning-rate schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -106,6 +107,9 @@ pub enum TrainError {
     /// libtorch failed.
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+    /// Saving or loading the model failed.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
 }
 
 /// What a step optimises.
@@ -133,6 +137,8 @@ pub struct StepStats {
     pub tokens: usize,
     /// Micro-batches run.
     pub micro_batches: usize,
+    /// Token positions not recomputed thanks to shared prefixes (prefix length × extra rows).
+    pub shared_tokens: usize,
     /// The step was skipped (non-finite).
     pub skipped: bool,
 }
@@ -213,6 +219,10 @@ pub struct Trainer {
     pub temperature: f64,
     /// Token budget of a micro-batch (padded length × rows).
     pub micro_batch_tokens: usize,
+    /// Run the prompt prefix that all rows of a micro-batch share once and let every row attend
+    /// to it (exact: the rows' gradients sum into it). GRPO groups share their prompt and most
+    /// environments a long system prompt, so this removes most of the prompt compute.
+    pub share_prefix: bool,
     /// Steps taken.
     pub step: usize,
     total_steps: usize,
@@ -238,6 +248,7 @@ impl Trainer {
             loss,
             temperature,
             micro_batch_tokens: micro_batch_tokens.max(1),
+            share_prefix: true,
             step: 0,
             total_steps,
             bad_in_a_row: 0,
@@ -395,13 +406,20 @@ impl Trainer {
         let mut loss_total = 0.0;
         let mut weighted = LossStats::default();
         for rows in &batches {
+            let prefix = if self.share_prefix {
+                shared_prefix(samples, rows)
+            } else {
+                0
+            };
             let width = rows
                 .iter()
                 .map(|&i| samples[i].ids.len())
                 .max()
                 .unwrap_or(0) as i64
-                - 1;
+                - 1
+                - prefix as i64;
             let b = rows.len() as i64;
+            stats.shared_tokens += prefix * (rows.len() - 1);
             let (mut ids, mut tgt, mut mask, mut old, mut key) = (
                 Vec::with_capacity((b * width) as usize),
                 Vec::with_capacity((b * width) as usize),
@@ -413,7 +431,7 @@ impl Trainer {
             for &i in rows {
                 let s = &samples[i];
                 let n = s.ids.len() - 1;
-                for p in 0..width as usize {
+                for p in prefix..prefix + width as usize {
                     let real = p < n;
                     ids.push(if real { i64::from(s.ids[p]) } else { 0 });
                     tgt.push(if real { i64::from(s.ids[p + 1]) } else { 0 });
@@ -430,10 +448,30 @@ impl Trainer {
             let old = Tensor::from_slice(&old).view(shape).to_device(device);
             let key = Tensor::from_slice(&key).view(shape).to_device(device);
             let adv = Tensor::from_slice(&adv).to_device(device);
-            let positions = Tensor::arange(width, (Kind::Int64, device))
+            let positions = (Tensor::arange(width, (Kind::Int64, device)) + prefix as i64)
                 .unsqueeze(0)
                 .expand(shape, false);
-            let logits = self.model.forward(&ids, &positions, Some(&key), None);
+            let logits = if prefix > 0 {
+                // The shared prefix once (its logits predict untrained tokens only), then every
+                // row's rest attending to its keys and values.
+                let head: Vec<i64> = samples[rows[0]].ids[..prefix]
+                    .iter()
+                    .map(|&t| i64::from(t))
+                    .collect();
+                let head = Tensor::from_slice(&head).view([1, -1]).to_device(device);
+                let head_pos = Tensor::arange(prefix as i64, (Kind::Int64, device)).view([1, -1]);
+                let mut cache = KvCache::new(self.model.cfg.num_hidden_layers as usize);
+                let _ = self.model.forward(&head, &head_pos, None, Some(&mut cache));
+                let mut cache = cache.broadcast(b);
+                let key = Tensor::cat(
+                    &[Tensor::ones([b, prefix as i64], (Kind::Int64, device)), key],
+                    1,
+                );
+                self.model
+                    .forward(&ids, &positions, Some(&key), Some(&mut cache))
+            } else {
+                self.model.forward(&ids, &positions, Some(&key), None)
+            };
             let logp = Qwen3::token_logprobs(&logits, &tgt, self.temperature);
             let here = mask.sum(Kind::Float).double_value(&[]);
             let (loss, ls, norm) = match objective {
@@ -495,6 +533,38 @@ impl Trainer {
         self.step += 1;
         Ok(stats)
     }
+}
+
+/// Length of the input prefix that the rows of a micro-batch share and whose next-token
+/// targets none of them trains on (0 when sharing would not pay): inputs `0..P` run once.
+fn shared_prefix(samples: &[Sample], rows: &[usize]) -> usize {
+    /// Shorter shared prefixes are not worth a second forward call.
+    const MIN_SHARED: usize = 16;
+    let Some((&first, rest)) = rows.split_first() else {
+        return 0;
+    };
+    if rest.is_empty() {
+        return 0;
+    }
+    let lead = &samples[first].ids;
+    let mut p = rest.iter().fold(lead.len(), |p, &i| {
+        let ids = &samples[i].ids;
+        lead[..p]
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+    });
+    for &i in rows {
+        let s = &samples[i];
+        // Every row keeps at least one input of its own, and the prefix's targets (ids 1..=P)
+        // are untrained everywhere.
+        p = p.min(s.ids.len().saturating_sub(2));
+        if let Some(t) = s.mask.iter().position(|&m| m) {
+            p = p.min(t - 1);
+        }
+    }
+    if p < MIN_SHARED { 0 } else { p }
 }
 
 #[cfg(test)]
