@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: all setup setup-py-reference build plugins sandbox demo test fmt fmt-check clippy
+.PHONY: all setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
@@ -22,6 +22,10 @@ setup:
 ## setup-py-reference: the Python reference venv (.venv-ref) that parity tests compare against
 setup-py-reference:
 	bash scripts/setup-py-reference.sh
+
+## setup-py-bench: the benchmark peers' venv (.venv-bench: the reference packages + TRL)
+setup-py-bench:
+	bash scripts/setup-py-reference.sh bench
 
 ## build: the host binary
 build: setup
@@ -41,6 +45,10 @@ sandbox: setup
 ## demo: the main job, the most complete user journey that exists today
 demo: plugins sandbox
 	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
+
+## bench-rl: host rl against TRL's GRPOTrainer on the CPU (after make demo, which installs arith)
+bench-rl: build setup-py-bench
+	$(WITH_ENV) HOST=$(HOST) bash scripts/bench-rl.sh
 
 fmt:
 	cargo fmt --all

@@ -92,7 +92,7 @@ for _ in $(seq 100); do [ -s "$DEMO/teacher.url" ] && break; sleep 0.1; done
 "$HOST" eval arith -b "$(cat "$DEMO/teacher.url")" -n 3000 -r 1 -c 16 --split train-d1 -s "$DEMO/traces" | tail -1
 kill "$TEACHER"; wait "$TEACHER" 2>/dev/null || true
 "$HOST" sft -m "$DEMO/tiny" --data "$DEMO/traces/arith/results.jsonl" \
-  --steps 600 --batch-size 16 --lr 6e-3 --schedule constant --out "$DEMO/warm"
+  --steps 900 --batch-size 16 --lr 6e-3 --schedule cosine --out "$DEMO/warm"
 EVAL=(eval arith --split test-d1 -n 100 -r 2 --max-tokens 48 --temperature 1 --seed 1)
 "$HOST" "${EVAL[@]}" -m "$DEMO/warm" -s "$DEMO/eval-before" > "$DEMO/eval-before.txt"
 "$HOST" rl --plugin arith --model.name "$DEMO/warm" --output-dir "$DEMO/rl"

@@ -3,6 +3,9 @@
 # safetensors, math-verify, openai) that parity tests compare rlhost against. Tests that need it
 # skip with a printed reason when it is absent; CI creates it.
 #
+# `setup-py-reference.sh bench` creates .venv-bench instead: the reference packages plus the
+# Python peers of the benchmarks (TRL's GRPOTrainer), from scripts/requirements-bench.txt.
+#
 # The venv itself lives in ~/.cache/rlhost, keyed by a hash of scripts/requirements-ref.txt, and
 # .venv-ref is a symlink to it: a fresh clone on the same machine reuses it, and a change to the
 # requirements builds a new one beside the old. Idempotent; prints what it does.
@@ -10,25 +13,31 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rlhost"
-REQ="$ROOT/scripts/requirements-ref.txt"
+NAME=${1:-ref}
+case "$NAME" in
+  ref | bench) ;;
+  *) echo "usage: setup-py-reference.sh [ref|bench]" >&2; exit 2 ;;
+esac
+REQ="$ROOT/scripts/requirements-$NAME.txt"
 PYTHON=${PYTHON:-python3}
-KEY=$( (cat "$REQ"; "$PYTHON" --version) | sha256sum | cut -c1-16)
-VENV="$CACHE/venv-ref-$KEY"
-LINK="$ROOT/.venv-ref"
+KEY=$( (cat "$REQ"; [ "$NAME" = ref ] || cat "$ROOT/scripts/requirements-ref.txt"; "$PYTHON" --version) | sha256sum | cut -c1-16)
+VENV="$CACHE/venv-$NAME-$KEY"
+LINK="$ROOT/.venv-$NAME"
 
 say() { printf '==> %s\n' "$*"; }
 
 if [ -f "$VENV/.complete" ]; then
-  say "reference venv already built: $VENV"
+  say "$NAME venv already built: $VENV"
 else
-  say "building the reference venv in $VENV (torch with its CUDA wheels is about 5 GB; 3-5 min)"
+  say "building the $NAME venv in $VENV (torch with its CUDA wheels is about 5 GB; 3-5 min)"
   tmp="$VENV.tmp.$$"
   rm -rf "$tmp"
   mkdir -p "$CACHE"
   "$PYTHON" -m venv "$tmp"
   "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+  (cd "$ROOT/scripts" && "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ")
   "$tmp/bin/python" -c 'import torch, transformers, tokenizers, safetensors, math_verify, openai; print("reference packages import: torch", torch.__version__, "transformers", transformers.__version__)'
+  if [ "$NAME" = bench ]; then "$tmp/bin/python" -c 'import trl; print("trl", trl.__version__)'; fi
   touch "$tmp/.complete"
   # venvs record their own path in scripts: build in place under the final name.
   rm -rf "$VENV"

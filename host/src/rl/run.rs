@@ -95,7 +95,6 @@ fn build_batch(
     records: Vec<RolloutRecord>,
     seconds: f64,
 ) -> anyhow::Result<Batch> {
-    let k = cfg.orchestrator.rollouts_per_example;
     let seq_len = cfg.trainer.data.seq_len;
     let mut groups: BTreeMap<usize, Vec<&RolloutRecord>> = BTreeMap::new();
     for r in &records {
@@ -156,7 +155,6 @@ fn build_batch(
             }
         }
     }
-    let _ = k;
     Ok(Batch {
         step,
         records,
