@@ -97,6 +97,8 @@ fn teacher_traces_warm_start_a_tiny_model() {
                 "--lr",
                 "3e-3",
                 "--only-correct",
+                "--save-every",
+                "20",
                 "--data",
             ])
             .arg(traces.join("arith/results.jsonl"))
@@ -111,10 +113,64 @@ fn teacher_traces_warm_start_a_tiny_model() {
         stdout.contains("300 conversations, 600 assistant turns"),
         "{stdout}"
     );
+    // Without a terminal, a progress line every tenth of the run; --save-every keeps a complete
+    // model folder at step 20 (the last step's model is OUT itself).
+    assert!(stdout.contains("sft: step 4/40 loss "), "{stdout}");
+    assert!(stdout.contains("sft: step 40/40 loss "), "{stdout}");
+    let mid = warm.join("step-20");
+    let info = common::run(common::host(&home).args(["model", "info"]).arg(&mid));
+    assert!(info.status.success(), "{}", common::texts(&info).1);
+    assert!(mid.join("tokenizer.json").is_file() && mid.join("tokenizer_config.json").is_file());
+    assert!(!warm.join("step-40").exists());
     let before = eval(&home, &base);
     let after = eval(&home, &warm);
     assert_eq!(metric(&before, "num_tool_calls"), 0.0, "{before}");
     assert_eq!(metric(&after, "num_tool_calls"), 1.0, "{after}");
     assert_eq!(metric(&after, "num_turns"), 2.0, "{after}");
     assert_eq!(after["tool_parse_failures"], 0);
+}
+
+/// `arith-teacher.py --tool-rate`: the teacher uses the tool on about that share of the
+/// questions, answers the others at once with an estimate (right only when the value is a
+/// multiple of ten), and makes the same choice for a question every time.
+#[test]
+fn teacher_tool_rate_mixes_habits_stably() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["arith"]);
+    let mut teacher = Command::new("python3")
+        .arg(common::repo_root().join("scripts/arith-teacher.py"))
+        .args(["--tool-rate", "0.4"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = common::first_line(&mut teacher);
+    let summaries: Vec<Value> = (0..2)
+        .map(|i| {
+            let dir = tmp.path().join(format!("traces-{i}"));
+            let out = common::run(
+                common::host(&home)
+                    .args([
+                        "eval", "arith", "-n", "200", "-r", "1", "--split", "train-d1",
+                    ])
+                    .args(["-b", url.trim(), "-s"])
+                    .arg(&dir),
+            );
+            assert!(out.status.success(), "{}", common::texts(&out).1);
+            serde_json::from_str(&std::fs::read_to_string(dir.join("arith/summary.json")).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let _ = teacher.kill();
+    let _ = teacher.wait();
+    let (tools, correct) = (
+        metric(&summaries[0], "num_tool_calls"),
+        metric(&summaries[0], "correct"),
+    );
+    assert!((0.3..0.5).contains(&tools), "tool share {tools}");
+    // Tool answers are right; estimates rarely.
+    assert!(
+        correct >= tools && correct < tools + 0.3,
+        "{correct} vs {tools}"
+    );
+    assert_eq!(summaries[0]["metrics"], summaries[1]["metrics"]);
 }
