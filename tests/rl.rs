@@ -97,6 +97,8 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     assert_eq!(lines.last().unwrap()["step"], steps);
     for l in &lines {
         assert_eq!(l["samples"], 8, "{l}");
+        // No difficulty filtering in configs/arith/rl: both groups of 4 are trained on.
+        assert_eq!(l["groups"], 2, "{l}");
         assert!(l["ratio_mean"].as_f64().unwrap() > 0.99, "{l}");
         // configs/arith/rl: async_level 1.
         assert!(l["policy_lag"].as_u64().unwrap() <= 1, "{l}");

@@ -10,20 +10,43 @@ use rlhost::rl::loss::{AdvantageKind, LossConfig, advantages};
 use rlhost::rl::trainer::{Objective, OptimConfig, Sample, Trainer};
 use tch::{Device, Kind};
 
+/// A tiny Qwen3 with random weights from `seed`, saved as a model folder.
+fn save_tiny(dir: &std::path::Path, seed: u64) {
+    Qwen3::new(
+        Qwen3Config::preset(Preset::Tiny),
+        Device::Cpu,
+        Kind::Float,
+        seed,
+    )
+    .unwrap()
+    .save(dir)
+    .unwrap();
+}
+
+/// A 10-step trainer of the model in `dir` with the default loss.
+fn load_trainer(
+    dir: &std::path::Path,
+    optim: OptimConfig,
+    temperature: f64,
+    budget: usize,
+) -> Trainer {
+    Trainer::new(
+        Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap(),
+        optim,
+        LossConfig::default(),
+        temperature,
+        budget,
+        10,
+    )
+    .unwrap()
+}
+
 #[test]
 fn grpo_learns_a_trivial_task_and_sampler_and_trainer_agree() {
     tch::manual_seed(0);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        5,
-    )
-    .unwrap()
-    .save(dir)
-    .unwrap();
+    save_tiny(dir, 5);
     tiny_tokenizer::write(dir, 512).unwrap();
     let engine = Engine::load(
         dir,
@@ -122,29 +145,18 @@ fn grpo_learns_a_trivial_task_and_sampler_and_trainer_agree() {
 fn trainer_checkpoints_resume_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
-    Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        6,
-    )
-    .unwrap()
-    .save(&dir)
-    .unwrap();
+    save_tiny(&dir, 6);
     let trainer = || {
-        Trainer::new(
-            Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap(),
+        load_trainer(
+            &dir,
             OptimConfig {
                 lr: 1e-3,
                 warmup_steps: 2,
                 ..Default::default()
             },
-            LossConfig::default(),
             1.0,
             32,
-            10,
         )
-        .unwrap()
     };
     let samples: Vec<Sample> = (0..6u32)
         .map(|k| Sample {
@@ -185,28 +197,17 @@ fn trainer_checkpoints_resume_exactly() {
 fn shared_prefix_training_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
-    Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        8,
-    )
-    .unwrap()
-    .save(&dir)
-    .unwrap();
+    save_tiny(&dir, 8);
     let trainer = |share: bool| {
-        let mut t = Trainer::new(
-            Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap(),
+        let mut t = load_trainer(
+            &dir,
             OptimConfig {
                 lr: 1e-3,
                 ..Default::default()
             },
-            LossConfig::default(),
             0.8,
             4096,
-            10,
-        )
-        .unwrap();
+        );
         t.share_prefix = share;
         t
     };

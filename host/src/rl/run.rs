@@ -48,6 +48,8 @@ pub struct StepLine {
     pub solve_all: usize,
     /// See `solve_all`.
     pub solve_none: usize,
+    /// Groups trained on, after online difficulty filtering (the effective batch).
+    pub groups: usize,
     /// Samples trained on.
     pub samples: usize,
     /// Mean sample length in tokens.
@@ -528,6 +530,7 @@ pub fn run(
             metrics,
             solve_all: batch.solve_all,
             solve_none: batch.solve_none,
+            groups: batch.groups,
             samples: batch.samples.len(),
             seq_len: batch
                 .samples
@@ -549,7 +552,6 @@ pub fn run(
             tokens_per_s: stats.tokens as f64 / train_s.max(1e-9),
             skipped: stats.skipped,
         };
-        let _ = batch.groups;
         {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new()
