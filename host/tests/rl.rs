@@ -277,3 +277,41 @@ fn shared_prefix_training_is_exact() {
     assert_eq!(b.shared_tokens, 48 * 6);
     assert!((a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1.0));
 }
+
+/// A batch with nothing to learn from (every group filtered out, or every token masked) leaves
+/// the weights alone — an optimiser step would still move them by Adam's momentum — and still
+/// counts as a step.
+#[test]
+fn a_batch_without_trained_tokens_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 9);
+    let mut t = load_trainer(
+        &dir,
+        OptimConfig {
+            lr: 1e-3,
+            ..Default::default()
+        },
+        1.0,
+        4096,
+    );
+    let sample = |trained: bool| Sample {
+        ids: (0..12).map(|i| (i * 17 + 3) % 500).collect(),
+        mask: (0..12).map(|i| trained && i >= 6).collect(),
+        old_logprobs: vec![-6.0; 12],
+        advantage: 1.0,
+    };
+    assert!(!t.train_step(&[sample(true)]).unwrap().skipped);
+    let before = t.weights();
+    let before: Vec<(String, tch::Tensor)> =
+        before.iter().map(|(k, v)| (k.clone(), v.copy())).collect();
+    for batch in [vec![], vec![sample(false), sample(false)]] {
+        let stats = t.train_step(&batch).unwrap();
+        assert!(stats.skipped && stats.tokens == 0, "{stats:?}");
+    }
+    assert_eq!(t.step, 3);
+    let after = t.weights();
+    for (name, w) in &before {
+        assert!(w.equal(&after[name]), "{name} moved");
+    }
+}

@@ -139,7 +139,7 @@ pub struct StepStats {
     pub micro_batches: usize,
     /// Token positions not recomputed thanks to shared prefixes (prefix length × extra rows).
     pub shared_tokens: usize,
-    /// The step was skipped (non-finite).
+    /// The weights were not updated: a non-finite loss or gradient, or no trained tokens.
     pub skipped: bool,
 }
 
@@ -401,6 +401,18 @@ impl Trainer {
             tokens: trained,
             ..Default::default()
         };
+        if trained == 0 {
+            // Nothing to learn from (every group filtered out, or every token masked): the
+            // policy stays as it is. An optimiser step would still move it by Adam's momentum
+            // and the weight decay. The step counts, so the schedule stays aligned.
+            tracing::info!(
+                step = self.step,
+                "no trained tokens in the batch: no update"
+            );
+            stats.skipped = true;
+            self.step += 1;
+            return Ok(stats);
+        }
         let batches = self.pack(samples);
         stats.micro_batches = batches.len();
         let mut loss_total = 0.0;
