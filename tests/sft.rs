@@ -45,18 +45,25 @@ fn metric(summary: &Value, name: &str) -> f64 {
         .unwrap()
 }
 
+/// `scripts/arith-teacher.py ARGS` listening on loopback, and its base URL.
+fn teacher(args: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new("python3")
+        .arg(common::repo_root().join("scripts/arith-teacher.py"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = common::first_line(&mut child).trim().to_string();
+    (child, url)
+}
+
 #[test]
 fn teacher_traces_warm_start_a_tiny_model() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["arith"]);
     let base = tmp.path().join("tiny");
     common::tiny_model(&base, 1);
-    let mut teacher = Command::new("python3")
-        .arg(common::repo_root().join("scripts/arith-teacher.py"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let url = common::first_line(&mut teacher);
+    let (mut teacher, url) = teacher(&[]);
     let traces = tmp.path().join("traces");
     let out = common::run(
         common::host(&home)
@@ -72,7 +79,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
                 "--split",
                 "train",
                 "-b",
-                url.trim(),
+                url.as_str(),
                 "-s",
             ])
             .arg(&traces),
@@ -137,13 +144,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
 fn teacher_tool_rate_mixes_habits_stably() {
     let tmp = tempfile::tempdir().unwrap();
     let home = common::home_with_plugins(tmp.path(), &["arith"]);
-    let mut teacher = Command::new("python3")
-        .arg(common::repo_root().join("scripts/arith-teacher.py"))
-        .args(["--tool-rate", "0.4"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let url = common::first_line(&mut teacher);
+    let (mut teacher, url) = teacher(&["--tool-rate", "0.4"]);
     let summaries: Vec<Value> = (0..2)
         .map(|i| {
             let dir = tmp.path().join(format!("traces-{i}"));
@@ -152,7 +153,7 @@ fn teacher_tool_rate_mixes_habits_stably() {
                     .args([
                         "eval", "arith", "-n", "200", "-r", "1", "--split", "train-d1",
                     ])
-                    .args(["-b", url.trim(), "-s"])
+                    .args(["-b", url.as_str(), "-s"])
                     .arg(&dir),
             );
             assert!(out.status.success(), "{}", common::texts(&out).1);
