@@ -9,8 +9,9 @@
 # (its default mode: the next batch is generated while the trainer trains), then TRL, each for
 # STEPS steps; the best round of each is kept. Seconds per step are whole runs divided by STEPS:
 # host rl timed as a process (model, engine and plugin start-up included), TRL's
-# trainer.train() only. The steady state (median step after the first) is printed too. The arith plugin comes from
-# $RLHOST_HOME, by default the home `make demo` installed it into (target/demo/home).
+# trainer.train() only. The steady state (median step after the first) is printed too.
+# The arith plugin comes from $RLHOST_HOME, by default the home `make demo` installed it into
+# (target/demo/home).
 set -euo pipefail
 export RLHOST_HOME=${RLHOST_HOME:-$(realpath -m "${TARGET_DIR:-target}/demo/home")}
 HOST=$(realpath "${HOST:-target/release/host}")
