@@ -50,3 +50,6 @@ assemble math500 "$WASM/math500.wasm" wasm
 assemble aime2024 "$WASM/aime2024.wasm" wasm
 assemble aime2025 "$WASM/aime2025.wasm" wasm
 assemble deepscaler "$WASM/deepscaler.wasm" wasm
+
+# Extism plugins (AssemblyScript, from npm).
+bash "$ROOT/scripts/build-extism-plugins.sh"

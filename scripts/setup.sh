@@ -5,7 +5,8 @@
 #   1. the pinned Rust toolchain (rust-toolchain.toml) with clippy, rustfmt and wasm32-wasip2;
 #   2. libtorch for tch, from PyPI's torch wheel, minimal `--no-deps --target` install, cached under
 #      ~/.cache/rlhost (see ../shared/SETUP-NOTES.md for why each piece is there);
-#   3. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
+#   3. Node.js and npm (the AssemblyScript plugins' compiler comes from npm);
+#   4. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,7 +57,17 @@ fi
 # libtorch_cpu.so finds libcudart/libcupti through LD_LIBRARY_PATH; collect their folders.
 CUDA_LIBS=$(find "$LIBTORCH_DIR/nvidia" -name 'libcu*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: -)
 
-# --- 3. env file ------------------------------------------------------------------------------
+# --- 3. Node.js --------------------------------------------------------------------------------
+# npm brings the AssemblyScript compiler and the Extism PDK for the Extism plugins (plugins/extism).
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  say "node $(node --version) and npm: already installed"
+else
+  say "installing Node.js and npm (Debian packages)"
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm >/dev/null
+fi
+
+# --- 4. env file ------------------------------------------------------------------------------
 say "writing $ENV_FILE"
 tmp_env="$ENV_FILE.tmp.$$"
 cat >"$tmp_env" <<ENV

@@ -7,7 +7,8 @@
 //! version = "0.1.0"
 //! kind = "environment"          # or "reward"
 //! abi = "rlhost:env@0.1.0"      # the WIT package the plugin was built against
-//! runtime = "wasm"              # or "native" (a C-ABI shared library; never sandboxed)
+//! runtime = "wasm"              # or "extism" (a core module speaking sdk/extism.md's JSON ABI),
+//!                               # or "native" (a C-ABI shared library; never sandboxed)
 //! description = "MATH problems with a Python tool"
 //! license = "Apache-2.0"
 //! tags = ["math", "tools"]
@@ -130,6 +131,9 @@ pub enum PluginKind {
 pub enum Runtime {
     /// A WebAssembly component, sandboxed.
     Wasm,
+    /// An Extism plugin: a core WebAssembly module built with any Extism PDK, speaking the
+    /// JSON ABI of `sdk/extism.md`; sandboxed like a component.
+    Extism,
     /// A native shared library with the C ABI: trusted code, not sandboxed.
     Native,
 }
@@ -280,7 +284,7 @@ impl Manifest {
             .artifact
             .clone()
             .unwrap_or_else(|| match self.plugin.runtime {
-                Runtime::Wasm => PathBuf::from("plugin.wasm"),
+                Runtime::Wasm | Runtime::Extism => PathBuf::from("plugin.wasm"),
                 Runtime::Native => PathBuf::from("plugin.so"),
             })
     }

@@ -30,6 +30,7 @@ extern crate self as rlhost_sdk;
 
 pub mod answer;
 pub mod dataset;
+pub mod extism;
 pub mod host;
 pub mod messages;
 pub mod native;

@@ -106,7 +106,8 @@ pub fn read_component_abi(bytes: &[u8]) -> Result<(ExportedWorld, Version), Stri
     })
 }
 
-fn parse_export_name(name: &str) -> Result<Option<(ExportedWorld, Version)>, String> {
+/// `rlhost:env/env@0.1.0` → (environment, 0.1.0); `None` for a name outside `rlhost:env`.
+pub(crate) fn parse_export_name(name: &str) -> Result<Option<(ExportedWorld, Version)>, String> {
     let Some(rest) = name.strip_prefix("rlhost:env/") else {
         return Ok(None);
     };

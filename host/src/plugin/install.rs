@@ -287,8 +287,8 @@ impl<'a> Installer<'a> {
                 ),
             });
         }
-        // Validate with the real runtime (components only: loading a native library runs it).
-        if manifest.plugin.runtime == Runtime::Wasm {
+        // Validate with the real runtime (sandboxed ones only: loading a native library runs it).
+        if manifest.plugin.runtime != Runtime::Native {
             let result = match manifest.plugin.kind {
                 rlhost_registry::PluginKind::Environment => {
                     loader.load_environment(staging.path()).await.map(|_| ())

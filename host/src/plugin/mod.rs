@@ -3,6 +3,8 @@
 //!
 //! - [`component`]: WebAssembly components (the primary ABI), sandboxed by wasmtime: no network,
 //!   no host files beyond the plugin's own read-only data folder, deadlines, memory caps.
+//! - [`extism`]: Extism plugins (core modules from any Extism PDK, a JSON ABI mirroring the WIT
+//!   world), sandboxed with the same limits.
 //! - [`native`]: C-ABI shared libraries for trusted, speed-critical code; **not** sandboxed, so
 //!   loaded only when the host is told `allow_native`.
 //!
@@ -16,6 +18,7 @@
 pub mod abi;
 pub mod capability;
 pub mod component;
+pub mod extism;
 mod host_api;
 pub mod install;
 pub mod limits;
@@ -253,6 +256,9 @@ impl PluginLoader {
                     .load_environment(folder, self.host_context_parts())
                     .await?,
             )),
+            Runtime::Extism => Ok(Arc::new(
+                extism::ExtismEnvironment::load(folder, self.host_context_parts()).await?,
+            )),
             Runtime::Native => {
                 self.check_native(&folder)?;
                 Ok(Arc::new(
@@ -270,6 +276,9 @@ impl PluginLoader {
                 self.runtime
                     .load_reward(folder, self.host_context_parts())
                     .await?,
+            )),
+            Runtime::Extism => Ok(Arc::new(
+                extism::ExtismReward::load(folder, self.host_context_parts()).await?,
             )),
             Runtime::Native => {
                 self.check_native(&folder)?;
