@@ -32,10 +32,10 @@ build: setup
 	$(WITH_ENV) cargo build --release --workspace
 
 ## plugins: first-party plugins and test fixtures (wasm32-wasip2 components, a few native
-## builds), assembled into loadable folders under plugins/target/dist/, packed and published to
+## builds, Extism plugins in AssemblyScript, Python plugins), assembled into loadable folders under plugins/target/dist/, packed and published to
 ## the default local registry ($$RLHOST_HOME/registry)
 plugins: build
-	$(WITH_ENV) bash scripts/build-plugins.sh
+	$(WITH_ENV) HOST=$(abspath $(HOST)) bash scripts/build-plugins.sh
 	$(WITH_ENV) HOST=$(HOST) bash scripts/publish-plugins.sh
 
 ## sandbox: the Python sandbox component (CPython for WASI + sympy, from pinned PyPI packages)

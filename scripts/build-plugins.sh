@@ -51,5 +51,6 @@ assemble aime2024 "$WASM/aime2024.wasm" wasm
 assemble aime2025 "$WASM/aime2025.wasm" wasm
 assemble deepscaler "$WASM/deepscaler.wasm" wasm
 
-# Extism plugins (AssemblyScript, from npm).
+# Extism plugins (AssemblyScript, from npm) and Python plugins (the rlhost_env SDK).
 bash "$ROOT/scripts/build-extism-plugins.sh"
+bash "$ROOT/scripts/build-python-plugins.sh"

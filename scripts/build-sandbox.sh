@@ -8,7 +8,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rlhost"
 PYTHON=${PYTHON:-python3}
 
-COMPONENTIZE_PY=0.25.1
+# shellcheck source=lib/componentize-py.sh
+source "$ROOT/scripts/lib/componentize-py.sh"
 SYMPY=1.14.0
 MPMATH=1.3.0   # sympy 1.14 requires mpmath < 1.4
 
@@ -23,17 +24,7 @@ say() { printf '==> %s\n' "$*"; }
 if [ -f "$CACHED" ]; then
   say "python sandbox component: cached ($CACHED)"
 else
-  TOOLS="$CACHE/componentize-py-$COMPONENTIZE_PY"
-  if [ ! -x "$TOOLS/bin/componentize-py" ]; then
-    say "installing componentize-py $COMPONENTIZE_PY into $TOOLS"
-    rm -rf "$TOOLS.tmp.$$"
-    "$PYTHON" -m venv "$TOOLS.tmp.$$"
-    "$TOOLS.tmp.$$/bin/python" -m pip install --quiet --disable-pip-version-check \
-      "componentize-py==$COMPONENTIZE_PY"
-    rm -rf "$TOOLS" && mv "$TOOLS.tmp.$$" "$TOOLS"
-    # The venv's scripts name their interpreter by path: point them at the final folder.
-    grep -lIF "$TOOLS.tmp.$$" "$TOOLS"/bin/* "$TOOLS/pyvenv.cfg" | xargs -r sed -i "s#$TOOLS.tmp.$$#$TOOLS#g"
-  fi
+  ensure_componentize_py
   SITE="$CACHE/sandbox/site-sympy-$SYMPY-mpmath-$MPMATH"
   if [ ! -f "$SITE/.complete" ]; then
     say "installing sympy $SYMPY and mpmath $MPMATH (pure Python) into $SITE"
@@ -46,7 +37,7 @@ else
   say "building the python sandbox component (pre-imports all of sympy; about a minute)"
   mkdir -p "$CACHE/sandbox"
   tmp="$CACHED.tmp.$$"
-  (cd "$SRC" && "$TOOLS/bin/componentize-py" -d wit -w sandbox componentize app \
+  (cd "$SRC" && "$COMPONENTIZE_PY_BIN" -d wit -w sandbox componentize app \
     -p . -p "$SITE" -o "$tmp")
   mv "$tmp" "$CACHED"
 fi

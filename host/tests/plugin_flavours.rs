@@ -29,13 +29,16 @@ fn dist(name: &str) -> PathBuf {
     dir
 }
 
+/// A loader whose compiled components are cached beside the built plugins (a Python
+/// component takes seconds to compile; every test after the first loads it in milliseconds).
 fn loader(limits: PluginLimits) -> PluginLoader {
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/component-cache");
     PluginLoader::new(
         LoadOptions {
             limits,
             ..Default::default()
         },
-        None,
+        Some(cache),
     )
     .expect("runtime starts")
 }
@@ -94,18 +97,38 @@ async fn transcript(env: &dyn Environment) -> Transcript {
     let (mut states, mut tool_results, mut done) = (vec![state.clone()], vec![], vec![]);
     let turns = [
         vec![
-            call("c1", "calculator", serde_json::json!({ "expression": expression })),
+            call(
+                "c1",
+                "calculator",
+                serde_json::json!({ "expression": expression }),
+            ),
             call(
                 "c2",
                 "calculator",
                 serde_json::json!({ "expression": "9223372036854775807 + 1" }),
             ),
-            call("c3", "calculator", serde_json::json!({ "expression": "(7 - 7) / 0" })),
+            call(
+                "c3",
+                "calculator",
+                serde_json::json!({ "expression": "(7 - 7) / 0" }),
+            ),
         ],
         vec![
-            call("c4", "calculator", serde_json::json!({ "expression": "2 * (3 + 4" })),
-            call("c5", "calculator", serde_json::json!({ "expression": "12 ÷ 4" })),
-            call("c6", "calculator", serde_json::json!({ "expression": "-(-3) * -9 / 2 + 1x" })),
+            call(
+                "c4",
+                "calculator",
+                serde_json::json!({ "expression": "2 * (3 + 4" }),
+            ),
+            call(
+                "c5",
+                "calculator",
+                serde_json::json!({ "expression": "12 ÷ 4" }),
+            ),
+            call(
+                "c6",
+                "calculator",
+                serde_json::json!({ "expression": "-(-3) * -9 / 2 + 1x" }),
+            ),
             call("c7", "search", serde_json::json!({ "query": "primes" })),
             call(
                 "c8",
@@ -207,7 +230,13 @@ async fn hostile(env: Arc<dyn Environment>, flavour: &str) {
     let t = Instant::now();
     let e = env.dataset("loop", 0, 1).await.unwrap_err();
     assert!(
-        matches!(kind(&e), PluginErrorKind::Timeout { call: "dataset", .. }),
+        matches!(
+            kind(&e),
+            PluginErrorKind::Timeout {
+                call: "dataset",
+                ..
+            }
+        ),
         "{flavour}: {e}"
     );
     assert!(
@@ -227,7 +256,13 @@ async fn hostile(env: Arc<dyn Environment>, flavour: &str) {
 
     let e = env.dataset("trap", 0, 1).await.unwrap_err();
     assert!(
-        matches!(kind(&e), PluginErrorKind::Crash { call: "dataset", .. }),
+        matches!(
+            kind(&e),
+            PluginErrorKind::Crash {
+                call: "dataset",
+                ..
+            }
+        ),
         "{flavour}: {e}"
     );
     assert!(e.to_string().contains(flavour), "names the plugin: {e}");
@@ -271,6 +306,34 @@ async fn hostile_extism_plugins_are_contained() {
 
     let e = loader
         .load_environment(&dist("fixture-extism-future-abi"))
+        .await
+        .err()
+        .expect("a future ABI is refused");
+    assert!(
+        matches!(kind(&e), PluginErrorKind::AbiMismatch { found, .. } if found.major == 9),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_python_plugins_are_contained() {
+    let loader = loader(quick_limits());
+    let env = loader
+        .load_environment(&dist("fixture-python-hostile"))
+        .await
+        .unwrap();
+    hostile(env.clone(), "fixtures/python-hostile").await;
+    // A Python exception that is not a plugin error crashes the call, and the host shows the
+    // traceback.
+    let e = env.dataset("trap", 0, 1).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("deliberate crash in a Python plugin"),
+        "{e}"
+    );
+
+    let e = loader
+        .load_environment(&dist("fixture-python-future-abi"))
         .await
         .err()
         .expect("a future ABI is refused");

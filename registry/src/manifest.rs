@@ -71,6 +71,29 @@ pub struct Manifest {
     /// Dataset files shipped in the data folder, with their provenance.
     #[serde(default)]
     pub datasets: Vec<DatasetSource>,
+    /// Present when the plugin is written in Python: `host env build` makes the artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonSource>,
+}
+
+/// The `[python]` table: a plugin written in Python with the `rlhost_env` SDK, compiled into a
+/// component (CPython for WASI and the plugin's modules, pre-imported) by `host env build`.
+///
+/// ```toml
+/// [python]
+/// module = "reverse_text"            # defines load_environment() (or load_reward())
+/// dependencies = ["regex==2024.11.6"] # pure-Python wheels, snapshotted at build time
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonSource {
+    /// The module (in the plugin folder) defining `load_environment()` or `load_reward()`;
+    /// default: the plugin name with `-` written `_`.
+    #[serde(default)]
+    pub module: Option<String>,
+    /// Pip requirement specifiers of pure-Python packages the plugin imports.
+    #[serde(default)]
+    pub dependencies: Vec<String>,
 }
 
 /// One `[[datasets]]` entry: a data file of the package, where it came from, and where users
@@ -254,6 +277,32 @@ impl Manifest {
                 ));
             }
         }
+        if let Some(py) = &self.python {
+            if p.runtime != Runtime::Wasm {
+                return Err(bad(
+                    "plugin.runtime",
+                    "must be \"wasm\" for a Python plugin (it is built into a component)".into(),
+                ));
+            }
+            if let Some(module) = &py.module
+                && !module.split('.').all(is_identifier)
+            {
+                return Err(bad(
+                    "python.module",
+                    format!("is {module:?}: expected a Python module name such as \"my_env\""),
+                ));
+            }
+            if let Some(dep) = py
+                .dependencies
+                .iter()
+                .find(|d| d.trim().is_empty() || d.trim_start().starts_with('-'))
+            {
+                return Err(bad(
+                    "python.dependencies",
+                    format!("has {dep:?}: expected a requirement such as \"regex==2024.11.6\""),
+                ));
+            }
+        }
         for dep in self.dependencies.keys() {
             let ok = dep
                 .split_once('/')
@@ -289,6 +338,15 @@ impl Manifest {
             })
     }
 
+    /// The Python module a Python plugin's entry point lives in.
+    pub fn python_module(&self) -> Option<String> {
+        self.python.as_ref().map(|py| {
+            py.module
+                .clone()
+                .unwrap_or_else(|| self.plugin.name.replace('-', "_"))
+        })
+    }
+
     /// The data folder's path relative to the package root.
     pub fn data_dir(&self) -> PathBuf {
         self.plugin
@@ -296,6 +354,14 @@ impl Manifest {
             .clone()
             .unwrap_or_else(|| PathBuf::from("data"))
     }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
 /// `rlhost:env@0.1.0` → `0.1.0`.

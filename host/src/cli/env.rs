@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use crate::home::RlhostHome;
 use crate::plugin::install::{self, InstallOptions, Installer};
 use crate::plugin::template::{self, SdkSource};
-use crate::plugin::{LoadOptions, PluginLoader};
+use crate::plugin::{LoadOptions, PluginLoader, python};
 use rlhost_registry::{PackageRef, PublisherKey, RegistryBackend, package};
 
 /// Arguments of `host env`.
@@ -36,7 +36,14 @@ enum EnvCommand {
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
-    /// Pack a plugin folder (plugin.toml, artifact, data/, README.md) into a .rlpkg.
+    /// Build a Python plugin folder (one whose plugin.toml has a [python] table) into its
+    /// component with componentize-py.
+    Build {
+        /// The plugin folder.
+        dir: PathBuf,
+    },
+    /// Pack a plugin folder (plugin.toml, artifact, data/, README.md) into a .rlpkg; a Python
+    /// plugin is built first.
     Pack {
         /// The plugin folder.
         dir: PathBuf,
@@ -156,6 +163,21 @@ fn installer<'a>(
     Ok((installer, loader))
 }
 
+/// Builds the Python plugin in `dir`, with a spinner while componentize-py works.
+fn build_python(dir: &std::path::Path) -> anyhow::Result<python::Built> {
+    let home = RlhostHome::from_env()?;
+    let options = python::BuildOptions::new(home.cache_dir());
+    let spinner = indicatif::ProgressBar::new_spinner().with_message(format!(
+        "building {} with componentize-py {}",
+        dir.display(),
+        python::COMPONENTIZE_PY_VERSION
+    ));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let built = python::build(dir, &options);
+    spinner.finish_and_clear();
+    built.with_context(|| format!("building the Python plugin {}", dir.display()))
+}
+
 pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         EnvCommand::Init {
@@ -182,7 +204,24 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        EnvCommand::Build { dir } => {
+            let built = build_python(&dir)?;
+            println!(
+                "built {}{}",
+                built.artifact.display(),
+                if built.cached { " (cached)" } else { "" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         EnvCommand::Pack { dir, out } => {
+            if python::is_python_plugin(&dir) {
+                let built = build_python(&dir)?;
+                println!(
+                    "built {}{}",
+                    built.artifact.display(),
+                    if built.cached { " (cached)" } else { "" }
+                );
+            }
             let (bytes, manifest) =
                 package::pack(&dir).with_context(|| format!("packing {}", dir.display()))?;
             let out = out.unwrap_or_else(|| {

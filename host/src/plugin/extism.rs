@@ -215,7 +215,13 @@ impl Shared {
         });
         let mut first = shared.instance()?;
         let declared = shared
-            .call_raw(&mut first, "abi-version", abi_extism::ABI_VERSION_EXPORT, None, 0)
+            .call_raw(
+                &mut first,
+                "abi-version",
+                abi_extism::ABI_VERSION_EXPORT,
+                None,
+                0,
+            )
             .await
             .map_err(|k| k.of(id))?;
         let (world, version) = abi::parse_export_name(declared.trim())
@@ -274,7 +280,9 @@ impl Shared {
     fn instance(&self) -> Result<Option<Plugin>, PluginError> {
         Plugin::new_from_compiled(&self.compiled)
             .map(Some)
-            .map_err(|e| PluginErrorKind::Malformed(format!("cannot instantiate: {e:#}")).of(self.id()))
+            .map_err(|e| {
+                PluginErrorKind::Malformed(format!("cannot instantiate: {e:#}")).of(self.id())
+            })
     }
 
     /// Calls `export` on `plugin` (taken out while the call runs; left `None` if the call failed
@@ -377,12 +385,9 @@ impl Shared {
         input: Option<&impl Serialize>,
         seed: u64,
     ) -> Result<O, PluginError> {
-        let input = input
-            .map(serde_json::to_vec)
-            .transpose()
-            .map_err(|e| {
-                PluginErrorKind::Malformed(format!("cannot encode the request: {e}")).of(self.id())
-            })?;
+        let input = input.map(serde_json::to_vec).transpose().map_err(|e| {
+            PluginErrorKind::Malformed(format!("cannot encode the request: {e}")).of(self.id())
+        })?;
         let out = self
             .call_raw(plugin, call, export, input, seed)
             .await

@@ -23,6 +23,7 @@ mod host_api;
 pub mod install;
 pub mod limits;
 pub mod native;
+pub mod python;
 pub mod template;
 mod validate;
 
