@@ -35,6 +35,9 @@ enum EnvCommand {
         /// present, else the published SDK).
         #[arg(long)]
         sdk: Option<PathBuf>,
+        /// Make a Python plugin (the rlhost_env SDK, built by `host env build`).
+        #[arg(long)]
+        python: bool,
     },
     /// Build a Python plugin folder (one whose plugin.toml has a [python] table) into its
     /// component with componentize-py.
@@ -185,6 +188,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             dir,
             owner,
             sdk,
+            python,
         } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             let sdk = match sdk {
@@ -194,9 +198,22 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 ),
                 None => SdkSource::default_for_this_host(),
             };
-            let files = template::init(&dir, &name, &owner, &sdk)
+            let language = if python {
+                template::Language::Python
+            } else {
+                template::Language::Rust
+            };
+            let files = template::init(&dir, &name, &owner, &sdk, language)
                 .with_context(|| format!("creating plugin project {}", dir.display()))?;
             println!("created {} ({} files)", dir.display(), files.len());
+            if python {
+                println!(
+                    "next: host env build {}   # builds {}/plugin.wasm",
+                    dir.display(),
+                    dir.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "next: cd {} && cargo build --release   # builds target/wasm32-wasip2/release/{}.wasm",
                 dir.display(),

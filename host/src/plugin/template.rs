@@ -88,6 +88,43 @@ const FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The files of a Python plugin project (`host env init --python`); `{{module}}.py` is the module.
+const PYTHON_FILES: &[(&str, &str)] = &[
+    (
+        "plugin.toml",
+        include_str!("../../../sdk/python/template/plugin.toml.tmpl"),
+    ),
+    (
+        "{{module}}.py",
+        include_str!("../../../sdk/python/template/module.py.tmpl"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../sdk/python/template/gitignore.tmpl"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../sdk/python/template/README.md.tmpl"),
+    ),
+    (
+        "data/train.jsonl",
+        include_str!("../../../sdk/template/data/train.jsonl"),
+    ),
+    (
+        "data/test.jsonl",
+        include_str!("../../../sdk/template/data/test.jsonl"),
+    ),
+];
+
+/// The language of a new plugin project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    /// A Rust crate against `rlhost-sdk`, built with cargo.
+    Rust,
+    /// A Python module against `rlhost_env`, built with `host env build`.
+    Python,
+}
+
 fn is_name(s: &str) -> bool {
     (1..=64).contains(&s.len())
         && s.starts_with(|c: char| c.is_ascii_lowercase())
@@ -102,6 +139,7 @@ pub fn init(
     name: &str,
     owner: &str,
     sdk: &SdkSource,
+    language: Language,
 ) -> Result<Vec<PathBuf>, TemplateError> {
     if !is_name(name) {
         return Err(TemplateError::BadName(name.to_owned()));
@@ -124,14 +162,23 @@ pub fn init(
     let substitutions = [
         ("{{name}}", name.to_owned()),
         ("{{crate_name}}", name.replace('-', "_")),
+        ("{{module}}", name.replace('-', "_")),
         ("{{owner}}", owner.to_owned()),
         ("{{abi}}", rlhost_sdk::ABI_VERSION.to_owned()),
         ("{{sdk_dependency}}", sdk.dependency_line()),
     ];
     let result = (|| {
         let mut written = Vec::new();
-        for (rel, text) in FILES {
-            let path = tmp.join(rel);
+        let files = match language {
+            Language::Rust => FILES,
+            Language::Python => PYTHON_FILES,
+        };
+        for (rel, text) in files {
+            let mut rel = rel.to_string();
+            for (key, value) in &substitutions {
+                rel = rel.replace(key, value);
+            }
+            let path = tmp.join(&rel);
             std::fs::create_dir_all(path.parent().expect("files are inside the folder"))
                 .map_err(io(&path))?;
             let mut text = text.to_string();
@@ -139,7 +186,7 @@ pub fn init(
                 text = text.replace(key, value);
             }
             std::fs::write(&path, text).map_err(io(&path))?;
-            written.push(dir.join(rel));
+            written.push(dir.join(&rel));
         }
         std::fs::rename(&tmp, dir).map_err(io(dir))?;
         Ok(written)
@@ -158,7 +205,14 @@ mod tests {
     fn writes_a_complete_project_with_substitutions() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("my-env");
-        let files = init(&dir, "my-env", "me", &SdkSource::Version("0.1.0".into())).unwrap();
+        let files = init(
+            &dir,
+            "my-env",
+            "me",
+            &SdkSource::Version("0.1.0".into()),
+            Language::Rust,
+        )
+        .unwrap();
         assert_eq!(files.len(), FILES.len());
         let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         assert!(cargo.contains("name = \"my_env\""), "{cargo}");
@@ -181,20 +235,35 @@ mod tests {
     }
 
     #[test]
+    fn writes_a_python_project() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("my-env");
+        let sdk = SdkSource::Version("0.1.0".into());
+        let files = init(&dir, "my-env", "me", &sdk, Language::Python).unwrap();
+        assert!(files.contains(&dir.join("my_env.py")), "{files:?}");
+        let manifest =
+            rlhost_registry::Manifest::load(&dir.join("plugin.toml")).expect("valid manifest");
+        assert_eq!(manifest.python_module().as_deref(), Some("my_env"));
+        let module = std::fs::read_to_string(dir.join("my_env.py")).unwrap();
+        assert!(module.contains("name=\"my-env\""), "{module}");
+        assert!(!module.contains("{{"), "unsubstituted placeholder left");
+    }
+
+    #[test]
     fn refuses_bad_names_and_existing_folders() {
         let tmp = tempfile::tempdir().unwrap();
         let sdk = SdkSource::Version("0.1.0".into());
         assert!(matches!(
-            init(&tmp.path().join("x"), "My Env", "me", &sdk),
+            init(&tmp.path().join("x"), "My Env", "me", &sdk, Language::Rust),
             Err(TemplateError::BadName(_))
         ));
         assert!(matches!(
-            init(&tmp.path().join("x"), "ok", "-me", &sdk),
+            init(&tmp.path().join("x"), "ok", "-me", &sdk, Language::Python),
             Err(TemplateError::BadOwner(_))
         ));
         std::fs::write(tmp.path().join("taken"), "keep me").unwrap();
         assert!(matches!(
-            init(&tmp.path().join("taken"), "taken", "me", &sdk),
+            init(&tmp.path().join("taken"), "taken", "me", &sdk, Language::Python),
             Err(TemplateError::Exists(_))
         ));
         assert_eq!(

@@ -1,0 +1,186 @@
+//! End-to-end: the Python SDK walkthrough of `sdk/python/README.md`, step by step as a new user
+//! would take it: `host env init --python`, the ported module (taken from the README itself),
+//! `host env pack` (which builds it with componentize-py), publishing to a folder registry,
+//! `host env install`, and `host eval` against a scripted OpenAI-compatible server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{host, repo_root, run, texts};
+use serde_json::{Value, json};
+
+/// The code block of `sdk/python/README.md` whose first line is `first_line`.
+fn readme_block(first_line: &str) -> String {
+    let readme = std::fs::read_to_string(repo_root().join("sdk/python/README.md")).unwrap();
+    let mut blocks = readme.split("```python\n").skip(1);
+    let block = blocks
+        .find(|b| b.starts_with(first_line))
+        .unwrap_or_else(|| panic!("sdk/python/README.md has no block starting {first_line:?}"));
+    block.split("```").next().unwrap().to_owned()
+}
+
+/// The componentize-py `make plugins` installed (so the test does not download it again).
+fn componentize_py() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"));
+    let exe = cache.join("rlhost/componentize-py-0.25.1/bin/componentize-py");
+    assert!(
+        exe.is_file(),
+        "{} is missing: run `make plugins` first",
+        exe.display()
+    );
+    exe
+}
+
+fn ok(home: &Path, args: &[&str]) -> String {
+    let out = run(host(home)
+        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
+        .args(args));
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "host {args:?}:\n{stdout}{stderr}");
+    stdout
+}
+
+#[test]
+fn a_verifiers_module_becomes_an_installed_plugin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    let project = tmp.path().join("capitals");
+
+    // 1. The project.
+    let out = ok(
+        &home,
+        &[
+            "env",
+            "init",
+            "capitals",
+            "--python",
+            "--owner",
+            "alice",
+            "--dir",
+            &s(&project),
+        ],
+    );
+    assert!(out.contains("host env build"), "{out}");
+
+    // 2. The ported module, exactly as the README gives it.
+    let module = readme_block("# capitals.py");
+    std::fs::write(project.join("capitals.py"), &module).unwrap();
+
+    // 3. Build and pack; packing again is a cached build.
+    let pkg = tmp.path().join("capitals.rlpkg");
+    let out = ok(&home, &["env", "pack", &s(&project), "-o", &s(&pkg)]);
+    assert!(out.contains("packed alice/capitals@0.1.0"), "{out}");
+    let out = ok(&home, &["env", "pack", &s(&project), "-o", &s(&pkg)]);
+    assert!(out.contains("(cached)"), "{out}");
+
+    // A broken module fails the build with its traceback, and leaves the last good build.
+    let built = std::fs::read(project.join("plugin.wasm")).unwrap();
+    std::fs::write(
+        project.join("capitals.py"),
+        module.replace("name=\"capitals\",", "name=\"capitals\", colour=\"blue\","),
+    )
+    .unwrap();
+    let out = run(host(&home)
+        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
+        .args(["env", "build", &s(&project)]));
+    let (_, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unexpected keyword argument 'colour'"), "{stderr}");
+    assert!(stderr.contains("capitals.py"), "the traceback names the file: {stderr}");
+    assert_eq!(std::fs::read(project.join("plugin.wasm")).unwrap(), built);
+    std::fs::write(project.join("capitals.py"), &module).unwrap();
+
+    // 4. Publish and install.
+    let reg = tmp.path().join("registry");
+    let key = tmp.path().join("alice.key");
+    let url = format!("file://{}", reg.display());
+    ok(&home, &["registry", "init", "--root", &s(&reg)]);
+    ok(&home, &["registry", "keygen", "--out", &s(&key)]);
+    ok(
+        &home,
+        &[
+            "registry",
+            "add-key",
+            "--root",
+            &s(&reg),
+            "--owner",
+            "alice",
+            "--key-file",
+            &s(&key),
+        ],
+    );
+    ok(
+        &home,
+        &[
+            "env",
+            "publish",
+            &s(&pkg),
+            "--key",
+            &s(&key),
+            "--registry",
+            &url,
+        ],
+    );
+    let out = ok(
+        &home,
+        &["env", "install", "alice/capitals", "--registry", &url],
+    );
+    assert!(out.contains("alice/capitals"), "{out}");
+
+    // 5. Evaluate: the scripted model answers the first test question right in the asked
+    // format, the second wrong and without tags.
+    let (port, stop) = common::serve_http(120, |req| {
+        if req.path.ends_with("/models") {
+            return (
+                200,
+                vec![],
+                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
+            );
+        }
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let msgs = body["messages"].as_array().unwrap();
+        assert_eq!(
+            msgs[0]["content"], "Think, then give the answer inside <answer> tags.",
+            "the system prompt reaches the model"
+        );
+        let question = msgs[1]["content"].as_str().unwrap();
+        let reply = if question.contains("7 times 8") {
+            "<think>7*8</think>\n<answer>56</answer>"
+        } else {
+            "It is 100."
+        };
+        let completion = json!({
+            "id": "chatcmpl-scripted", "object": "chat.completion", "created": 0,
+            "model": "scripted",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": reply}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        });
+        (200, vec![], completion.to_string().into_bytes())
+    });
+    let out = ok(
+        &home,
+        &[
+            "eval",
+            "capitals",
+            "--split",
+            "test",
+            "-n",
+            "-1",
+            "-r",
+            "2",
+            "-b",
+            &format!("http://127.0.0.1:{port}/v1"),
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // exact_answer: 1, 0; format: 1, 0 → reward (1 + 0.2) / 2 = 0.6.
+    assert!(
+        out.contains("Reward: 0.600, exact_answer: 0.500, format_reward_func: 0.500"),
+        "{out}"
+    );
+}
