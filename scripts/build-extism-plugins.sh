@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Extism plugins written in AssemblyScript (plugins/extism/): the arith-tools example
-# and the runtime's hostile fixtures, with the AssemblyScript compiler and the Extism PDK from npm
+# Builds the Extism plugins written in AssemblyScript (plugins/extism/): the arith-tools and
+# exact-match examples and the runtime's hostile fixtures, with the AssemblyScript compiler and the Extism PDK from npm
 # (pinned in plugins/extism/package-lock.json; installed once into ~/.cache/rlhost/npm), and
 # assembles their plugin folders under plugins/target/dist/.
 set -euo pipefail
@@ -43,5 +43,6 @@ build() {
 say "building the Extism plugins (AssemblyScript)"
 mkdir -p "$DIST"
 build arith-tools-extism arith-tools
+build exact-match-extism exact-match
 build fixture-extism-hostile fixtures/hostile
 build fixture-extism-future-abi fixtures/future-abi

@@ -37,6 +37,7 @@ say "building the Python plugins (componentize-py $COMPONENTIZE_PY)"
 mkdir -p "$DIST"
 assemble arith-tools-python "$ROOT/sdk/python/examples/arith_tools"
 assemble reverse-text "$ROOT/sdk/python/examples/reverse_text"
+assemble exact-match-python "$ROOT/sdk/python/examples/exact_match"
 assemble fixture-python-hostile "$ROOT/plugins/fixtures/python-hostile"
 
 # The wrong-ABI fixture, cached by its inputs.

@@ -89,8 +89,14 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
         .args(["env", "build", &s(&project)]));
     let (_, stderr) = texts(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("unexpected keyword argument 'colour'"), "{stderr}");
-    assert!(stderr.contains("capitals.py"), "the traceback names the file: {stderr}");
+    assert!(
+        stderr.contains("unexpected keyword argument 'colour'"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("capitals.py"),
+        "the traceback names the file: {stderr}"
+    );
     assert_eq!(std::fs::read(project.join("plugin.wasm")).unwrap(), built);
     std::fs::write(project.join("capitals.py"), &module).unwrap();
 

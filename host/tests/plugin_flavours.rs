@@ -221,6 +221,54 @@ async fn one_environment_in_rust_python_and_extism_behaves_identically() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reward_function_in_rust_python_and_extism_scores_identically() {
+    let loader = loader(PluginLimits::default());
+    let cases = [
+        (r"so \boxed{ 42 }.", "42", "{}"),
+        (r"\boxed{$\frac{1}{2}$.}", r"\frac{1}{2}", "{}"),
+        (
+            "The answer is\n  Paris  of   France.  \n\n",
+            "paris OF france",
+            r#"{"fallback":"last-line"}"#,
+        ),
+        ("no box here", "7", "{}"),
+        (r"\boxed{6} then \boxed{7}", "6", "{}"),
+        (r"\boxed 12$", "12", "{}"),
+    ];
+    let rust = loader.load_reward(&dist("exact-match")).await.unwrap();
+    let mut reference = Vec::new();
+    for (completion, answer, info) in cases {
+        reference.push(rust.score(completion, answer, info, 3).await.unwrap());
+    }
+    let flat: Vec<f64> = reference.iter().flatten().map(|m| m.value).collect();
+    assert_eq!(
+        flat,
+        vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    );
+    let bad = rust
+        .score("x", "y", r#"{"fallback":"first-line"}"#, 3)
+        .await
+        .unwrap_err();
+    for flavour in ["exact-match-python", "exact-match-extism"] {
+        let reward = loader.load_reward(&dist(flavour)).await.unwrap();
+        assert_eq!(reward.info(), rust.info(), "{flavour}: info");
+        for ((completion, answer, info), want) in cases.iter().zip(&reference) {
+            let got = reward.score(completion, answer, info, 3).await.unwrap();
+            assert_eq!(&got, want, "{flavour}: {completion:?} vs {answer:?}");
+        }
+        let e = reward
+            .score("x", "y", r#"{"fallback":"first-line"}"#, 3)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.kind.to_string(),
+            bad.kind.to_string(),
+            "{flavour}: the same error"
+        );
+    }
+}
+
 fn kind(e: &PluginError) -> &PluginErrorKind {
     &e.kind
 }

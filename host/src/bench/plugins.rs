@@ -1,6 +1,7 @@
-//! `host bench plugins`: the plugin runtime's overhead per rollout, for a WebAssembly component
-//! against the same environment built as a native library (the floor: no sandbox, no copies
-//! across a component boundary).
+//! `host bench plugins`: the plugin runtime's overhead per rollout, for one plugin folder against
+//! a peer: the same environment built as a native library (the floor: no sandbox, no copies
+//! across a component boundary), or in another flavour (a Rust component against its Python or
+//! Extism twin).
 //!
 //! A rollout here is what the rollout loop asks of an environment: `start` (a fresh instance for
 //! components) + `initial-prompt` + `env-response` + `score`, with an assistant message of
@@ -42,6 +43,8 @@ impl Default for PluginBenchOptions {
 pub struct BackendTimings {
     /// The plugin measured.
     pub plugin: String,
+    /// How it runs: `component`, `extism` or `native`.
+    pub runtime: String,
     /// Mean microseconds per rollout.
     pub rollout_mean_us: f64,
     /// Median microseconds per rollout.
@@ -59,20 +62,20 @@ pub struct PluginBenchReport {
     pub rollouts: usize,
     /// Assistant message size.
     pub message_bytes: usize,
-    /// The component.
+    /// The plugin measured.
     pub component: BackendTimings,
-    /// The native library, if one was given.
+    /// The peer (a native build, or another flavour), if one was given.
     pub native: Option<BackendTimings>,
-    /// Component mean / native mean.
+    /// Measured mean / peer mean.
     pub rollout_ratio: Option<f64>,
-    /// Native calls/s / component calls/s.
+    /// Peer calls/s / measured calls/s.
     pub calls_ratio: Option<f64>,
 }
 
 /// The per-rollout budget the plugin runtime is designed for.
 pub const GOAL_US_PER_ROLLOUT: f64 = 100.0;
 
-/// Measures the component in `component_dir` and, if given, the native build in `native_dir`.
+/// Measures the plugin in `component_dir` and, if given, the peer in `native_dir`.
 pub async fn run(
     loader: &PluginLoader,
     component_dir: &Path,
@@ -81,11 +84,11 @@ pub async fn run(
     progress: &dyn Fn(&str, usize, usize),
 ) -> Result<PluginBenchReport, PluginError> {
     let component = loader.load_environment(component_dir).await?;
-    let component = measure(component, options, progress).await?;
+    let component = measure(component, runtime_of(component_dir), options, progress).await?;
     let native = match native_dir {
         Some(dir) => {
             let env = loader.load_environment(dir).await?;
-            Some(measure(env, options, progress).await?)
+            Some(measure(env, runtime_of(dir), options, progress).await?)
         }
         None => None,
     };
@@ -105,8 +108,21 @@ pub async fn run(
     })
 }
 
+/// A plugin folder's runtime, in words (the folder loaded, so its manifest is valid).
+fn runtime_of(dir: &Path) -> String {
+    use rlhost_registry::manifest::{Manifest, Runtime};
+    match Manifest::load(&dir.join("plugin.toml")).map(|m| m.plugin.runtime) {
+        Ok(Runtime::Wasm) => "component",
+        Ok(Runtime::Extism) => "extism",
+        Ok(Runtime::Native) => "native",
+        Err(_) => "?",
+    }
+    .to_owned()
+}
+
 async fn measure(
     env: Arc<dyn Environment>,
+    runtime: String,
     options: &PluginBenchOptions,
     progress: &dyn Fn(&str, usize, usize),
 ) -> Result<BackendTimings, PluginError> {
@@ -167,6 +183,7 @@ async fn measure(
 
     Ok(BackendTimings {
         plugin: name,
+        runtime,
         rollout_mean_us: mean,
         rollout_p50_us: pct(0.5),
         rollout_p99_us: pct(0.99),
@@ -190,27 +207,27 @@ impl PluginBenchReport {
             "{:<34} {:>10} {:>10} {:>10} {:>14}",
             "backend", "mean µs", "p50 µs", "p99 µs", "env-response/s"
         );
-        let mut row = |label: &str, t: &BackendTimings| {
+        let mut row = |t: &BackendTimings| {
             let _ = writeln!(
                 out,
                 "{:<34} {:>10.1} {:>10.1} {:>10.1} {:>14.0}",
-                format!("{label} {}", t.plugin),
+                format!("{} {}", t.runtime, t.plugin),
                 t.rollout_mean_us,
                 t.rollout_p50_us,
                 t.rollout_p99_us,
                 t.calls_per_sec
             );
         };
-        row("component", &self.component);
+        row(&self.component);
         if let Some(n) = &self.native {
-            row("native", n);
+            row(n);
         }
         out.push('\n');
-        if let (Some(r), Some(c)) = (self.rollout_ratio, self.calls_ratio) {
+        if let (Some(r), Some(c), Some(n)) = (self.rollout_ratio, self.calls_ratio, &self.native) {
+            let (a, b) = (&self.component.runtime, &n.runtime);
             let _ = writeln!(
                 out,
-                "component / native time per rollout: {r:.2}x; native / component calls per \
-                 second: {c:.2}x"
+                "{a} / {b} time per rollout: {r:.2}x; {b} / {a} calls per second: {c:.2}x"
             );
         }
         let verdict = if self.component.rollout_mean_us < GOAL_US_PER_ROLLOUT {
@@ -220,9 +237,8 @@ impl PluginBenchReport {
         };
         let _ = writeln!(
             out,
-            "goal: component overhead < {GOAL_US_PER_ROLLOUT} µs per rollout: {verdict} \
-             ({:.1} µs)",
-            self.component.rollout_mean_us
+            "goal: {} overhead < {GOAL_US_PER_ROLLOUT} µs per rollout: {verdict} ({:.1} µs)",
+            self.component.runtime, self.component.rollout_mean_us
         );
         out
     }

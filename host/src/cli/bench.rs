@@ -19,15 +19,16 @@ pub struct BenchArgs {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
-    /// Plugin runtime overhead per rollout: a WebAssembly component against the same environment
-    /// built as a native library.
+    /// Plugin runtime overhead per rollout: a plugin against a peer, the same environment built
+    /// as a native library or in another flavour (Rust component, Python, Extism).
     Plugins {
-        /// Plugin folder of the component.
+        /// Plugin folder of the plugin measured (a component, an Extism plugin...).
         #[arg(long)]
         component: PathBuf,
-        /// Plugin folder of the native build (the peer); loading it implies allowing native code.
-        #[arg(long)]
-        native: Option<PathBuf>,
+        /// Plugin folder of the peer (a native build, or another flavour of the same
+        /// environment); a native peer implies allowing native code.
+        #[arg(long, alias = "native")]
+        peer: Option<PathBuf>,
         /// Rollouts per backend.
         #[arg(long, default_value_t = 2000)]
         rollouts: usize,
@@ -99,7 +100,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         BenchCommand::Plugins {
             component,
-            native,
+            peer: native,
             rollouts,
             message_bytes,
             json,

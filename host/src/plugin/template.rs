@@ -263,7 +263,13 @@ mod tests {
         ));
         std::fs::write(tmp.path().join("taken"), "keep me").unwrap();
         assert!(matches!(
-            init(&tmp.path().join("taken"), "taken", "me", &sdk, Language::Python),
+            init(
+                &tmp.path().join("taken"),
+                "taken",
+                "me",
+                &sdk,
+                Language::Python
+            ),
             Err(TemplateError::Exists(_))
         ));
         assert_eq!(
