@@ -72,6 +72,8 @@ test: setup fmt-check clippy plugins sandbox
 	@# The plugins' own unit tests, on the host target (plugins/target, like scripts/build-plugins.sh).
 	cd plugins && CARGO_TARGET_DIR=target cargo test --release --workspace \
 	  --target $$(rustc -vV | sed -n 's/^host: //p') 2>&1 | tee -a $(abspath $(TARGET_DIR))/test-output.log
+	@# The Python SDK's own tests, with plain CPython (unittest prints "Ran N tests").
+	python3 -m unittest discover -s sdk/python/tests 2>&1 | tee -a $(abspath $(TARGET_DIR))/test-output.log
 	@cat $(TARGET_DIR)/skipped-tests.txt
-	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' \
+	@awk '/^test result:/ {p += $$4; f += $$6} /^Ran [0-9]+ tests? in/ {p += $$2} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' \
 	  s=$$(wc -l < $(TARGET_DIR)/skipped-tests.txt) $(TARGET_DIR)/test-output.log
