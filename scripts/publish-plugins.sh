@@ -23,7 +23,8 @@ for owner in rlhost will; do
   "$HOST" registry add-key --root "$REGISTRY" --owner "$owner" --key-file "$KEY" >/dev/null
 done
 mkdir -p "$PACKAGES"
-for plugin in arith arith-tools exact-match math-verify math-python math500 aime2024 aime2025 deepscaler; do
+for plugin in arith arith-tools exact-match math-verify math-python math500 aime2024 aime2025 deepscaler \
+  arith-tools-extism exact-match-extism arith-tools-python exact-match-python reverse-text; do
   pkg="$PACKAGES/$plugin.rlpkg"
   "$HOST" env pack "$DIST/$plugin" -o "$pkg" >/dev/null
   if out=$("$HOST" env publish "$pkg" --key "$KEY" --registry "file://$REGISTRY" 2>&1); then

@@ -246,3 +246,67 @@ fn served_and_in_process_evals_agree_under_greedy_decoding() {
     assert_eq!(local[0]["rollouts"], 6);
     assert_eq!(local[0]["completion_tokens"]["max"], 24.0);
 }
+
+/// `arith-tools` as a Rust component, an Extism plugin (AssemblyScript) and a Python component,
+/// each packed, published, installed from the registry and evaluated by `host eval` against the
+/// same scripted model: identical metrics. The model calls the calculator with the question's
+/// expression, then answers with the tool's result, except on questions whose answer ends in 0
+/// (it answers 0 without the tool).
+#[test]
+fn the_rust_python_and_extism_arith_tools_evaluate_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let flavours = ["arith-tools", "arith-tools-extism", "arith-tools-python"];
+    let home = common::home_with_plugins(tmp.path(), &flavours);
+    let (port, stop) = common::serve_http(300, |req| {
+        if req.path.ends_with("/models") {
+            return (
+                200,
+                vec![],
+                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
+            );
+        }
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        assert_eq!(body["tools"][0]["function"]["name"], "calculator");
+        let msgs = body["messages"].as_array().unwrap();
+        let question = msgs[1]["content"].as_str().unwrap();
+        let expression = question
+            .trim_start_matches("What is ")
+            .trim_end_matches('?');
+        let reply = match msgs.iter().rev().find(|m| m["role"] == "tool") {
+            None if expression.ends_with('0') => completion(Some("\\boxed{0}".into()), vec![]),
+            None => completion(
+                None,
+                vec![json!({"id": "c1", "type": "function", "function": {
+                    "name": "calculator",
+                    "arguments": json!({"expression": expression}).to_string()}})],
+            ),
+            Some(tool) => completion(
+                Some(format!("\\boxed{{{}}}", tool["content"].as_str().unwrap())),
+                vec![],
+            ),
+        };
+        (200, vec![], reply.to_string().into_bytes())
+    });
+    let mut lines = Vec::new();
+    for flavour in flavours {
+        let out = common::run(
+            common::host(&home)
+                .args(["eval", flavour, "-n", "20", "-r", "1", "--split", "test"])
+                .args(["-b", &format!("http://127.0.0.1:{port}/v1")]),
+        );
+        let (stdout, stderr) = common::texts(&out);
+        assert!(out.status.success(), "{flavour}: {stdout}{stderr}");
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("Reward:"))
+            .unwrap_or_else(|| panic!("{flavour}: no metrics line in {stdout}"))
+            .trim()
+            .to_owned();
+        lines.push(line);
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(lines[1], lines[0], "Extism vs Rust");
+    assert_eq!(lines[2], lines[0], "Python vs Rust");
+    // 2 of the 20 test questions end in 0: answered 0, without the tool.
+    assert_eq!(lines[0], "Reward: 0.900, Correct: 0.900, tool_calls: 0.900");
+}
