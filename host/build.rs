@@ -28,6 +28,7 @@ fn main() {
     for (krate, var) in [
         ("wasmtime", "RLHOST_BUILD_WASMTIME_VERSION"),
         ("tch", "RLHOST_BUILD_TCH_VERSION"),
+        ("extism", "RLHOST_BUILD_EXTISM_VERSION"),
     ] {
         let version = locked_version(&lock_text, krate).unwrap_or_else(|| "unknown".into());
         println!("cargo:rustc-env={var}={version}");

@@ -38,10 +38,10 @@ mkdir -p "$DIST"
 assemble arith-tools-python "$ROOT/sdk/python/examples/arith_tools"
 assemble reverse-text "$ROOT/sdk/python/examples/reverse_text"
 assemble exact-match-python "$ROOT/sdk/python/examples/exact_match"
-assemble fixture-python-hostile "$ROOT/plugins/fixtures/python-hostile"
+assemble fixture-python-hostile "$ROOT/plugins/fixtures-python/hostile"
 
 # The wrong-ABI fixture, cached by its inputs.
-FIXTURE="$ROOT/plugins/fixtures/python-hostile"
+FIXTURE="$ROOT/plugins/fixtures-python/hostile"
 KEY=$( (echo "$COMPONENTIZE_PY"; cat "$ROOT/sdk/wit/v0.1.0/env.wit" "$FIXTURE/hostile.py" \
   "$ROOT"/sdk/python/rlhost_env/*.py "$0") | sha256sum | cut -c1-16)
 CACHED="$CACHE/python-fixtures/future-abi-$KEY.wasm"

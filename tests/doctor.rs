@@ -44,6 +44,8 @@ fn json_report_describes_this_machine() {
     assert_eq!(r["registry"]["url"], format!("file://{home_str}/registry"));
     assert_eq!(r["registry"]["source"], "default");
     assert_eq!(r["plugin_abis"], serde_json::json!(["rlhost:env@0.1.0"]));
+    assert_eq!(r["plugin_runtimes"][1], "extism 1.41.0");
+    assert_eq!(r["componentize_py"], "0.25.1");
 }
 
 #[test]

@@ -27,6 +27,10 @@ pub struct DoctorReport {
     pub wasmtime: WasmtimeInfo,
     /// Plugin ABI versions this host loads.
     pub plugin_abis: Vec<String>,
+    /// How plugins can run: `component`, `extism`, `native`, each with its runtime's version.
+    pub plugin_runtimes: Vec<String>,
+    /// The componentize-py that builds Python plugins (`host env build`), pinned.
+    pub componentize_py: String,
     /// Where rlhost keeps things.
     pub paths: Option<PathsInfo>,
     /// The registry `host env install` uses.
@@ -173,6 +177,15 @@ pub fn collect() -> DoctorReport {
             engine_ok,
         },
         plugin_abis: crate::plugin::abi::supported_names(),
+        plugin_runtimes: vec![
+            format!(
+                "component (wasmtime {})",
+                env!("RLHOST_BUILD_WASMTIME_VERSION")
+            ),
+            format!("extism {}", env!("RLHOST_BUILD_EXTISM_VERSION")),
+            "native (C ABI, only when allowed)".to_owned(),
+        ],
+        componentize_py: crate::plugin::python::COMPONENTIZE_PY_VERSION.to_owned(),
         paths,
         registry,
         problems,
@@ -268,6 +281,14 @@ impl DoctorReport {
             } else {
                 self.plugin_abis.join(", ")
             },
+        );
+        line("plugin runtimes", self.plugin_runtimes.join(", "));
+        line(
+            "python plugins",
+            format!(
+                "built with componentize-py {} (`host env build`)",
+                self.componentize_py
+            ),
         );
         if let Some(p) = &self.paths {
             line("home", p.home.display().to_string());
