@@ -36,6 +36,7 @@ build() {
     --optimize --runtime incremental --use "abort=$dir/index/abort")
   cp "$SRC/$dir/plugin.toml" "$tmp/plugin.toml"
   if [ -f "$SRC/$dir/README.md" ]; then cp "$SRC/$dir/README.md" "$tmp/README.md"; fi
+  if [ -d "$SRC/$dir/data" ]; then cp -r "$SRC/$dir/data" "$tmp/data"; fi
   rm -rf "$out" && mv "$tmp" "$out"
   echo "    $out ($(du -h "$out/plugin.wasm" | cut -f1))"
 }

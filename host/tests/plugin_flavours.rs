@@ -7,12 +7,13 @@
 //! Extism flavours. All folders are built by `make plugins`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rlhost::plugin::{
     Environment, LoadOptions, PluginError, PluginErrorKind, PluginLimits, PluginLoader,
 };
+use rlhost::sandbox::{Sandbox, SandboxPolicy, WasmSandbox};
 use rlhost_sdk::messages::{assistant, assistant_with_calls};
 use rlhost_sdk::types::{Message, Metric, PluginError as GuestError, Rollout, ToolCall};
 
@@ -29,13 +30,31 @@ fn dist(name: &str) -> PathBuf {
     dir
 }
 
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The Python sandbox behind the `run-python` host function (`make sandbox`).
+fn sandbox() -> Arc<dyn Sandbox> {
+    static SANDBOX: OnceLock<Arc<WasmSandbox>> = OnceLock::new();
+    SANDBOX
+        .get_or_init(|| {
+            let component = root().join("sandbox/target/python-sandbox.wasm");
+            assert!(component.is_file(), "run `make sandbox` first");
+            let cache = root().join("sandbox/target/cache");
+            Arc::new(WasmSandbox::load(&component, Some(&cache), SandboxPolicy::default()).unwrap())
+        })
+        .clone()
+}
+
 /// A loader whose compiled components are cached beside the built plugins (a Python
 /// component takes seconds to compile; every test after the first loads it in milliseconds).
 fn loader(limits: PluginLimits) -> PluginLoader {
-    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/target/component-cache");
+    let cache = root().join("plugins/target/component-cache");
     PluginLoader::new(
         LoadOptions {
             limits,
+            sandbox: Some(sandbox()),
             ..Default::default()
         },
         Some(cache),
@@ -327,6 +346,22 @@ async fn hostile(env: Arc<dyn Environment>, flavour: &str) {
         ),
         "{flavour}: {e}"
     );
+
+    // The host API: data files, the Python sandbox (whose time does not count against the
+    // call's deadline), errors passed back.
+    let page = env.dataset("data", 0, 1).await.unwrap();
+    assert_eq!(
+        page.examples[0].question, "hello from the data folder\n",
+        "{flavour}"
+    );
+    let e = env.dataset("missing", 0, 1).await.unwrap_err();
+    assert!(
+        matches!(kind(&e), PluginErrorKind::Guest { error: GuestError::Internal(m), .. }
+            if m.contains("nope.txt")),
+        "{flavour}: {e}"
+    );
+    let page = env.dataset("python", 0, 1).await.unwrap();
+    assert_eq!(page.examples[0].question, "42\n", "{flavour}");
 
     // Rollouts are isolated and seeded: the seed reaches the plugin through the host API.
     let ex = rlhost_sdk::types::Example {

@@ -1,7 +1,7 @@
 // rlhost's Extism ABI for AssemblyScript plugins (sdk/extism.md): the host functions, JSON text
 // building, and the output envelopes. Inputs are parsed with assemblyscript-json.
 
-import { Host } from "@extism/as-pdk";
+import { Host, Memory } from "@extism/as-pdk";
 import { JSON } from "assemblyscript-json/assembly";
 
 // ---- host functions (namespace extism:host/user) ------------------------------------------
@@ -11,6 +11,15 @@ declare function rlhost_log(request: u64): void;
 
 @external("extism:host/user", "rlhost_rollout_seed")
 declare function rlhost_rollout_seed(): i64;
+
+@external("extism:host/user", "rlhost_read_data")
+declare function rlhost_read_data(path: u64): u64;
+
+@external("extism:host/user", "rlhost_run_python")
+declare function rlhost_run_python(request: u64): u64;
+
+@external("extism:host/env", "length")
+declare function extism_length(offset: u64): u64;
 
 @external("extism:host/env", "alloc")
 declare function extism_alloc(length: u64): u64;
@@ -39,6 +48,32 @@ export function log(level: string, message: string): void {
 /** The rollout's seed (the same for every call of one rollout). */
 export function rolloutSeed(): u64 {
   return <u64>rlhost_rollout_seed();
+}
+
+/** A block the host returned, as bytes. */
+function bytesOf(offset: u64): Uint8Array {
+  return new Memory(offset, extism_length(offset)).toUint8Array();
+}
+
+/** A file of the plugin's data folder (or the host's error message). */
+export class DataFile {
+  constructor(public ok: bool, public text: string) {}
+}
+
+/** Reads a file of the plugin's data folder as UTF-8 text. */
+export function readData(path: string): DataFile {
+  const reply = bytesOf(rlhost_read_data(block(path)));
+  const body = String.UTF8.decode(reply.buffer.slice(1));
+  return new DataFile(reply.length > 0 && reply[0] == 0, body);
+}
+
+/** Runs Python in the host's sandbox; the host's JSON reply:
+ *  `{"ok": {"stdout", "stderr", "exit_code", "timed_out"}}` or `{"err": "…"}`. */
+export function runPython(code: string, timeoutMs: u32 = 10000): JSON.Obj {
+  const request = "{\"code\":" + quote(code) + ",\"limits\":{\"timeout_ms\":" + timeoutMs.toString() +
+    ",\"memory_mib\":256,\"max_output_bytes\":8192}}";
+  const reply = bytesOf(rlhost_run_python(block(request)));
+  return <JSON.Obj>JSON.parse(reply);
 }
 
 /** AssemblyScript's `abort`, routed to an Extism error (use with `--use abort=…`). */
