@@ -190,3 +190,102 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
         "{out}"
     );
 }
+
+/// Writes a wheel (a zip with the module and its .dist-info) with Python's zipfile.
+fn wheel(path: &Path, module: &str, source: &str) {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let mut parts = name.trim_end_matches(".whl").splitn(3, '-');
+    let (dist, version) = (parts.next().unwrap(), parts.next().unwrap());
+    let tag = parts.next().unwrap();
+    let script = format!(
+        r#"import sys, zipfile
+info = "{dist}-{version}.dist-info"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("{module}.py", sys.argv[2])
+    z.writestr(info + "/METADATA", "Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    z.writestr(info + "/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
+    z.writestr(info + "/RECORD", "")
+"#
+    );
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let out = run(std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .arg(source));
+    assert!(out.status.success(), "{}", texts(&out).1);
+}
+
+/// `[python] dependencies` are installed for the component's CPython and snapshotted in; a
+/// package with native code is refused with a clear error.
+#[test]
+fn pure_python_dependencies_are_snapshotted_and_native_ones_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    let project = tmp.path().join("greeter");
+    ok(
+        &home,
+        &["env", "init", "greeter", "--python", "--dir", &s(&project)],
+    );
+    wheel(
+        &project.join("wheels/shout-1.0-py3-none-any.whl"),
+        "shout",
+        "def shout(s):\n    return s.upper() + '!'\n",
+    );
+    let manifest = std::fs::read_to_string(project.join("plugin.toml")).unwrap();
+    let with_dep = manifest.replace(
+        "# dependencies = [\"regex==2024.11.6\"]",
+        "dependencies = [\"wheels/shout-1.0-py3-none-any.whl\"]",
+    );
+    assert_ne!(with_dep, manifest, "the template lists dependencies");
+    std::fs::write(project.join("plugin.toml"), &with_dep).unwrap();
+    let module = std::fs::read_to_string(project.join("greeter.py")).unwrap();
+    std::fs::write(
+        project.join("greeter.py"),
+        module
+            .replace(
+                "import rlhost_env as rl",
+                "import rlhost_env as rl\nfrom shout import shout",
+            )
+            .replace(
+                "system_prompt=\"Put your final answer in \\\\boxed{}.\"",
+                "system_prompt=shout(\"hello\")",
+            ),
+    )
+    .unwrap();
+    ok(&home, &["env", "build", &s(&project)]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = rt.block_on(async {
+        let loader = rlhost::plugin::PluginLoader::new(Default::default(), None).unwrap();
+        let env = loader.load_environment(&project).await.unwrap();
+        env.info().clone()
+    });
+    assert_eq!(info.system_prompt.as_deref(), Some("HELLO!"));
+
+    // A wheel with native code for this machine's CPython cannot run in the sandbox.
+    wheel(
+        &project.join("wheels/fast-1.0-cp311-cp311-linux_x86_64.whl"),
+        "fast",
+        "",
+    );
+    std::fs::write(
+        project.join("plugin.toml"),
+        with_dep.replace(
+            "\"wheels/shout-1.0-py3-none-any.whl\"",
+            "\"wheels/shout-1.0-py3-none-any.whl\", \"wheels/fast-1.0-cp311-cp311-linux_x86_64.whl\"",
+        ),
+    )
+    .unwrap();
+    let out = run(host(&home)
+        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
+        .args(["env", "build", &s(&project)]));
+    let (_, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("pure-Python wheels only"), "{stderr}");
+    assert!(
+        stderr.contains("fast-1.0-cp311"),
+        "names the culprit: {stderr}"
+    );
+}

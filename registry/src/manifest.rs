@@ -91,7 +91,8 @@ pub struct PythonSource {
     /// default: the plugin name with `-` written `_`.
     #[serde(default)]
     pub module: Option<String>,
-    /// Pip requirement specifiers of pure-Python packages the plugin imports.
+    /// Pure-Python packages the plugin imports: pip requirement specifiers, or paths of wheels
+    /// relative to the plugin folder.
     #[serde(default)]
     pub dependencies: Vec<String>,
 }

@@ -238,6 +238,7 @@ pub fn build(dir: &Path, options: &BuildOptions) -> Result<Built, PythonBuildErr
     if !py.dependencies.is_empty() {
         search_path.push(install_dependencies(
             &componentize,
+            dir,
             &py.dependencies,
             options,
         )?);
@@ -298,6 +299,7 @@ fn plugin_sources(dir: &Path, manifest: &Manifest) -> Result<Vec<PathBuf>, Pytho
                 || name == "__pycache__"
                 || name.ends_with(".wasm")
                 || name.ends_with(".rlpkg")
+                || name.ends_with(".whl")
                 || skip_top.contains(&path)
             {
                 continue;
@@ -369,9 +371,12 @@ fn componentize_py(options: &BuildOptions) -> Result<PathBuf, PythonBuildError> 
     Ok(exe)
 }
 
-/// Installs pure-Python wheels for the component's CPython into a cached folder.
+/// Installs pure-Python wheels for the component's CPython into a cached folder. A dependency
+/// may be a requirement (`regex==2024.11.6`, from PyPI) or the path of a wheel relative to the
+/// plugin folder (`wheels/mylib-1.0-py3-none-any.whl`).
 fn install_dependencies(
     componentize: &Path,
+    dir: &Path,
     deps: &[String],
     options: &BuildOptions,
 ) -> Result<PathBuf, PythonBuildError> {
@@ -379,12 +384,18 @@ fn install_dependencies(
     for d in deps {
         hash.update(d.as_bytes());
         hash.update(b"\n");
+        // A local wheel's content, so a rebuilt wheel is installed again.
+        if let Ok(bytes) = std::fs::read(dir.join(d)) {
+            hash.update(Sha256::digest(&bytes));
+        }
     }
     let key: String = hash.finalize()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let site = options.cache_dir.join("python-deps").join(key);
+    // pip and componentize-py run in other folders.
+    let site = std::path::absolute(&site).map_err(io(&site))?;
     if site.join(".complete").is_file() {
         return Ok(site);
     }
@@ -416,6 +427,7 @@ fn install_dependencies(
         ])
         .arg(&tmp)
         .args(deps)
+        .current_dir(dir)
         .output()
         .map_err(|e| PythonBuildError::Tool(format!("cannot run {}: {e}", python.display())))?;
     if !output.status.success() {
