@@ -142,9 +142,11 @@ pub(crate) fn not_implemented(command: &str) -> anyhow::Error {
 /// Sets up `tracing` output on stderr: `RLHOST_LOG` if set, else a level from `-v` flags.
 pub fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // Extism logs every failing plugin call itself; rlhost reports those failures already, with
+    // the plugin's name, so its own events stay out of the way below -vv.
     let default = match verbose {
-        0 => "warn",
-        1 => "debug",
+        0 => "warn,extism=off",
+        1 => "debug,extism=warn",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("RLHOST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
