@@ -161,12 +161,12 @@ struct Shared {
 
 impl Shared {
     /// Compiles the module in `folder` and checks that it implements `want` at a supported ABI
-    /// version, reading the ABI export before anything else.
+    /// version, reading the ABI export before anything else; returns the instance it asked.
     async fn load(
         folder: &PluginFolder,
         parts: HostParts,
         want: ExportedWorld,
-    ) -> Result<Arc<Self>, PluginError> {
+    ) -> Result<(Arc<Self>, Option<Plugin>), PluginError> {
         let id = &folder.id;
         let bytes = std::fs::read(&folder.artifact).map_err(|e| {
             PluginErrorKind::Io {
@@ -269,7 +269,7 @@ impl Shared {
             ))
             .of(id));
         }
-        Ok(shared)
+        Ok((shared, first))
     }
 
     fn id(&self) -> &PluginId {
@@ -425,8 +425,9 @@ pub(crate) struct ExtismEnvironment {
 
 impl ExtismEnvironment {
     pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        let shared = Shared::load(&folder, parts, ExportedWorld::Environment).await?;
-        let mut instance = shared.instance()?;
+        // The instance that answered the ABI check serves `info` (and, for environments, `dataset`).
+        let (shared, mut instance) =
+            Shared::load(&folder, parts, ExportedWorld::Environment).await?;
         let info: EnvInfo = shared
             .call(&mut instance, "info", "info", None::<&()>, 0)
             .await?;
@@ -548,8 +549,8 @@ pub(crate) struct ExtismReward {
 
 impl ExtismReward {
     pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        let shared = Shared::load(&folder, parts, ExportedWorld::Reward).await?;
-        let mut instance = shared.instance()?;
+        // The instance that answered the ABI check serves `info` (and, for environments, `dataset`).
+        let (shared, mut instance) = Shared::load(&folder, parts, ExportedWorld::Reward).await?;
         let info: RewardInfo = shared
             .call(&mut instance, "info", "info", None::<&()>, 0)
             .await?;
