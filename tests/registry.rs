@@ -679,3 +679,458 @@ fn an_install_killed_by_a_full_disk_leaves_nothing_half_done() {
     );
     assert!(rlhost::plugin::install::find_installed(&home, "nope").is_err());
 }
+
+// ---- Attacks (issue 18): names that try to leave the registry root, uploads that are read
+// before their sender is known, connections that never finish, installs that half-succeed.
+
+impl World {
+    /// Accepts the world's publisher key for `owner` and issues a server token for it.
+    fn owner_with_token(&self, owner: &str) -> String {
+        let reg = self.reg();
+        self.ok(&[
+            "registry",
+            "add-key",
+            "--root",
+            reg.to_str().unwrap(),
+            "--owner",
+            owner,
+            "--key-file",
+            self.key().to_str().unwrap(),
+        ]);
+        self.ok(&[
+            "registry",
+            "token",
+            "--root",
+            reg.to_str().unwrap(),
+            "--owner",
+            owner,
+        ])
+        .trim()
+        .to_owned()
+    }
+
+    /// The `arith` plugin published as `owner/name@version`, with `extra` appended to its
+    /// manifest.
+    fn publish_as(&self, owner: &str, name: &str, version: &str, extra: &str) {
+        let extra = extra.to_owned();
+        let owner_line = format!("owner = \"{owner}\"");
+        let name_line = format!("name = \"{name}\"");
+        let pkg = self.package("arith", version, &move |m: String| {
+            let mut m: String = m
+                .lines()
+                .map(|l| match l {
+                    l if l.starts_with("owner = ") => format!("{owner_line}\n"),
+                    l if l.starts_with("name = ") => format!("{name_line}\n"),
+                    l => format!("{l}\n"),
+                })
+                .collect();
+            m.push_str(&extra);
+            m
+        });
+        let renamed = self.root.join(format!("{owner}-{name}-{version}.rlpkg"));
+        std::fs::rename(&pkg, &renamed).unwrap();
+        self.publish(&renamed);
+    }
+}
+
+/// One raw HTTP/1.1 exchange (the path is sent exactly as given, like `curl --path-as-is`):
+/// the status and the body.
+fn raw_http(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+#[test]
+fn yank_names_cannot_cross_owners_or_leave_the_root() {
+    let w = World::new();
+    let acme = w.owner_with_token("acme");
+    w.owner_with_token("zeta");
+    w.publish_as("zeta", "victim", "0.1.0", "");
+    w.publish_as("acme", "em", "0.1.0", "");
+    // A file outside the registry root that a traversal would rewrite.
+    let elsewhere = w.root.join("elsewhere/index/acme");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::copy(w.reg().join("index/acme/em"), elsewhere.join("em")).unwrap();
+    let outside_before = std::fs::read(elsewhere.join("em")).unwrap();
+    let victim_before = std::fs::read(w.reg().join("index/zeta/victim")).unwrap();
+    let server = w.serve();
+    let auth = format!("Bearer {acme}");
+    for name in [
+        "acme/../zeta/victim",
+        "acme/../../elsewhere/index/acme/em",
+        "acme/../../../../../../../../../../tmp/x",
+        "acme/./../zeta/victim",
+        "acme/em/../../zeta/victim",
+        "acme//zeta/victim",
+        "acme/%2e%2e/zeta/victim",
+        "acme\\..\\zeta\\victim",
+        "/zeta/victim",
+        "acme/ em",
+        "ACME/em",
+    ] {
+        let body = serde_json::json!({"name": name, "version": "0.1.0", "yanked": true});
+        let (status, text) = raw_http(
+            &server.url,
+            "POST",
+            "/api/v1/yank",
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 400, "yank {name:?} -> {status} {text}");
+        assert!(text.contains("is not a package name"), "{name:?}: {text}");
+    }
+    assert_eq!(
+        std::fs::read(w.reg().join("index/zeta/victim")).unwrap(),
+        victim_before
+    );
+    assert_eq!(std::fs::read(elsewhere.join("em")).unwrap(), outside_before);
+    // The direct route to another owner's package is still refused, and the owner's own works.
+    let (status, _) = raw_http(
+        &server.url,
+        "POST",
+        "/api/v1/yank",
+        &[("authorization", &auth)],
+        br#"{"name":"zeta/victim","version":"0.1.0","yanked":true}"#,
+    );
+    assert_eq!(status, 403);
+    let (status, text) = raw_http(
+        &server.url,
+        "POST",
+        "/api/v1/yank",
+        &[("authorization", &auth)],
+        br#"{"name":"acme/em","version":"9.9.9","yanked":true}"#,
+    );
+    assert_eq!(status, 404, "{text}");
+    let (status, text) = raw_http(
+        &server.url,
+        "POST",
+        "/api/v1/yank",
+        &[("authorization", &auth)],
+        br#"{"name":"acme/em","version":"0.1.0","yanked":true}"#,
+    );
+    assert_eq!(status, 200, "{text}");
+    // The client refuses such names before sending anything.
+    let out = w.http(
+        &w.home(),
+        &server.url,
+        Some(&acme),
+        &["env", "yank", "acme/../zeta/victim@0.1.0"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        texts(&out).1.contains("is not a package name"),
+        "{}",
+        texts(&out).1
+    );
+}
+
+#[test]
+fn index_reads_stay_inside_the_root_and_errors_name_no_server_path() {
+    let w = World::new();
+    w.publish(&w.package("arith", "0.1.0", &same));
+    let server = w.serve();
+    let root = w.reg().canonicalize().unwrap().display().to_string();
+    let tmp = std::env::temp_dir().display().to_string();
+    let paths = [
+        "/index/..%2F..%2F..%2F..%2F..%2Fetc/passwd",
+        "/index/..%2F..%2F..%2F..%2F..%2Fetc/does-not-exist-here",
+        "/index/rlhost/..%2F..%2Fconfig.json",
+        "/index/rlhost/..%2F..%2Ftokens.json",
+        "/index/%2e%2e/%2e%2e",
+        "/index/rlhost/%2e%2e",
+        "/index/..%5C..%5Cetc/passwd",
+        "/index/rlhost/arith%00",
+        "/artifacts/..%2F..%2Fconfig.json",
+        "/artifacts/..%2Ftokens.json.rlpkg",
+    ];
+    let mut answers = Vec::new();
+    for path in paths {
+        let (status, body) = raw_http(&server.url, "GET", path, &[], b"");
+        assert!(
+            status == 400 || status == 404,
+            "GET {path} -> {status} {body}"
+        );
+        assert!(
+            !body.contains(&root) && !body.contains(&tmp),
+            "GET {path}: {body}"
+        );
+        assert!(
+            !body.contains("root:"),
+            "GET {path} read a system file: {body}"
+        );
+        answers.push((status, body));
+    }
+    // No existence oracle: a present and an absent file outside the root answer alike.
+    assert_eq!(answers[0].0, answers[1].0);
+    assert_eq!(
+        answers[0].1.replace("passwd", "X"),
+        answers[1].1.replace("does-not-exist-here", "X")
+    );
+    // The real routes still work.
+    let (status, body) = raw_http(&server.url, "GET", "/index/rlhost/arith", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"rlhost/arith\""), "{body}");
+    let (status, _) = raw_http(&server.url, "GET", "/index/rlhost/nothing", &[], b"");
+    assert_eq!(status, 404);
+    // A corrupt index answers 500 without the server's paths.
+    std::fs::write(w.reg().join("index/rlhost/arith"), "{not json\n").unwrap();
+    let (status, body) = raw_http(&server.url, "GET", "/index/rlhost/arith", &[], b"");
+    assert_eq!(status, 500, "{body}");
+    assert!(!body.contains(&root) && !body.contains(&tmp), "{body}");
+}
+
+#[test]
+fn uploads_are_refused_from_their_headers_before_the_body_is_read() {
+    use std::io::{Read, Write};
+    let w = World::new();
+    let acme = w.owner_with_token("acme");
+    let server = w.serve();
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    // The headers announce 200 MB that never come: the answer must not wait for them.
+    let ask = |auth: Option<&str>, length: u64| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let auth = auth
+            .map(|t| format!("authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "PUT /api/v1/publish?sig=00&key=00 HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {length}\r\n\r\n"
+        )
+        .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).expect("an answer without the body");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let t = std::time::Instant::now();
+    for _ in 0..8 {
+        let answer = ask(None, 255 << 20);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        let answer = ask(Some("not-a-token"), 255 << 20);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+    // An authenticated upload over the limit is refused from its length alone.
+    let answer = ask(Some(&acme), 300 << 20);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn the_registry_server_closes_stalled_connections_and_keeps_serving() {
+    use std::io::{Read, Write};
+    let w = World::new();
+    let acme = w.owner_with_token("acme");
+    let mut child = host(&w.home())
+        .args([
+            "registry",
+            "serve",
+            "--root",
+            w.reg().to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+            "--header-timeout",
+            "1",
+            "--body-timeout",
+            "1",
+            "--max-connections",
+            "16",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = common::first_line(&mut child);
+    let server = Server {
+        url: line.trim().trim_start_matches("listening on ").to_owned(),
+        child,
+    };
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    // 16 partial headers and 16 partial bodies: twice the connection cap.
+    let mut stalled = Vec::new();
+    for i in 0..32 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"GET /config.json HTTP/1.1\r\nhost: x\r\n")
+                .unwrap();
+        } else {
+            // An authenticated upload whose body stalls.
+            write!(
+                s,
+                "PUT /api/v1/publish?sig=00&key=00 HTTP/1.1\r\nhost: x\r\n\
+                 authorization: Bearer {acme}\r\ncontent-length: 5000\r\n\r\n(zstd"
+            )
+            .unwrap();
+        }
+        stalled.push(s);
+    }
+    // A normal request gets through once the stalled ones time out.
+    let t = std::time::Instant::now();
+    let (status, body) = raw_http(&server.url, "GET", "/config.json", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        t.elapsed()
+    );
+    // Every stalled connection was closed by the server; a stalled upload was told why.
+    for (i, mut s) in stalled.into_iter().enumerate() {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)
+            .expect("the server closed the stalled connection");
+        if i % 2 == 1 {
+            let answer = String::from_utf8_lossy(&rest);
+            assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+            assert!(answer.contains("--body-timeout"), "{answer}");
+        }
+    }
+}
+
+#[test]
+fn an_install_whose_dependency_fails_changes_nothing() {
+    let w = World::new();
+    w.owner_with_token("acme");
+    // A dependency that does not exist.
+    w.publish_as(
+        "acme",
+        "ev-dep",
+        "0.1.0",
+        "\n[dependencies]\n\"acme/does-not-exist\" = \"^1\"\n",
+    );
+    // A dependency that exists but is refused (its artifact is tampered with).
+    w.publish_as("acme", "bad-dep", "1.0.0", "");
+    w.publish_as(
+        "acme",
+        "ev-refused",
+        "0.1.0",
+        "\n[dependencies]\n\"acme/bad-dep\" = \"^1\"\n",
+    );
+    let index = std::fs::read_to_string(w.reg().join("index/acme/bad-dep")).unwrap();
+    let cksum = index
+        .split("\"cksum\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    let artifact = w.reg().join(format!("artifacts/{cksum}.rlpkg"));
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&artifact, bytes).unwrap();
+    // Something installed before must survive, and the lock and trust files stay as they were.
+    w.publish(&w.package("arith", "0.1.0", &same));
+    w.ok(&["env", "install", "rlhost/arith"]);
+    let lock = std::fs::read(w.home().join("plugins.lock")).unwrap();
+    let trust = std::fs::read(w.home().join("trust.json")).unwrap();
+
+    let err = w.fails(&["env", "install", "acme/ev-dep"]);
+    assert!(err.contains("acme/does-not-exist"), "{err}");
+    let err = w.fails(&["env", "install", "acme/ev-refused"]);
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(!w.home().join("plugins/acme").exists());
+    assert_eq!(std::fs::read(w.home().join("plugins.lock")).unwrap(), lock);
+    assert_eq!(std::fs::read(w.home().join("trust.json")).unwrap(), trust);
+    let leftovers: Vec<_> = std::fs::read_dir(w.home().join("plugins"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".staging-") || n.starts_with(".trash-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(w.ok(&["env", "list"]).contains("rlhost/arith@0.1.0"));
+
+    // With the dependency healthy, the pair installs together.
+    w.publish_as("acme", "good-dep", "1.0.0", "");
+    w.publish_as(
+        "acme",
+        "ev-ok",
+        "0.1.0",
+        "\n[dependencies]\n\"acme/good-dep\" = \"^1\"\n",
+    );
+    let out = w.ok(&["env", "install", "acme/ev-ok"]);
+    assert!(
+        out.contains("acme/ev-ok@0.1.0") && out.contains("acme/good-dep@1.0.0"),
+        "{out}"
+    );
+    let lock = std::fs::read_to_string(w.home().join("plugins.lock")).unwrap();
+    assert!(
+        lock.contains("acme/ev-ok") && lock.contains("acme/good-dep"),
+        "{lock}"
+    );
+}
+
+#[test]
+fn an_index_entry_naming_another_package_is_refused() {
+    let w = World::new();
+    w.owner_with_token("acme");
+    w.owner_with_token("zeta");
+    w.publish_as("zeta", "renamed", "0.1.0", "");
+    // A valid, zeta-signed line, stored under acme's name.
+    std::fs::create_dir_all(w.reg().join("index/acme")).unwrap();
+    std::fs::copy(
+        w.reg().join("index/zeta/renamed"),
+        w.reg().join("index/acme/ev-renamed"),
+    )
+    .unwrap();
+    let err = w.fails(&["env", "install", "acme/ev-renamed"]);
+    assert!(
+        err.contains("index for acme/ev-renamed holds an entry for zeta/renamed"),
+        "{err}"
+    );
+    assert!(!w.home().join("plugins/zeta").exists());
+    assert!(!w.home().join("plugins/acme").exists());
+    // Over HTTP too.
+    let server = w.serve();
+    let out = w.http(
+        &w.home(),
+        &server.url,
+        None,
+        &["env", "install", "acme/ev-renamed"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        texts(&out).1.contains("holds an entry for zeta/renamed"),
+        "{}",
+        texts(&out).1
+    );
+}

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 
 use crate::dir::{DirRegistry, RegistryError};
 use crate::index::{IndexEntry, RegistryConfig};
+use crate::name::PackageName;
 
 /// What clients need of a registry.
 #[async_trait]
@@ -14,7 +15,7 @@ pub trait RegistryBackend: Send + Sync {
     /// `config.json`.
     async fn config(&self) -> Result<RegistryConfig, RegistryError>;
     /// Every version of `owner/name` (empty if none).
-    async fn entries(&self, full_name: &str) -> Result<Vec<IndexEntry>, RegistryError>;
+    async fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError>;
     /// Every `owner/name`.
     async fn packages(&self) -> Result<Vec<String>, RegistryError>;
     /// The package bytes with checksum `cksum`.
@@ -33,7 +34,7 @@ pub trait RegistryBackend: Send + Sync {
     /// Yanks (or un-yanks) a version.
     async fn yank(
         &self,
-        full_name: &str,
+        name: &PackageName,
         version: &semver::Version,
         yanked: bool,
         token: Option<&str>,
@@ -70,8 +71,8 @@ impl RegistryBackend for DirBackend {
     async fn config(&self) -> Result<RegistryConfig, RegistryError> {
         self.dir.config()
     }
-    async fn entries(&self, full_name: &str) -> Result<Vec<IndexEntry>, RegistryError> {
-        self.dir.entries(full_name)
+    async fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
+        self.dir.entries(name)
     }
     async fn packages(&self) -> Result<Vec<String>, RegistryError> {
         self.dir.packages()
@@ -95,11 +96,11 @@ impl RegistryBackend for DirBackend {
     }
     async fn yank(
         &self,
-        full_name: &str,
+        name: &PackageName,
         version: &semver::Version,
         yanked: bool,
         _token: Option<&str>,
     ) -> Result<(), RegistryError> {
-        self.dir.yank(full_name, version, yanked)
+        self.dir.yank(name, version, yanked)
     }
 }

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::index::{IndexEntry, RegistryConfig};
+use crate::name::{NameError, PackageName};
 use crate::package::{self, PackageError, checksum};
 use crate::sign::PublisherKey;
 
@@ -59,6 +60,15 @@ pub enum RegistryError {
         status: u16,
         /// The server's message.
         message: String,
+    },
+    /// A package name that is not `owner/name` slugs (it never reaches a path or URL).
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The version is not published in this registry.
+    #[error("{package} is not published here")]
+    NotPublished {
+        /// `owner/name@version`.
+        package: String,
     },
     /// A downloaded artifact does not match its index entry.
     #[error("checksum mismatch for {package}: the index says {expected}, the download is {actual}")]
@@ -161,13 +171,16 @@ impl DirRegistry {
         self.write_config(&config)
     }
 
-    fn index_path(&self, full_name: &str) -> PathBuf {
-        self.root.join("index").join(full_name)
+    /// `<root>/index/<owner>/<name>`: inside the root by construction (see
+    /// [`PackageName::path_under`]).
+    fn index_path(&self, name: &PackageName) -> PathBuf {
+        name.path_under(&self.root.join("index"))
     }
 
     /// Every published version of `owner/name` (empty if none).
-    pub fn entries(&self, full_name: &str) -> Result<Vec<IndexEntry>, RegistryError> {
-        let path = self.index_path(full_name);
+    pub fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
+        let full_name = name.as_str();
+        let path = self.index_path(name);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -195,9 +208,14 @@ impl DirRegistry {
                 .map_err(|e| self.io(&owner.path(), e))?
                 .flatten()
             {
-                let name = pkg.file_name().to_string_lossy().into_owned();
-                if !name.contains(".tmp.") {
-                    out.push(format!("{}/{name}", owner.file_name().to_string_lossy()));
+                // Temporaries of atomic writes and anything else that is not a package name.
+                let full = format!(
+                    "{}/{}",
+                    owner.file_name().to_string_lossy(),
+                    pkg.file_name().to_string_lossy()
+                );
+                if full.parse::<PackageName>().is_ok() {
+                    out.push(full);
                 }
             }
         }
@@ -262,6 +280,7 @@ impl DirRegistry {
         public_key: &str,
         min_host: Option<semver::Version>,
     ) -> Result<IndexEntry, RegistryError> {
+        let package_name = manifest.package_name();
         let name = manifest.full_name();
         let version = manifest.plugin.version.clone();
         let package = format!("{name}@{version}");
@@ -287,7 +306,7 @@ impl DirRegistry {
                 ),
             });
         }
-        let mut entries = self.entries(&name)?;
+        let mut entries = self.entries(&package_name)?;
         if let Some(existing) = entries.iter().find(|e| e.vers == version) {
             if existing.cksum == cksum {
                 return Ok(existing.clone());
@@ -312,11 +331,11 @@ impl DirRegistry {
             capabilities: manifest.plugin.capabilities.clone(),
         };
         entries.push(entry.clone());
-        self.write_index(&name, &entries)?;
+        self.write_index(&package_name, &entries)?;
         Ok(entry)
     }
 
-    fn write_index(&self, name: &str, entries: &[IndexEntry]) -> Result<(), RegistryError> {
+    fn write_index(&self, name: &PackageName, entries: &[IndexEntry]) -> Result<(), RegistryError> {
         let mut text = String::new();
         for e in entries {
             text.push_str(&serde_json::to_string(e).expect("serialisable"));
@@ -328,7 +347,7 @@ impl DirRegistry {
     /// Marks `owner/name@version` yanked (or not).
     pub fn yank(
         &self,
-        name: &str,
+        name: &PackageName,
         version: &semver::Version,
         yanked: bool,
     ) -> Result<(), RegistryError> {
@@ -337,7 +356,9 @@ impl DirRegistry {
         let entry = entries
             .iter_mut()
             .find(|e| e.vers == *version)
-            .ok_or_else(|| self.corrupt(format!("{name}@{version} is not published here")))?;
+            .ok_or_else(|| RegistryError::NotPublished {
+                package: format!("{name}@{version}"),
+            })?;
         entry.yanked = yanked;
         self.write_index(name, &entries)
     }
@@ -348,7 +369,7 @@ impl DirRegistry {
         let q = query.to_lowercase();
         let mut out = Vec::new();
         for name in self.packages()? {
-            let entries = self.entries(&name)?;
+            let entries = self.entries(&name.parse()?)?;
             let newest = entries
                 .iter()
                 .filter(|e| !e.yanked)

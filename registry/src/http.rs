@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::backend::RegistryBackend;
 use crate::dir::RegistryError;
 use crate::index::{IndexEntry, RegistryConfig};
+use crate::name::PackageName;
 
 /// A registry served over HTTP.
 pub struct HttpRegistry {
@@ -72,7 +73,8 @@ impl RegistryBackend for HttpRegistry {
         self.get_json("/config.json").await
     }
 
-    async fn entries(&self, full_name: &str) -> Result<Vec<IndexEntry>, RegistryError> {
+    async fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
+        let full_name = name.as_str();
         let req = self.client.get(format!("{}/index/{full_name}", self.base));
         let resp = match self.send(req).await {
             Ok(r) => r,
@@ -93,6 +95,9 @@ impl RegistryBackend for HttpRegistry {
     }
 
     async fn artifact(&self, cksum: &str) -> Result<Vec<u8>, RegistryError> {
+        if cksum.len() != 64 || !cksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(self.fail(format!("bad checksum {cksum:?} in the index")));
+        }
         let config = self.config().await?;
         let rel = config.dl.replace("{cksum}", cksum);
         let url = if rel.starts_with("http://") || rel.starts_with("https://") {
@@ -145,12 +150,12 @@ impl RegistryBackend for HttpRegistry {
 
     async fn yank(
         &self,
-        full_name: &str,
+        full_name: &PackageName,
         version: &semver::Version,
         yanked: bool,
         token: Option<&str>,
     ) -> Result<(), RegistryError> {
-        let body = serde_json::json!({"name": full_name, "version": version.to_string(), "yanked": yanked});
+        let body = serde_json::json!({"name": full_name.as_str(), "version": version.to_string(), "yanked": yanked});
         let mut req = self
             .client
             .post(format!("{}/api/v1/yank", self.base))

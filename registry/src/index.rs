@@ -85,6 +85,17 @@ pub enum ResolveError {
         /// An example reference.
         example: String,
     },
+    /// The index of one package holds an entry that names another: a forged or corrupt index
+    /// (a valid signature for `found` must not install it under `requested`).
+    #[error(
+        "the registry's index for {requested} holds an entry for {found}; refusing it (a forged or corrupt index)"
+    )]
+    MisnamedEntry {
+        /// The package asked for (the index path).
+        requested: String,
+        /// The name in the entry.
+        found: String,
+    },
     /// No version fits; says why each was rejected.
     #[error("no version of {name} matches {req}:\n{reasons}")]
     NoMatch {
@@ -119,11 +130,7 @@ impl std::str::FromStr for PackageRef {
             None => (s, "*".to_owned()),
         };
         let req = VersionReq::parse(&req_text).map_err(|_| bad())?;
-        let slug = |x: &str| {
-            !x.is_empty()
-                && x.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        };
+        let slug = crate::name::is_slug;
         let (owner, name) = match path.split_once('/') {
             Some((o, n)) if slug(o) && slug(n) => (Some(o.to_owned()), n.to_owned()),
             None if slug(path) => (None, path.to_owned()),
@@ -154,6 +161,12 @@ pub fn resolve<'a>(
     abi_ok: &dyn Fn(&str) -> Result<(), String>,
     host: &Version,
 ) -> Result<&'a IndexEntry, ResolveError> {
+    if let Some(e) = entries.iter().find(|e| e.name != name) {
+        return Err(ResolveError::MisnamedEntry {
+            requested: name.to_owned(),
+            found: e.name.clone(),
+        });
+    }
     let mut sorted: Vec<&IndexEntry> = entries.iter().collect();
     sorted.sort_by(|a, b| b.vers.cmp(&a.vers));
     let mut reasons = Vec::new();
@@ -227,6 +240,30 @@ mod tests {
         for bad in ["Will/x", "a/b/c", "x@not-a-version", "", "/x"] {
             assert!(bad.parse::<PackageRef>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn refuses_an_index_whose_entry_names_another_package() {
+        // A valid line signed for zeta/renamed, stored at index/acme/ev-renamed.
+        let mut forged = entry("0.1.0", "rlhost:env@0.1.0", false);
+        forged.name = "zeta/renamed".into();
+        let entries = vec![entry("0.0.9", "rlhost:env@0.1.0", false), forged];
+        let err = resolve(
+            "will/demo",
+            &entries,
+            &VersionReq::STAR,
+            "*",
+            &abi_ok,
+            &Version::new(0, 1, 0),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            ResolveError::MisnamedEntry {
+                requested: "will/demo".into(),
+                found: "zeta/renamed".into()
+            }
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod fs;
 pub mod http;
 pub mod index;
 pub mod manifest;
+pub mod name;
 pub mod package;
 pub mod server;
 pub mod sign;
@@ -20,6 +21,7 @@ pub use backend::RegistryBackend;
 pub use dir::{DirRegistry, RegistryError, TrustStore, verify_artifact};
 pub use index::{IndexEntry, PackageRef, RegistryConfig, ResolveError, resolve};
 pub use manifest::{Manifest, ManifestError, PluginKind, Runtime};
+pub use name::{NameError, PackageName};
 pub use sign::PublisherKey;
 
 /// This crate's version.

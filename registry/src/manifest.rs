@@ -23,6 +23,7 @@
 //! Parsing validates everything it can without the artifact: names, versions, ABI string,
 //! capability names, and that paths stay inside the package.
 
+use crate::name::is_slug;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
@@ -323,6 +324,12 @@ impl Manifest {
         format!("{}/{}", self.plugin.owner, self.plugin.name)
     }
 
+    /// `owner/name` as a checked name (both parts were validated when the manifest was parsed).
+    pub fn package_name(&self) -> crate::PackageName {
+        crate::PackageName::new(&self.plugin.owner, &self.plugin.name)
+            .expect("a parsed manifest has slug owner and name")
+    }
+
     /// The ABI version targeted (validated at parse time).
     pub fn abi_version(&self) -> semver::Version {
         parse_abi(&self.plugin.abi).expect("validated when parsed")
@@ -371,13 +378,6 @@ pub fn parse_abi(abi: &str) -> Result<semver::Version, String> {
         .strip_prefix("rlhost:env@")
         .ok_or_else(|| format!("is {abi:?}: expected \"rlhost:env@X.Y.Z\""))?;
     semver::Version::parse(version).map_err(|e| format!("is {abi:?}: bad version: {e}"))
-}
-
-fn is_slug(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && !s.starts_with('-')
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 fn is_inside(path: &Path) -> bool {

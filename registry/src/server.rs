@@ -10,30 +10,47 @@
 //! | `PUT /api/v1/publish?sig=&key=[&min_host=]` | upload a signed package (bearer token of its owner) |
 //! | `POST /api/v1/yank` | `{"name", "version", "yanked"}` (bearer token of the owner) |
 //!
-//! Errors are JSON `{"error": …}` with 400 (invalid package or signature), 401 (no or unknown
-//! token), 403 (another owner's package, or a key not accepted for the owner), 404, 409 (version
-//! exists with other bytes) and 413 (upload over the size limit).
+//! Errors are JSON `{"error": …}` with 400 (invalid package, name or signature), 401 (no or unknown
+//! token), 403 (another owner's package, or a key not accepted for the owner), 404, 408 (a body
+//! that did not arrive in time), 409 (version exists with other bytes), 413 (upload over the size
+//! limit) and 500. No error body names a path of the server: internal failures are logged and
+//! answered with a generic message.
+//!
+//! Every package name in a route or a body passes [`PackageName`]'s check before anything else,
+//! so it never reaches the filesystem unless it is exactly `owner/name` slugs. An upload is
+//! authenticated from its headers before its body is read, at most [`MAX_CONCURRENT_UPLOADS`]
+//! bodies are read at once, and the accept loop ([`rlhost_serve`]) caps connections and gives
+//! headers and bodies deadlines.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use rlhost_serve::ServeLimits;
 
 use crate::dir::{DirRegistry, RegistryError};
+use crate::name::PackageName;
+use crate::package::PackageError;
 use crate::tokens::TokenStore;
 
 /// Largest upload accepted.
 pub const MAX_UPLOAD_BYTES: usize = 256 << 20;
+/// Largest body of any other request (a yank).
+pub const MAX_REQUEST_BYTES: usize = 64 << 10;
+/// Uploads whose bodies are read at once; later ones wait (authenticated) for a turn, so memory
+/// stays under `MAX_CONCURRENT_UPLOADS * MAX_UPLOAD_BYTES` whatever the number of clients.
+pub const MAX_CONCURRENT_UPLOADS: usize = 2;
 
 struct AppState {
     registry: DirRegistry,
     root: PathBuf,
+    uploads: tokio::sync::Semaphore,
 }
 
 type Shared = Arc<AppState>;
@@ -56,18 +73,39 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     api_error(status, message).into_response()
 }
 
-fn registry_api_error(e: RegistryError) -> ApiError {
+/// What a client is told about a registry failure. Failures of the server itself (its files,
+/// its data) are logged in full and answered with a generic 500 that names no path; the
+/// client's own mistakes are explained, with the server's paths cut out of the message.
+fn registry_api_error(state: &AppState, e: RegistryError) -> ApiError {
     let status = match &e {
         RegistryError::Conflict { .. } => StatusCode::CONFLICT,
         RegistryError::Refused { .. } => StatusCode::FORBIDDEN,
+        RegistryError::Name(_) => StatusCode::BAD_REQUEST,
+        RegistryError::NotPublished { .. } => StatusCode::NOT_FOUND,
+        RegistryError::Package(PackageError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
         RegistryError::Package(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    api_error(status, e)
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::error!("registry failure: {e}");
+        return api_error(
+            status,
+            "internal error: the registry could not handle this request (details are in the server's log)",
+        );
+    }
+    api_error(status, redact(&e.to_string(), &state.root))
 }
 
-fn registry_error(e: RegistryError) -> Response {
-    registry_api_error(e).into_response()
+/// `message` without the registry's root or the temporary folder (where uploads are unpacked).
+fn redact(message: &str, root: &Path) -> String {
+    let mut out = message.to_owned();
+    for dir in [root.to_path_buf(), std::env::temp_dir()] {
+        let shown = dir.display().to_string();
+        if shown.len() > 1 {
+            out = out.replace(shown.trim_end_matches('/'), "<server>");
+        }
+    }
+    out
 }
 
 fn json(value: impl serde::Serialize) -> Response {
@@ -78,14 +116,14 @@ fn json(value: impl serde::Serialize) -> Response {
         .into_response()
 }
 
-/// The owner whose bearer token this request carries, or the error response.
+/// The owner whose bearer token this request carries, or the error response. Reads headers only.
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| api_error(StatusCode::UNAUTHORIZED, "a bearer token is required"))?;
-    let tokens = TokenStore::load(&state.root).map_err(registry_api_error)?;
+    let tokens = TokenStore::load(&state.root).map_err(|e| registry_api_error(state, e))?;
     tokens
         .owner_of(token.trim())
         .map(str::to_owned)
@@ -95,7 +133,7 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<String, ApiErro
 async fn config(State(s): State<Shared>) -> Response {
     match s.registry.config() {
         Ok(c) => json(c),
-        Err(e) => registry_error(e),
+        Err(e) => registry_api_error(&s, e).into_response(),
     }
 }
 
@@ -103,10 +141,14 @@ async fn index(
     State(s): State<Shared>,
     UrlPath((owner, name)): UrlPath<(String, String)>,
 ) -> Response {
-    let full = format!("{owner}/{name}");
-    match s.registry.entries(&full) {
+    // Checked before any path is built: `..%2F..` and friends are a 400, never a file read.
+    let name = match PackageName::new(&owner, &name) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match s.registry.entries(&name) {
         Ok(entries) if entries.is_empty() => {
-            error(StatusCode::NOT_FOUND, format!("no package {full}"))
+            error(StatusCode::NOT_FOUND, format!("no package {name}"))
         }
         Ok(entries) => {
             let mut text = String::new();
@@ -116,7 +158,7 @@ async fn index(
             }
             text.into_response()
         }
-        Err(e) => registry_error(e),
+        Err(e) => registry_api_error(&s, e).into_response(),
     }
 }
 
@@ -124,6 +166,9 @@ async fn artifact(State(s): State<Shared>, UrlPath(file): UrlPath<String>) -> Re
     let Some(cksum) = file.strip_suffix(".rlpkg") else {
         return error(StatusCode::NOT_FOUND, "no such artifact");
     };
+    if cksum.len() != 64 || !cksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return error(StatusCode::NOT_FOUND, "no such artifact");
+    }
     match s.registry.artifact(cksum) {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
         Err(_) => error(StatusCode::NOT_FOUND, format!("no artifact {cksum}")),
@@ -133,7 +178,7 @@ async fn artifact(State(s): State<Shared>, UrlPath(file): UrlPath<String>) -> Re
 async fn packages(State(s): State<Shared>) -> Response {
     match s.registry.packages() {
         Ok(p) => json(p),
-        Err(e) => registry_error(e),
+        Err(e) => registry_api_error(&s, e).into_response(),
     }
 }
 
@@ -146,7 +191,7 @@ struct SearchQuery {
 async fn search(State(s): State<Shared>, Query(q): Query<SearchQuery>) -> Response {
     match s.registry.search(&q.q) {
         Ok(found) => json(found),
-        Err(e) => registry_error(e),
+        Err(e) => registry_api_error(&s, e).into_response(),
     }
 }
 
@@ -157,14 +202,57 @@ struct PublishQuery {
     min_host: Option<semver::Version>,
 }
 
+/// Reads an upload's body once its sender is known: over-limit sizes are refused from the
+/// `content-length` header alone, and at most [`MAX_CONCURRENT_UPLOADS`] bodies are read at once.
+async fn read_upload(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        api_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("uploads are limited to {MAX_UPLOAD_BYTES} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES as u64) {
+        return Err(too_large());
+    }
+    let _turn = s
+        .uploads
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
+    axum::body::to_bytes(body, MAX_UPLOAD_BYTES)
+        .await
+        .map_err(|e| {
+            let mut source: Option<&dyn std::error::Error> = Some(&e);
+            while let Some(err) = source {
+                if err.is::<rlhost_serve::BodyTimeout>() {
+                    return api_error(StatusCode::REQUEST_TIMEOUT, err);
+                }
+                if err.is::<http_body_util::LengthLimitError>() {
+                    return too_large();
+                }
+                source = err.source();
+            }
+            api_error(StatusCode::BAD_REQUEST, format!("reading the upload: {e}"))
+        })
+}
+
 async fn publish(
     State(s): State<Shared>,
     headers: HeaderMap,
     Query(q): Query<PublishQuery>,
-    body: Bytes,
+    body: Body,
 ) -> Response {
+    // The token first, from the headers alone: an unauthenticated upload is never read.
     let owner = match authenticate(&s, &headers) {
         Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let body = match read_upload(&s, &headers, body).await {
+        Ok(b) => b,
         Err(e) => return e.into_response(),
     };
     let state = s.clone();
@@ -173,7 +261,7 @@ async fn publish(
         let manifest = state
             .registry
             .read_package(&body)
-            .map_err(|e| api_error(StatusCode::BAD_REQUEST, e))?;
+            .map_err(|e| registry_api_error(&state, e))?;
         if manifest.plugin.owner != owner {
             return Err(api_error(
                 StatusCode::FORBIDDEN,
@@ -186,13 +274,16 @@ async fn publish(
         state
             .registry
             .add(&body, &manifest, &q.sig, &q.key, q.min_host)
-            .map_err(registry_api_error)
+            .map_err(|e| registry_api_error(&state, e))
     })
     .await;
     match result {
         Ok(Ok(entry)) => json(entry),
         Ok(Err(e)) => e.into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => {
+            tracing::error!("publish task failed: {e}");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        }
     }
 }
 
@@ -212,15 +303,19 @@ async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Respo
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    if req.name.split('/').next() != Some(owner.as_str()) {
+    let name = match req.name.parse::<PackageName>() {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    if name.owner() != owner {
         return error(
             StatusCode::FORBIDDEN,
-            format!("this token acts for {owner:?}, not for {}", req.name),
+            format!("this token acts for {owner:?}, not for {name}"),
         );
     }
-    match s.registry.yank(&req.name, &req.version, req.yanked) {
+    match s.registry.yank(&name, &req.version, req.yanked) {
         Ok(()) => json(serde_json::json!({"ok": true})),
-        Err(e) => error(StatusCode::NOT_FOUND, e),
+        Err(e) => registry_api_error(&s, e).into_response(),
     }
 }
 
@@ -229,6 +324,7 @@ pub fn router(root: &Path) -> Result<Router, RegistryError> {
     let state = Arc::new(AppState {
         registry: DirRegistry::open(root, false)?,
         root: root.to_owned(),
+        uploads: tokio::sync::Semaphore::new(MAX_CONCURRENT_UPLOADS),
     });
     Ok(Router::new()
         .route("/config.json", get(config))
@@ -238,19 +334,20 @@ pub fn router(root: &Path) -> Result<Router, RegistryError> {
         .route("/api/v1/search", get(search))
         .route("/api/v1/publish", put(publish))
         .route("/api/v1/yank", post(yank))
-        .layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(state))
 }
 
-/// Serves the registry at `root` on `listener` until `shutdown` resolves.
+/// Serves the registry at `root` on `listener` under `limits` until `shutdown` resolves.
 pub async fn serve(
     root: &Path,
     listener: tokio::net::TcpListener,
+    limits: ServeLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RegistryError> {
     let app = router(root)?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+    rlhost_serve::serve(listener, app, limits, shutdown)
         .await
         .map_err(|e| RegistryError::Io {
             root: root.display().to_string(),

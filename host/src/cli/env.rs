@@ -404,9 +404,11 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
         EnvCommand::Info { package, registry } => {
             let home = RlhostHome::from_env()?;
             let reg = registry.open(&home)?;
-            let entries = super::async_runtime()?.block_on(reg.entries(&package))?;
+            let base = package.split('@').next().unwrap_or(&package);
+            let name: rlhost_registry::PackageName = base.parse()?;
+            let entries = super::async_runtime()?.block_on(reg.entries(&name))?;
             if entries.is_empty() {
-                anyhow::bail!("no package {package} in {}", reg.url());
+                anyhow::bail!("no package {name} in {}", reg.url());
             }
             for e in entries {
                 let yanked = if e.yanked { "  (yanked)" } else { "" };
@@ -421,7 +423,6 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             // What an installed copy says about itself: description, capabilities, datasets.
-            let base = package.split('@').next().unwrap_or(&package);
             if let Ok(dir) = crate::plugin::install::find_installed(&home, base) {
                 let m = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
                 println!("installed: {}", dir.display());
@@ -457,8 +458,9 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 .context("say which version: owner/name@version")?;
             let version = semver::Version::parse(version.trim_start_matches('='))
                 .with_context(|| format!("version of {package}"))?;
+            let name: rlhost_registry::PackageName = name.parse()?;
             let token = std::env::var(&token_var).ok();
-            super::async_runtime()?.block_on(reg.yank(name, &version, !undo, token.as_deref()))?;
+            super::async_runtime()?.block_on(reg.yank(&name, &version, !undo, token.as_deref()))?;
             println!(
                 "{} {name}@{version}",
                 if undo { "un-yanked" } else { "yanked" }

@@ -49,6 +49,9 @@ pub struct InferenceArgs {
     /// CPU threads for libtorch (default: libtorch's choice).
     #[arg(long)]
     threads: Option<usize>,
+    /// Connection cap and deadlines.
+    #[command(flatten)]
+    limits: rlhost_serve::ServeLimits,
 }
 
 async fn shutdown_signal() {
@@ -132,7 +135,7 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
             args.max_batch_size
         );
         let _ = out.flush();
-        server::serve(listener, router, engine, shutdown_signal())
+        server::serve(listener, router, engine, args.limits, shutdown_signal())
             .await
             .context("serving")
     })?;

@@ -73,6 +73,9 @@ enum RegistryCommand {
         /// Address to listen on (port 0 picks a free one; the chosen address is printed).
         #[arg(long, default_value = "127.0.0.1:8730")]
         addr: String,
+        /// Connection cap and deadlines.
+        #[command(flatten)]
+        limits: rlhost_serve::ServeLimits,
     },
 }
 
@@ -144,7 +147,7 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
                 rlhost_registry::tokens::TokenStore::issue(&root, &owner)?
             );
         }
-        RegistryCommand::Serve { root, addr } => {
+        RegistryCommand::Serve { root, addr, limits } => {
             DirRegistry::open(&root, false)?;
             let runtime = super::async_runtime()?;
             runtime.block_on(async {
@@ -158,7 +161,7 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
                 let shutdown = async {
                     let _ = tokio::signal::ctrl_c().await;
                 };
-                rlhost_registry::server::serve(&root, listener, shutdown).await?;
+                rlhost_registry::server::serve(&root, listener, limits, shutdown).await?;
                 anyhow::Ok(())
             })?;
         }

@@ -1,17 +1,18 @@
 //! Installing plugins from a registry into `$RLHOST_HOME/plugins/<owner>/<name>/<version>/`:
 //! resolve, download, verify (checksum, then a signature by a key pinned for the owner), unpack
 //! into a staging folder, validate by loading it with the real runtime (which also caches the
-//! compiled component, so the first run starts fast), then rename into place. Nothing is ever
-//! half-installed, concurrent installs serialise on a lock file, and every install is recorded in
-//! `$RLHOST_HOME/plugins.lock` (exact version and checksum).
+//! compiled component, so the first run starts fast), then rename into place. A package and its
+//! dependencies are installed all or nothing (every one verified before any moves into place),
+//! nothing is ever half-installed, concurrent installs serialise on a lock file, and every
+//! install is recorded in `$RLHOST_HOME/plugins.lock` (exact version and checksum).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use rlhost_registry::{
-    IndexEntry, PackageRef, RegistryBackend, RegistryError, ResolveError, Runtime, TrustStore,
-    package, resolve, verify_artifact,
+    IndexEntry, NameError, PackageName, PackageRef, RegistryBackend, RegistryError, ResolveError,
+    Runtime, TrustStore, package, resolve, verify_artifact,
 };
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,9 @@ pub enum InstallError {
     /// Resolution failed.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// A name that is not `owner/name` slugs.
+    #[error(transparent)]
+    Name(#[from] NameError),
     /// The package failed validation.
     #[error("{package}: {message}")]
     Invalid {
@@ -172,7 +176,7 @@ impl<'a> Installer<'a> {
                 }
             }
         };
-        let entries = self.registry.entries(&full).await?;
+        let entries = self.registry.entries(&full.parse::<PackageName>()?).await?;
         let abi_ok = |abi: &str| -> Result<(), String> {
             let v = rlhost_registry::manifest::parse_abi(abi)?;
             match abi::supported_for(&v) {
@@ -195,33 +199,17 @@ impl<'a> Installer<'a> {
         .clone())
     }
 
-    /// Installs `reference` and the reward plugins it depends on.
+    /// Installs `reference` and the plugins it depends on, all or nothing: the whole set is
+    /// resolved, downloaded, verified and validated in staging folders first; only when every
+    /// package passed are they moved into place and recorded in `plugins.lock` (and new keys
+    /// pinned). A failure anywhere leaves the plugins folder, the lock file and the trust store
+    /// as they were.
     pub async fn install(
         &self,
         reference: &PackageRef,
         loader: &PluginLoader,
     ) -> Result<Vec<Installed>, InstallError> {
-        let mut done = Vec::new();
-        let mut queue = vec![reference.clone()];
-        while let Some(r) = queue.pop() {
-            let entry = self.resolve(&r).await?;
-            for (dep, req) in &entry.deps {
-                let mut dep_ref: PackageRef = dep.parse()?;
-                dep_ref.req = req.clone();
-                dep_ref.req_text = req.to_string();
-                queue.push(dep_ref);
-            }
-            done.push(self.install_entry(&entry, loader).await?);
-        }
-        Ok(done)
-    }
-
-    async fn install_entry(
-        &self,
-        entry: &IndexEntry,
-        loader: &PluginLoader,
-    ) -> Result<Installed, InstallError> {
-        let package = format!("{}@{}", entry.name, entry.vers);
+        let plan = self.resolve_all(reference).await?;
         let plugins = self.home.plugins_dir();
         std::fs::create_dir_all(&plugins).map_err(io(&plugins))?;
         // One installer at a time per home; the second waits, then finds the work done.
@@ -231,47 +219,139 @@ impl<'a> Installer<'a> {
         remove_leftovers(&plugins);
 
         let mut lockfile = self.lock_file()?;
-        if self.options.locked
-            && let Some(locked) = lockfile.plugins.get(&entry.name)
-            && (locked.version != entry.vers || locked.cksum != entry.cksum)
-        {
-            return Err(InstallError::Locked {
-                name: entry.name.clone(),
-                locked: locked.version.to_string(),
-                wanted: entry.vers.to_string(),
-            });
+        if self.options.locked {
+            for entry in &plan {
+                if let Some(locked) = lockfile.plugins.get(&entry.name)
+                    && (locked.version != entry.vers || locked.cksum != entry.cksum)
+                {
+                    return Err(InstallError::Locked {
+                        name: entry.name.clone(),
+                        locked: locked.version.to_string(),
+                        wanted: entry.vers.to_string(),
+                    });
+                }
+            }
         }
+        let trust_path = self.home.root().join("trust.json");
+        let mut trust = TrustStore::load(&trust_path)?;
+        let mut pinned_any = false;
+        let mut steps = Vec::new();
+        for entry in &plan {
+            let (step, pinned) = self.prepare(entry, loader, &plugins, &mut trust).await?;
+            pinned_any |= pinned;
+            steps.push(step);
+        }
+
+        // Everything verified: move into place, undoing the moves if one fails.
+        let mut moved: Vec<Moved> = Vec::new();
+        let mut done = Vec::new();
+        for step in steps {
+            match step {
+                Step::Present(installed) => done.push(installed),
+                Step::Staged(staged) => match staged.move_into_place(&plugins) {
+                    Ok((m, installed)) => {
+                        moved.push(m);
+                        done.push(installed);
+                    }
+                    Err(e) => {
+                        undo(moved, &plugins);
+                        return Err(e);
+                    }
+                },
+            }
+        }
+        let before = lockfile.clone();
+        for installed in &done {
+            lockfile
+                .plugins
+                .insert(installed.record.name.clone(), installed.record.clone());
+        }
+        if lockfile != before
+            && let Err(e) = write_lock(&self.lock_path(), &lockfile)
+        {
+            undo(moved, &plugins);
+            return Err(e);
+        }
+        if pinned_any {
+            trust.save(&trust_path)?;
+        }
+        for m in moved {
+            m.finish();
+        }
+        Ok(done)
+    }
+
+    /// The entries of `reference` and of everything it depends on, transitively: one version
+    /// per package, the root first. Conflicting requirements on one package are refused.
+    async fn resolve_all(&self, reference: &PackageRef) -> Result<Vec<IndexEntry>, InstallError> {
+        let mut plan: Vec<IndexEntry> = Vec::new();
+        let mut queue = std::collections::VecDeque::from([reference.clone()]);
+        while let Some(r) = queue.pop_front() {
+            let entry = self.resolve(&r).await?;
+            if let Some(planned) = plan.iter().find(|p| p.name == entry.name) {
+                if !r.req.matches(&planned.vers) {
+                    return Err(InstallError::Invalid {
+                        package: format!("{}@{}", planned.name, planned.vers),
+                        message: format!(
+                            "is required both as {} and as {}; no one version satisfies both",
+                            planned.vers, r.req_text
+                        ),
+                    });
+                }
+                continue;
+            }
+            for (dep, req) in &entry.deps {
+                let mut dep_ref: PackageRef = dep.parse()?;
+                dep_ref.req = req.clone();
+                dep_ref.req_text = req.to_string();
+                queue.push_back(dep_ref);
+            }
+            plan.push(entry);
+        }
+        Ok(plan)
+    }
+
+    /// Downloads, verifies, unpacks and validates one package into a staging folder, or finds
+    /// it installed already. Returns whether a key was newly pinned in `trust` (not yet saved).
+    async fn prepare(
+        &self,
+        entry: &IndexEntry,
+        loader: &PluginLoader,
+        plugins: &Path,
+        trust: &mut TrustStore,
+    ) -> Result<(Step, bool), InstallError> {
+        let package = format!("{}@{}", entry.name, entry.vers);
         let warning = entry
             .yanked
             .then(|| format!("{package} is yanked; installed because it was pinned exactly"));
-        let target = plugins.join(&entry.name).join(entry.vers.to_string());
+        let name: PackageName = entry.name.parse()?;
+        let target = name.path_under(plugins).join(entry.vers.to_string());
         if let Ok(existing) = read_record(&target)
             && existing.cksum == entry.cksum
         {
-            self.write_lock_entry(&mut lockfile, &existing)?;
-            return Ok(Installed {
-                record: existing,
-                dir: target,
-                fresh: false,
-                warning,
-            });
+            return Ok((
+                Step::Present(Installed {
+                    record: existing,
+                    dir: target,
+                    fresh: false,
+                    warning,
+                }),
+                false,
+            ));
         }
 
         let bytes = self.registry.artifact(&entry.cksum).await?;
-        let trust_path = self.home.root().join("trust.json");
-        let mut trust = TrustStore::load(&trust_path)?;
-        let owner = entry.name.split('/').next().unwrap_or_default();
-        let (keys, newly_pinned) =
-            trust.keys_for(&self.registry_url, &self.registry.config().await?, owner);
+        let (keys, newly_pinned) = trust.keys_for(
+            &self.registry_url,
+            &self.registry.config().await?,
+            name.owner(),
+        );
         verify_artifact(entry, &bytes, &keys, self.options.allow_unsigned)?;
-        if newly_pinned {
-            trust.save(&trust_path)?;
-        }
 
         let staging = tempfile::Builder::new()
             .prefix(".staging-")
-            .tempdir_in(&plugins)
-            .map_err(io(&plugins))?;
+            .tempdir_in(plugins)
+            .map_err(io(plugins))?;
         let manifest =
             package::unpack(&bytes, staging.path()).map_err(|e| InstallError::Invalid {
                 package: package.clone(),
@@ -315,36 +395,109 @@ impl<'a> Installer<'a> {
             serde_json::to_string_pretty(&record).expect("serialisable"),
         )
         .map_err(io(&record_path))?;
-        let parent = target.parent().expect("has a parent");
-        std::fs::create_dir_all(parent).map_err(io(parent))?;
-        if target.exists() {
-            // Same version, other bytes: a registry that changed history. Keep the old one
-            // aside until the new one is in place.
-            let aside = staging.path().with_extension("old");
-            std::fs::rename(&target, &aside).map_err(io(&target))?;
-            let _ = std::fs::remove_dir_all(&aside);
-        }
-        let staged = staging.keep();
-        std::fs::rename(&staged, &target).map_err(io(&target))?;
-        self.write_lock_entry(&mut lockfile, &record)?;
-        Ok(Installed {
-            record,
-            dir: target,
-            fresh: true,
-            warning,
-        })
+        Ok((
+            Step::Staged(Staged {
+                staging,
+                target,
+                record,
+                warning,
+            }),
+            newly_pinned,
+        ))
     }
+}
 
-    fn write_lock_entry(
-        &self,
-        lockfile: &mut LockFile,
-        record: &InstallRecord,
-    ) -> Result<(), InstallError> {
-        if lockfile.plugins.get(&record.name) == Some(record) {
-            return Ok(());
+/// One package of an install, ready to commit.
+enum Step {
+    /// Installed already with the same bytes.
+    Present(Installed),
+    /// Verified and validated in a staging folder.
+    Staged(Staged),
+}
+
+struct Staged {
+    staging: tempfile::TempDir,
+    target: PathBuf,
+    record: InstallRecord,
+    warning: Option<String>,
+}
+
+/// A package moved into place, with what it replaced kept aside until the install commits.
+struct Moved {
+    target: PathBuf,
+    aside: Option<PathBuf>,
+}
+
+impl Staged {
+    fn move_into_place(self, plugins: &Path) -> Result<(Moved, Installed), InstallError> {
+        let parent = self.target.parent().expect("has a parent");
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        // Same version, other bytes: a registry that changed history. Keep the old one aside
+        // until the whole install committed.
+        let aside = if self.target.exists() {
+            let aside = tempfile::Builder::new()
+                .prefix(".trash-")
+                .tempdir_in(plugins)
+                .map_err(io(plugins))?
+                .keep()
+                .join("old");
+            std::fs::rename(&self.target, &aside).map_err(io(&self.target))?;
+            Some(aside)
+        } else {
+            None
+        };
+        let staged = self.staging.keep();
+        if let Err(e) = std::fs::rename(&staged, &self.target) {
+            if let Some(a) = &aside {
+                let _ = std::fs::rename(a, &self.target);
+            }
+            let _ = std::fs::remove_dir_all(&staged);
+            return Err(io(&self.target)(e));
         }
-        lockfile.plugins.insert(record.name.clone(), record.clone());
-        write_lock(&self.lock_path(), lockfile)
+        Ok((
+            Moved {
+                target: self.target.clone(),
+                aside,
+            },
+            Installed {
+                record: self.record,
+                dir: self.target,
+                fresh: true,
+                warning: self.warning,
+            },
+        ))
+    }
+}
+
+impl Moved {
+    /// The install committed: drop what was replaced.
+    fn finish(self) {
+        if let Some(aside) = self.aside
+            && let Some(trash) = aside.parent()
+        {
+            let _ = std::fs::remove_dir_all(trash);
+        }
+    }
+}
+
+/// Takes back the moves of an install that failed, newest first: each target goes to the trash
+/// and what it replaced comes back.
+fn undo(moved: Vec<Moved>, plugins: &Path) {
+    for m in moved.into_iter().rev() {
+        if let Ok(trash) = tempfile::Builder::new()
+            .prefix(".trash-")
+            .tempdir_in(plugins)
+        {
+            let trash = trash.keep();
+            let _ = std::fs::rename(&m.target, trash.join("new"));
+            let _ = std::fs::remove_dir_all(&trash);
+        }
+        if let Some(aside) = &m.aside {
+            let _ = std::fs::rename(aside, &m.target);
+            if let Some(t) = aside.parent() {
+                let _ = std::fs::remove_dir_all(t);
+            }
+        }
     }
 }
 

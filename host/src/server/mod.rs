@@ -121,21 +121,22 @@ fn reply(r: Result<Reply, ApiError>) -> Response {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves; then the engine stops (in-flight
-/// requests end with `finish_reason: "abort"`) and open connections are drained.
+/// Serves `router` on `listener` under `limits` (connection cap, header and body deadlines)
+/// until `shutdown` resolves; then the engine stops (in-flight requests end with
+/// `finish_reason: "abort"`) and open connections are drained.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     engine: Engine,
+    limits: rlhost_serve::ServeLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: cancelling in-flight requests");
-            let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
-        })
-        .await
+    rlhost_serve::serve(listener, router, limits, async move {
+        shutdown.await;
+        tracing::info!("shutting down: cancelling in-flight requests");
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+    })
+    .await
 }
 
 fn error(e: ApiError) -> Response {
