@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use rlhost::sandbox::{NativeOptions, NativeSandbox, SandboxError, SandboxPolicy};
+use rlhost::sandbox::{NativeOptions, NativeSandbox, SANDBOX_ENV, SandboxError, SandboxPolicy};
 use rlhost_sdk::types::PythonLimits;
 
 /// The reference venv's interpreter has numpy; otherwise the system's.
@@ -139,4 +139,205 @@ async fn a_missing_preload_refuses_to_start() {
             .contains("cannot preload no_such_module_rlhost"),
         "{err}"
     );
+}
+
+/// The code sees only the documented environment, nothing of the host's (issue 18, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_is_the_documented_set() {
+    let Some(sb) = sandbox("the_environment_is_the_documented_set").await else {
+        return;
+    };
+    let documented = [
+        "MKL_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "PYTHONCOERCECLOCALE",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUTF8",
+    ];
+    let mut exported: Vec<&str> = SANDBOX_ENV.iter().map(|(k, _)| *k).collect();
+    exported.sort();
+    assert_eq!(exported, documented);
+    let out = sb
+        .run(
+            "import os, sys\nprint(sorted(os.environ))\nprint(sys.argv)",
+            limits(10_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout,
+        format!("{documented:?}\n['']\n").replace('"', "'"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Through the CLI, with a secret in the caller's environment.
+#[test]
+fn a_secret_in_the_hosts_environment_does_not_reach_the_code() {
+    let home = tempfile::tempdir().unwrap();
+    let out = common::run(
+        common::host(home.path())
+            .env("MY_SECRET_API_KEY", "sk-rlhost-test-secret")
+            .args([
+                "sandbox",
+                "run",
+                "--backend",
+                "native",
+                "--timeout",
+                "10",
+                "-c",
+            ])
+            .arg("import os\nprint(os.environ.get('MY_SECRET_API_KEY'), len(os.environ))"),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    if stderr.contains("does not let the sandbox isolate") {
+        common::skip(
+            "a_secret_in_the_hosts_environment_does_not_reach_the_code",
+            &stderr,
+        );
+        return;
+    }
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout, format!("None {}\n", SANDBOX_ENV.len()), "{stderr}");
+    assert!(!stdout.contains("sk-rlhost") && !stderr.contains("sk-rlhost"));
+}
+
+/// Every syscall that signals or reaches another process, called by number, is refused; the code
+/// is PID 1 of its own PID namespace (issue 18, item 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_and_pidfds_are_refused_and_pids_are_private() {
+    let Some(sb) = sandbox("signals_and_pidfds_are_refused_and_pids_are_private").await else {
+        return;
+    };
+    let code = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+L = ctypes.c_long
+me = os.getpid()
+info = ctypes.create_string_buffer(128)
+calls = {
+    "kill": (62, me, 0), "tkill": (200, me, 0), "tgkill": (234, me, me, 0),
+    "rt_sigqueueinfo": (129, me, 0, info), "rt_tgsigqueueinfo": (297, me, me, 0, info),
+    "pidfd_open": (434, me, 0), "pidfd_send_signal": (424, 0, 0, None, 0),
+    "pidfd_getfd": (438, 0, 0, 0), "process_madvise": (440, 0, None, 0, 0, 0),
+    "process_mrelease": (448, 0, 0), "kcmp": (312, me, me, 0, 0, 0),
+    "setpgid": (109, 0, 0), "setsid": (112,), "ioprio_set": (251, 1, me, 0),
+    "setpriority": (141, 0, 0, 0),
+}
+for name, (nr, *args) in calls.items():
+    args = [a if isinstance(a, ctypes.Array) or a is None else L(a) for a in args]
+    ctypes.set_errno(0)
+    r = libc.syscall(L(nr), *args)
+    print(name, r, ctypes.get_errno())
+print("pids", os.getpid(), os.getppid())
+"#;
+    let out = sb.run(code, limits(10_000)).await.unwrap();
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 16, "{}", out.stdout);
+    for line in &lines[..15] {
+        let name = line.split(' ').next().unwrap();
+        assert_eq!(*line, format!("{name} -1 1"), "{name} must fail with EPERM");
+    }
+    assert_eq!(
+        lines[15], "pids 1 0",
+        "the code is PID 1 of its own namespace"
+    );
+}
+
+/// A real process outside the sandbox, of the same uid as the code, survives every way of
+/// signalling it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_outside_cannot_be_signalled() {
+    use std::os::unix::process::CommandExt;
+    let Some(sb) = sandbox("a_process_outside_cannot_be_signalled").await else {
+        return;
+    };
+    let mut canary = std::process::Command::new("sleep");
+    canary.arg("60");
+    // As root the sandboxed code runs as nobody (65534): so does the canary.
+    if nix_is_root() {
+        canary.uid(65534).gid(65534);
+    }
+    let mut canary = canary.spawn().unwrap();
+    let pid = canary.id();
+    let code = format!(
+        r#"
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+L = ctypes.c_long
+pid = {pid}
+info = ctypes.create_string_buffer(128)
+struct.pack_into("iii", info, 0, 9, 0, -1)  # SIGKILL, SI_QUEUE
+for nr, *args in [(62, pid, 9), (200, pid, 9), (234, pid, pid, 9), (129, pid, 9, info),
+                  (297, pid, pid, 9, info)]:
+    libc.syscall(L(nr), *[a if isinstance(a, ctypes.Array) else L(a) for a in args])
+fd = libc.syscall(L(434), L(pid), L(0))
+libc.syscall(L(424), L(fd), L(9), None, L(0))
+for p in (pid, -pid):
+    try:
+        os.kill(p, 9)
+    except OSError:
+        pass
+print("tried")
+"#
+    );
+    let out = sb.run(&code, limits(10_000)).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let alive = canary.try_wait().unwrap().is_none();
+    let _ = canary.kill();
+    let _ = canary.wait();
+    assert_eq!(out.stdout, "tried\n", "{}", out.stderr);
+    assert!(alive, "the sandboxed code killed process {pid} outside it");
+}
+
+fn nix_is_root() -> bool {
+    let out = std::process::Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+/// Output past the cap is dropped while the program carries on; only an endless printer is
+/// stopped (issue 18, item 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflowing_output_is_cut_and_the_program_finishes() {
+    let Some(sb) = sandbox("overflowing_output_is_cut_and_the_program_finishes").await else {
+        return;
+    };
+    let note = "[output truncated after 4096 bytes]";
+    let out = sb
+        .run(
+            "import sys\nsys.stderr.write('E' * 70000)\nprint('after')",
+            limits(10_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.stdout.as_str(), out.exit_code),
+        ("after\n", 0),
+        "{out:?}"
+    );
+    assert!(out.stderr.starts_with("EEEE") && out.stderr.ends_with(note));
+    let out = sb
+        .run(
+            "import sys\nprint('x' * 70000)\nsys.stderr.write('done\\n')",
+            limits(10_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.stderr.as_str(), out.exit_code),
+        ("done\n", 0),
+        "{out:?}"
+    );
+    assert!(out.stdout.ends_with(note));
+    let started = std::time::Instant::now();
+    let out = sb
+        .run("while True: print(1)", limits(20_000))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(!out.timed_out && out.exit_code == 1, "{out:?}");
+    assert!(out.stdout.ends_with(note));
 }

@@ -253,3 +253,143 @@ async fn plugins_reach_the_sandbox_through_run_python() {
     let step = session.env_response(&[], "{}").await.unwrap();
     assert_eq!(step.messages[0].content, "ok: 42\n");
 }
+
+/// Code that blocks in a host call (a WASI poll on a clock) rather than running wasm: the
+/// deadline must interrupt it too (issue 18, item 5).
+const BLOCKING: &[&str] = &[
+    "import time\ntime.sleep(20)",
+    "import select\nselect.select([], [], [], 20)",
+    "import time\nfor _ in range(400):\n    time.sleep(0.05)",
+    "import time\nprint('before', flush=True)\ntime.sleep(20)",
+];
+
+fn assert_stopped_in_time(code: &str, out: &PythonOutput, elapsed: std::time::Duration) {
+    assert!(
+        elapsed < std::time::Duration::from_millis(1_500 + 1_500),
+        "{code}: a 1.5 s deadline took {elapsed:?}"
+    );
+    assert!(out.timed_out, "{code}: {out:?}");
+    assert_eq!(out.exit_code, 124, "{code}: {out:?}");
+    assert!(
+        out.stderr
+            .contains("Error: Code execution timed out after 1.5 seconds"),
+        "{code}: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("crashed"), "{code}: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_end_at_the_deadline() {
+    run("pass").await;
+    for code in BLOCKING {
+        let started = std::time::Instant::now();
+        let out = sandbox().run(code, limits(1_500)).await.unwrap();
+        assert_stopped_in_time(code, &out, started.elapsed());
+        if code.contains("before") {
+            assert_eq!(out.stdout, "before\n", "output before the wait is kept");
+            assert_eq!(
+                out.stderr,
+                "Error: Code execution timed out after 1.5 seconds"
+            );
+        }
+    }
+    // The workers are free again.
+    assert_eq!(run("print('still here')").await.stdout, "still here\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_end_at_the_deadline_in_a_repl() {
+    let mut repl = sandbox().repl();
+    for code in BLOCKING {
+        repl.run("kept = 1", limits(10_000)).await.unwrap();
+        let started = std::time::Instant::now();
+        let out = repl.run(code, limits(1_500)).await.unwrap();
+        assert_stopped_in_time(code, &out, started.elapsed());
+        assert!(out.stderr.ends_with(REPL_RESET_NOTE), "{}", out.stderr);
+        // A fresh interpreter serves the next call.
+        let out = repl.run("print(6 * 7)", limits(10_000)).await.unwrap();
+        assert_eq!(out.stdout, "42\n", "{}", out.stderr);
+    }
+    // A short sleep within the deadline still just works, and keeps the session.
+    repl.run("import time\nkept = 2", limits(10_000))
+        .await
+        .unwrap();
+    let out = repl
+        .run("time.sleep(0.2)\nprint(kept)", limits(10_000))
+        .await
+        .unwrap();
+    assert_eq!((out.stdout.as_str(), out.exit_code), ("2\n", 0));
+}
+
+/// Printing past the cap keeps what fits, says so, and lets the program finish: no crash
+/// message, no `BrokenPipeError`, and a REPL keeps its variables (issue 18, item 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflowing_output_is_cut_not_crashed() {
+    let note = "[output truncated after 65536 bytes]";
+    let no_crash = |out: &PythonOutput| {
+        for text in [&out.stdout, &out.stderr] {
+            assert!(!text.contains("crashed"), "{out:?}");
+            assert!(!text.contains("Error"), "{out:?}");
+            assert!(!text.contains(REPL_RESET_NOTE), "{out:?}");
+        }
+    };
+    let stderr_flood = "import sys\nsys.stderr.write('E' * 70000)\nprint('after')";
+    let stdout_flood = "import sys\nprint('x' * 70000)\nsys.stderr.write('done\\n')";
+
+    let out = sandbox().run(stderr_flood, limits(10_000)).await.unwrap();
+    no_crash(&out);
+    assert_eq!((out.stdout.as_str(), out.exit_code), ("after\n", 0));
+    assert!(out.stderr.starts_with("EEEE") && out.stderr.ends_with(note));
+    assert!(out.stderr.len() < 65536 + 100);
+
+    let out = sandbox().run(stdout_flood, limits(10_000)).await.unwrap();
+    no_crash(&out);
+    assert_eq!((out.stderr.as_str(), out.exit_code), ("done\n", 0));
+    assert!(out.stdout.starts_with("xxxx") && out.stdout.ends_with(note));
+
+    let mut repl = sandbox().repl();
+    repl.run("kept = 41", limits(10_000)).await.unwrap();
+    for code in [stderr_flood, stdout_flood] {
+        let out = repl.run(code, limits(10_000)).await.unwrap();
+        no_crash(&out);
+        assert_eq!(out.exit_code, 0, "{code}: {out:?}");
+    }
+    let out = repl.run("kept + 1", limits(10_000)).await.unwrap();
+    assert_eq!(out.stdout, "42\n", "the session survived: {}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_printing_on_either_stream_is_stopped_early() {
+    let mut l = limits(20_000);
+    l.max_output_bytes = 1000;
+    let note = "[output truncated after 1000 bytes]";
+    for (code, on_stderr) in [
+        ("while True: print(1)", false),
+        (
+            "import sys\nwhile True: sys.stderr.write('E' * 100 + '\\n')",
+            true,
+        ),
+        ("import sys\nwhile True: sys.stderr.write('E')", true),
+    ] {
+        let started = std::time::Instant::now();
+        let out = sandbox().run(code, l).await.unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{code}: a flood must be stopped long before its deadline"
+        );
+        assert!(!out.timed_out, "{code}: {out:?}");
+        assert_eq!(out.exit_code, 1, "{code}: {out:?}");
+        let (flooded, other) = match on_stderr {
+            true => (&out.stderr, &out.stdout),
+            false => (&out.stdout, &out.stderr),
+        };
+        assert!(flooded.ends_with(note), "{code}: {flooded}");
+        assert!(!other.contains("rror"), "{code}: {other}");
+        assert!(!out.stderr.contains("crashed"), "{code}: {}", out.stderr);
+    }
+    let mut repl = sandbox().repl();
+    let out = repl.run("while True: print(1)", l).await.unwrap();
+    assert!(out.stderr.ends_with(REPL_RESET_NOTE), "{}", out.stderr);
+    assert_eq!(repl.run("1 + 1", l).await.unwrap().stdout, "2\n");
+}

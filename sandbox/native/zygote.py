@@ -8,15 +8,23 @@ answering one JSON line each on stdout:
     {"code": "...", "timeout_ms": 10000, "memory_mib": 512, "max_output_bytes": 65536}
     {"stdout": "...", "stderr": "...", "exit_code": 0, "timed_out": false}
 
-Every request runs in a child forked from the zygote, which before running any user code:
-moves into new mount, network and IPC namespaces (a user namespace too when not root), chroots
-into an empty directory, drops to an unprivileged uid (as root: 65534), sets rlimits (address
-space, CPU, file size, open files, processes), forbids new privileges and installs a seccomp
-filter that refuses sockets, exec, fork (clone without CLONE_THREAD), ptrace, mounts, namespaces,
-module loading and other escape hatches. If any step fails the child runs nothing; if the self
-check at start-up fails the zygote refuses to serve: model code never runs unsandboxed.
+Every request runs in a child forked from the zygote (its own process group, so the zygote can
+kill everything it started at once), which moves into new mount, network, IPC and PID namespaces
+(a user namespace too when not root) and forks the process that runs the code: PID 1 of the new
+PID namespace, so no process outside it can be named. Before running any user code that process
+chroots into an empty directory, drops to an unprivileged uid (as root: 65534), dies with its
+parent, sets rlimits (address space, CPU, file size, open files, core dumps), forbids new
+privileges and installs a seccomp filter that refuses sockets, exec, fork (clone without
+CLONE_THREAD), ptrace, sending signals (kill, tkill, tgkill, rt_(tg)sigqueueinfo, pidfds),
+leaving its process group, mounts, namespaces, module loading and other escape hatches. If any
+step fails the child runs nothing; if the self check at start-up fails the zygote refuses to
+serve: model code never runs unsandboxed.
+
+The host starts it with a fixed, minimal environment (user code sees only that) and passes its own
+configuration as arguments: `zygote.py --tmp DIR [--preload numpy,scipy]`.
 """
 
+import argparse
 import atexit
 import ctypes
 import errno
@@ -40,7 +48,9 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_THREAD = 0x00010000
+PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -56,8 +66,30 @@ DENIED = {
     "delete_module": 176, "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248,
     "request_key": 249, "process_vm_readv": 310, "process_vm_writev": 311, "userfaultfd": 323,
     "io_uring_setup": 425, "open_by_handle_at": 304, "name_to_handle_at": 303, "reboot": 169,
-    "swapon": 167, "swapoff": 168, "kill": 62, "tkill": 200, "setpriority": 141,
+    "swapon": 167, "swapoff": 168, "setpriority": 141,
+    # Signals and process handles: nothing in the sandbox may signal, inspect or reach into another
+    # process (the PID namespace already hides every other pid; this holds without it too).
+    "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+    "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_madvise": 440,
+    "process_mrelease": 448, "kcmp": 312, "ioprio_set": 251,
+    # The zygote kills a call through its process group: the code may not leave it.
+    "setpgid": 109, "setsid": 112,
 }
+# What the self check calls (by number, with harmless arguments: signal 0, bad descriptors, "pid"
+# standing for its own pid) and requires to fail with EPERM before the zygote serves.
+SIGNAL_PROBES = [
+    ("kill", 62, ("pid", 0)),
+    ("tkill", 200, ("pid", 0)),
+    ("tgkill", 234, ("pid", "pid", 0)),
+    ("rt_sigqueueinfo", 129, ("pid", 0, 0)),
+    ("rt_tgsigqueueinfo", 297, ("pid", "pid", 0, 0)),
+    ("pidfd_open", 434, ("pid", 0)),
+    ("pidfd_send_signal", 424, (-1, 0, 0, 0)),
+    ("pidfd_getfd", 438, (-1, 0, 0)),
+    ("process_madvise", 440, (-1, 0, 0, 0, 0)),
+    ("kcmp", 312, ("pid", "pid", 0, 0, 0)),
+    ("setpgid", 109, (0, -1)),
+]
 SYS_CLONE = 56
 SYS_CLONE3 = 435
 
@@ -141,28 +173,43 @@ def build_root(root):
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
 
 
-def isolate(empty_dir, limits):
-    """Everything a child does before user code runs. Raises on any failure."""
+def enter_namespaces():
+    """In the call's parent process: new user (when not root), mount, network, IPC and PID
+    namespaces. The PID namespace applies to the processes forked after this, not to this one."""
     uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWPID
     if uid == 0:
-        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+        _check(libc.unshare(flags), "unshare")
     else:
-        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+        _check(libc.unshare(CLONE_NEWUSER | flags), "unshare")
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
         with open("/proc/self/uid_map", "w") as f:
             f.write(f"0 {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
             f.write(f"0 {gid} 1")
+
+
+def cpu_seconds(limits):
+    """The CPU-time limit of a call: its deadline rounded up, plus one second."""
+    return max(1, -(-limits["timeout_ms"] // 1000) + 1)
+
+
+def isolate(empty_dir, limits, as_root):
+    """Everything the process that runs the code (PID 1 of its namespace) does before user code
+    runs. Raises on any failure."""
     build_root(empty_dir)
     os.chroot(empty_dir)
     os.chdir("/")
-    if uid == 0:
+    if as_root:
         os.setgroups([])
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
+    # After the uid change, which clears it: die with the parent (the zygote kills the parent's
+    # process group; this also covers a parent that dies some other way).
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
     mem = limits["memory_mib"] << 20
-    cpu = max(1, -(-limits["timeout_ms"] // 1000) + 1)
+    cpu = cpu_seconds(limits)
     for res, value in [
         (resource.RLIMIT_AS, mem),
         (resource.RLIMIT_CPU, cpu),
@@ -177,17 +224,70 @@ def isolate(empty_dir, limits):
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
-def _read_capped(fds, cap, deadline, pid):
-    """Reads both pipes until EOF or the deadline; keeps `cap` bytes of each."""
+def _die_like(status, cpu_limit, cpu_used):
+    """Ends this process the way its child ended, so the zygote reads the child's status."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        # PID 1 of a namespace ignores SIGXCPU, so the CPU limit shows as the kernel's SIGKILL at
+        # the hard limit: tell it apart by the CPU time used.
+        if sig == signal.SIGKILL and cpu_used >= cpu_limit - 0.05:
+            sig = signal.SIGXCPU
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def run_contained(request, empty_dir):
+    """The call's parent process (stdout and stderr already on the pipes): enters the
+    namespaces, forks the process that runs the code, waits for it and exits like it."""
+    as_root = os.getuid() == 0
+    enter_namespaces()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            isolate(empty_dir, request, as_root)
+        except BaseException as e:  # noqa: BLE001
+            os.write(2, f"Error: the sandbox could not isolate this call: {e}\n".encode())
+            os._exit(70)
+        sys.argv = [""]
+        status = runner.run_cell(request["code"], runner.new_namespace())
+        os._exit(status if 0 <= status < 256 else 1)
+    # Hold no end of the output pipes, so the zygote sees them close when the code ends.
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, status, usage = os.wait4(pid, 0)
+    _die_like(status, cpu_seconds(request), usage.ru_utime + usage.ru_stime)
+
+
+# Bytes (or lines) past the cap after which a call is stopped as a flood; below that, output past
+# the cap is dropped and the program carries on (the WebAssembly sandbox's limits too).
+FLOOD_SLACK = 4 << 20
+FLOOD_LINES = 100_000
+
+
+def _kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_capped(fds, cap, deadline, pgid):
+    """Reads both pipes until EOF, the deadline or a flood; keeps `cap` bytes of each."""
     data = {fd: bytearray() for fd in fds}
     cut = {fd: False for fd in fds}
     open_fds = list(fds)
-    timed_out = False
+    timed_out = flooded = False
+    dropped = dropped_lines = 0
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
-            os.kill(pid, signal.SIGKILL)
+            _kill_group(pgid)
             break
         ready, _, _ = select.select(open_fds, [], [], left)
         for fd in ready:
@@ -195,15 +295,34 @@ def _read_capped(fds, cap, deadline, pid):
             if not chunk:
                 open_fds.remove(fd)
                 continue
-            room = cap - len(data[fd])
-            data[fd] += chunk[:max(room, 0)]
+            room = max(cap - len(data[fd]), 0)
+            data[fd] += chunk[:room]
             if len(chunk) > room:
-                # A flood: keep what fits and stop the program now rather than at its deadline.
                 cut[fd] = True
-                os.kill(pid, signal.SIGKILL)
-                open_fds = []
-                break
-    return data, cut, timed_out
+                dropped += len(chunk) - room
+                dropped_lines += chunk.count(b"\n", room)
+        if dropped > FLOOD_SLACK or dropped_lines > FLOOD_LINES:
+            # Printing forever: stop it now rather than at its deadline.
+            flooded = True
+            _kill_group(pgid)
+            break
+    return data, cut, timed_out, flooded
+
+
+def _wait_until(pid, deadline):
+    """Reaps the call's parent (which exits when the code ends), killing its group at the
+    deadline: code that closed its output is still on the clock. Returns (status, timed out)."""
+    pause = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status, False
+        if time.monotonic() >= deadline:
+            # Still unreaped, so the group id cannot have been reused: only the call is killed.
+            _kill_group(pid)
+            return os.waitpid(pid, 0)[1], True
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
 
 
 def serve_one(request, empty_dir):
@@ -212,26 +331,35 @@ def serve_one(request, empty_dir):
     pid = os.fork()
     if pid == 0:
         try:
+            os.setpgid(0, 0)
             os.close(out_r)
             os.close(err_r)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
             sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
             sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
             sys.stdin = open(os.devnull)
-            isolate(empty_dir, request)
+            run_contained(request, empty_dir)
         except BaseException as e:  # noqa: BLE001
             os.write(2, f"Error: the sandbox could not isolate this call: {e}\n".encode())
-            os._exit(70)
-        status = runner.run_cell(request["code"], runner.new_namespace())
-        os._exit(status if 0 <= status < 256 else 1)
+        os._exit(70)
+    try:
+        # Also here, so the group exists before any kill (whichever of the two runs first).
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
     os.close(out_w)
     os.close(err_w)
     deadline = time.monotonic() + request["timeout_ms"] / 1000
-    data, cut, timed_out = _read_capped([out_r, err_r], request["max_output_bytes"], deadline, pid)
+    data, cut, timed_out, flooded = _read_capped(
+        [out_r, err_r], request["max_output_bytes"], deadline, pid
+    )
     os.close(out_r)
     os.close(err_r)
-    _, status = os.waitpid(pid, 0)
+    status, late = _wait_until(pid, deadline)
+    timed_out |= late
     stdout = data[out_r].decode("utf-8", "replace")
     stderr = data[err_r].decode("utf-8", "replace")
     note = f"\n[output truncated after {request['max_output_bytes']} bytes]"
@@ -240,7 +368,7 @@ def serve_one(request, empty_dir):
     if cut[err_r]:
         stderr += note
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-    if cut[out_r] or cut[err_r]:
+    if flooded:
         return {"stdout": stdout, "stderr": stderr, "exit_code": 1, "timed_out": False}
     if timed_out or sig == signal.SIGXCPU:
         secs = request["timeout_ms"] / 1000
@@ -256,7 +384,7 @@ def serve_one(request, empty_dir):
 
 
 SELF_CHECK = """
-import os, socket
+import ctypes, os, socket
 problems = []
 try:
     socket.socket()
@@ -272,21 +400,44 @@ except OSError:
     pass
 if os.path.exists("/etc/passwd"):
     problems.append("host files are visible")
+if os.getpid() != 1 or os.getppid() != 0:
+    problems.append("no PID namespace")
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr, args in PROBES:
+    args = [ctypes.c_long(os.getpid() if a == "pid" else a) for a in args]
+    ctypes.set_errno(0)
+    if libc.syscall(ctypes.c_long(nr), *args) != -1 or ctypes.get_errno() != 1:
+        problems.append(name + " is allowed")
+try:
+    os.setsid()
+    problems.append("setsid is allowed")
+except OSError:
+    pass
 print(";".join(problems) or "contained")
-"""
+""".replace("PROBES", repr(SIGNAL_PROBES))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="zygote.py")
+    parser.add_argument("--tmp", default=None, help="where the empty root folder goes")
+    parser.add_argument("--preload", default="", help="modules to import once, comma-separated")
+    return parser.parse_args(argv)
 
 
 def main():
+    args = parse_args(sys.argv[1:])
+    # Nothing of the zygote's own configuration is left for the code it runs to read.
+    sys.argv = [sys.argv[0]]
     if platform.machine() != "x86_64":
         print(json.dumps({"ready": False, "error": f"the native sandbox supports x86_64 only, not {platform.machine()}"}), flush=True)
         return 2
-    for name in filter(None, os.environ.get("RLHOST_PRELOAD", "").split(",")):
+    for name in filter(None, args.preload.split(",")):
         try:
             __import__(name)
         except ImportError as e:
             print(json.dumps({"ready": False, "error": f"cannot preload {name}: {e}"}), flush=True)
             return 2
-    empty_dir = tempfile.mkdtemp(prefix="rlhost-sandbox-root-", dir=os.environ.get("RLHOST_SANDBOX_TMP"))
+    empty_dir = tempfile.mkdtemp(prefix="rlhost-sandbox-root-", dir=args.tmp)
     os.chmod(empty_dir, 0o555)
     # Children mount their root over it in their own namespace; here it stays empty.
     atexit.register(os.rmdir, empty_dir)

@@ -3,8 +3,9 @@
 //!
 //! [`WasmSandbox`] runs CPython compiled to WebAssembly (`sandbox/python/`, built by
 //! `make sandbox`): a fresh, isolated interpreter per call (or one per rollout in REPL mode),
-//! with sympy pre-loaded in its memory snapshot, a deadline, a memory cap, capped output, and no
-//! files, network, environment variables or subprocesses. Results read like what a model
+//! with sympy pre-loaded in its memory snapshot, a deadline (which also ends a call blocked in a
+//! sleep or a poll), a memory cap, capped output, and no files, network, environment variables or
+//! subprocesses. Results read like what a model
 //! expects from Python: a timeout is `Error: Code execution timed out after N seconds`, memory
 //! exhaustion a `MemoryError`, runaway recursion a `RecursionError`.
 //!
@@ -19,7 +20,7 @@ use rlhost_sdk::types::{PythonLimits, PythonOutput};
 use serde::{Deserialize, Serialize};
 
 pub use capture::CapturePipe;
-pub use native::{NativeOptions, NativeSandbox};
+pub use native::{NativeOptions, NativeSandbox, SANDBOX_ENV};
 pub use wasm::{PythonRepl, REPL_RESET_NOTE, WasmSandbox};
 
 /// Errors from a sandbox itself (not the Python program's own errors, which are its output).

@@ -1,9 +1,12 @@
 //! The native fallback: real CPython (with C extensions such as numpy and scipy) behind a
 //! pre-forked zygote (`sandbox/native/zygote.py`, embedded in this binary). Each call is forked
-//! from a zygote into new mount/network/IPC namespaces with an empty root holding only the
-//! read-only Python installation, an unprivileged uid, rlimits and a seccomp filter (no sockets,
-//! exec, fork, ptrace, mounts). Opt-in, and never silently weaker: a zygote that cannot isolate
-//! its self-check child refuses to start, and so does this sandbox.
+//! from a zygote into new mount/network/IPC/PID namespaces (the code runs as PID 1 of its own)
+//! with an empty root holding only the read-only Python installation, an unprivileged uid,
+//! rlimits and a seccomp filter (no sockets, exec, fork, ptrace, signals to other processes,
+//! pidfds, mounts). Zygotes start with an empty environment plus [`SANDBOX_ENV`], so nothing of
+//! the host's environment (keys, tokens, paths) reaches the code. Opt-in, and never silently
+//! weaker: a zygote that cannot isolate its self-check child refuses to start, and so does this
+//! sandbox.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,6 +23,25 @@ use super::{Sandbox, SandboxError, SandboxPolicy};
 
 const ZYGOTE: &str = include_str!("../../../sandbox/native/zygote.py");
 const RUNNER: &str = include_str!("../../../sandbox/python/runner.py");
+
+/// The whole environment of a zygote and of the code it runs (which sees exactly this in
+/// `os.environ`); everything else the host has is cleared. Each one is here for a reason:
+///
+/// - `PYTHONDONTWRITEBYTECODE=1`: the sandbox's root is read-only; no `.pyc` is ever written.
+/// - `PYTHONUTF8=1`: no locale variables are passed, so I/O is UTF-8 whatever the host's locale.
+/// - `PYTHONCOERCECLOCALE=0`: keeps Python from adding `LC_CTYPE` to the environment itself.
+/// - `OMP_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, `MKL_NUM_THREADS` `=1`: thread pools that
+///   numpy/scipy start at import (in the zygote) do not survive a fork.
+///
+/// The zygote's own settings (its temporary folder, the preload list) travel as arguments.
+pub const SANDBOX_ENV: &[(&str, &str)] = &[
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+    ("PYTHONUTF8", "1"),
+    ("PYTHONCOERCECLOCALE", "0"),
+    ("OMP_NUM_THREADS", "1"),
+    ("OPENBLAS_NUM_THREADS", "1"),
+    ("MKL_NUM_THREADS", "1"),
+];
 
 /// Extra time a zygote gets past a call's own deadline before it is presumed hung.
 const GRACE: Duration = Duration::from_secs(5);
@@ -55,26 +77,30 @@ struct Zygote {
 }
 
 impl Zygote {
-    async fn start(options: &NativeOptions, script: &Path) -> Result<Self, SandboxError> {
+    /// Starts a zygote of `python` (an interpreter's resolved path, see [`interpreter_path`]).
+    async fn start(
+        python: &Path,
+        options: &NativeOptions,
+        script: &Path,
+    ) -> Result<Self, SandboxError> {
         let tmp = script.parent().and_then(Path::parent).unwrap_or(script);
-        let mut child = Command::new(&options.python)
+        let mut command = Command::new(python);
+        command
             .arg(script)
             // Its empty root folder goes next to the scripts, removed with them.
-            .env("RLHOST_SANDBOX_TMP", tmp)
-            .env("RLHOST_PRELOAD", options.preload.join(","))
-            // Libraries that start thread pools at import would not survive a fork.
-            .env("OMP_NUM_THREADS", "1")
-            .env("OPENBLAS_NUM_THREADS", "1")
-            .env("MKL_NUM_THREADS", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg("--tmp")
+            .arg(tmp)
+            .arg("--preload")
+            .arg(options.preload.join(","))
+            .env_clear()
+            .envs(SANDBOX_ENV.iter().copied());
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| {
-                SandboxError::Setup(format!("cannot start {}: {e}", options.python.display()))
-            })?;
+            .map_err(|e| SandboxError::Setup(format!("cannot start {}: {e}", python.display())))?;
         let stdin = child.stdin.take().expect("piped");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
@@ -84,7 +110,7 @@ impl Zygote {
             _ => {
                 return Err(SandboxError::Setup(format!(
                     "the native sandbox zygote ({}) did not start",
-                    options.python.display()
+                    python.display()
                 )));
             }
         }
@@ -139,9 +165,41 @@ impl Zygote {
     }
 }
 
+/// The interpreter's own path (`sys.executable`), asked of it once with the host's environment:
+/// `options.python` may be a bare name found on `$PATH` or a launcher (pyenv's shims) that needs
+/// variables the zygote will not have.
+async fn interpreter_path(python: &Path) -> Result<PathBuf, SandboxError> {
+    let failed = |why: String| {
+        SandboxError::Setup(format!(
+            "cannot start {}: {why} (is it a Python interpreter?)",
+            python.display()
+        ))
+    };
+    let out = Command::new(python)
+        .args(["-E", "-S", "-c", "import sys; print(sys.executable)"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .map_err(|_| failed("it did not answer within 60 s".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || path.is_empty() {
+        return Err(failed(format!(
+            "asking it for its path failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
 /// Native CPython behind isolated forks of pre-started zygotes.
 pub struct NativeSandbox {
     options: NativeOptions,
+    python: PathBuf,
     policy: SandboxPolicy,
     script: PathBuf,
     _dir: tempfile::TempDir,
@@ -174,14 +232,16 @@ impl NativeSandbox {
         };
         let script = write("native/zygote.py", ZYGOTE)?;
         write("python/runner.py", RUNNER)?;
+        let python = interpreter_path(&options.python).await?;
         let mut zygotes = Vec::new();
         for _ in 0..policy.workers.max(1) {
-            zygotes.push(Zygote::start(&options, &script).await?);
+            zygotes.push(Zygote::start(&python, &options, &script).await?);
         }
         Ok(Self {
             permits: tokio::sync::Semaphore::new(zygotes.len()),
             idle: Mutex::new(zygotes),
             options,
+            python,
             policy,
             script,
             _dir: dir,
@@ -210,7 +270,7 @@ impl NativeSandbox {
         if result.is_err() {
             // Replace a zygote that failed; if even that fails, the next call reports it.
             let _ = zygote.child.start_kill();
-            match Zygote::start(&self.options, &self.script).await {
+            match Zygote::start(&self.python, &self.options, &self.script).await {
                 Ok(fresh) => zygote = fresh,
                 Err(e) => return Err(e),
             }

@@ -1,10 +1,18 @@
 //! CPython in WebAssembly: one engine, the component compiled once (cached as `.cwasm`), and per
 //! call a fresh store instantiated from its pre-initialised snapshot. Calls run on a bounded pool
-//! of worker threads with large stacks; a call's deadline starts when a worker picks it up, so a
-//! burst of calls queues instead of missing deadlines.
+//! of worker threads, each driving its calls on its own single-threaded tokio runtime; a call's
+//! deadline starts when a worker picks it up, so a burst of calls queues instead of missing
+//! deadlines.
+//!
+//! The deadline must cover everything a call can do, never only the wasm that is running: the
+//! guest runs on wasmtime's async support, so a blocking WASI call (`time.sleep`, `select`, any
+//! poll on a clock) suspends it instead of blocking the worker, and the whole call sits under a
+//! `tokio::time::timeout` that, when it fires, drops (and so cancels) whatever the guest was
+//! waiting for. Epoch interruption still traps CPU-bound code, which never reaches such a wait.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rlhost_sdk::types::{PythonLimits, PythonOutput};
@@ -12,7 +20,7 @@ use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::capture::CapturePipe;
+use super::capture::{CapturePipe, OutputFlood};
 use super::{Sandbox, SandboxError, SandboxPolicy, timeout_message};
 use crate::wasm::{EPOCH_TICK, EpochTicker, MemoryCap};
 
@@ -20,13 +28,16 @@ mod bindings {
     wasmtime::component::bindgen!({
         world: "sandbox",
         path: "../sandbox/python/wit",
+        exports: { default: async },
     });
 }
 
-/// Stack of each worker thread; the guest's own stack is capped far below it, so a runaway
-/// recursion traps cleanly instead of overflowing the host thread.
+/// Stack of each worker thread (the tokio runtime and wasmtime's host side of a call).
 const WORKER_STACK: usize = 32 << 20;
+/// The guest's stack, capped below the fiber it runs on (wasm plus the WASI host calls it
+/// makes), so a runaway recursion traps cleanly instead of overflowing the fiber.
 const MAX_WASM_STACK: usize = 4 << 20;
+const FIBER_STACK: usize = MAX_WASM_STACK + (2 << 20);
 /// Exit code reported for a call stopped by its deadline (as `timeout(1)` does).
 const EXIT_TIMEOUT: i32 = 124;
 
@@ -45,9 +56,11 @@ impl WasiView for SandboxState {
     }
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+type Job = Box<dyn FnOnce(&tokio::runtime::Runtime) + Send>;
 
-/// A fixed set of threads with big stacks running sandbox calls in arrival order.
+/// A fixed set of threads with big stacks running sandbox calls in arrival order, each on its
+/// own current-thread tokio runtime (a call's guest is CPU-bound between its waits, so it must
+/// not run on the caller's runtime).
 struct WorkerPool {
     queue: Option<mpsc::Sender<Job>>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -65,10 +78,19 @@ impl WorkerPool {
                     .name(format!("rlhost-python-{i}"))
                     .stack_size(WORKER_STACK)
                     .spawn(move || {
+                        let runtime = match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(rt) => rt,
+                            // Jobs queued here are dropped, which their callers read as a
+                            // dead worker.
+                            Err(_) => return,
+                        };
                         loop {
                             let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                             match job {
-                                Ok(job) => job(),
+                                Ok(job) => job(&runtime),
                                 Err(_) => break,
                             }
                         }
@@ -83,11 +105,11 @@ impl WorkerPool {
 
     async fn run<R: Send + 'static>(
         &self,
-        f: impl FnOnce() -> R + Send + 'static,
+        f: impl FnOnce(&tokio::runtime::Runtime) -> R + Send + 'static,
     ) -> Result<R, SandboxError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move || {
-            let _ = tx.send(f());
+        let job: Job = Box::new(move |runtime| {
+            let _ = tx.send(f(runtime));
         });
         self.queue
             .as_ref()
@@ -149,12 +171,12 @@ impl WasmSandbox {
         config
             .epoch_interruption(true)
             .max_wasm_stack(MAX_WASM_STACK)
-            .async_stack_size(MAX_WASM_STACK + (1 << 20));
+            .async_stack_size(FIBER_STACK);
         let engine = Engine::new(&config).map_err(|e| setup("engine", &e))?;
         let compiled = crate::wasm::compile_cached(&engine, &bytes, cache_dir)
             .map_err(|e| setup(&format!("cannot compile {}", component.display()), &e))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| setup("WASI", &e))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| setup("WASI", &e))?;
         let pre = linker
             .instantiate_pre(&compiled)
             .and_then(bindings::SandboxPre::new)
@@ -192,8 +214,8 @@ impl WasmSandbox {
         let code = code.to_owned();
         let limits = shared.policy.clamp(limits);
         self.pool
-            .run(move || {
-                let (output, _) = shared.call(None, &code, limits);
+            .run(move |runtime| {
+                let (output, _) = runtime.block_on(shared.call(None, &code, limits));
                 output
             })
             .await
@@ -209,7 +231,7 @@ impl WasmSandbox {
 }
 
 impl Shared {
-    fn instantiate(&self, limits: PythonLimits) -> Result<Live, wasmtime::Error> {
+    async fn instantiate(&self, limits: PythonLimits) -> Result<Live, wasmtime::Error> {
         let stdout = CapturePipe::new(limits.max_output_bytes as usize);
         let stderr = CapturePipe::new(limits.max_output_bytes as usize);
         let wasi = WasiCtxBuilder::new()
@@ -227,7 +249,7 @@ impl Shared {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         arm_deadline(&mut store, limits.timeout_ms);
-        let python = self.pre.instantiate(&mut store)?;
+        let python = self.pre.instantiate_async(&mut store).await?;
         Ok(Live {
             store,
             python,
@@ -236,31 +258,40 @@ impl Shared {
         })
     }
 
-    /// Runs one call, in `live` if given (REPL) or a fresh interpreter. Returns the output and
-    /// the interpreter if it can be used again.
-    fn call(
+    /// Runs one call, in `live` if given (REPL) or a fresh interpreter, under its deadline.
+    /// Returns the output and the interpreter if it can be used again.
+    async fn call(
         &self,
         live: Option<Live>,
         code: &str,
         limits: PythonLimits,
     ) -> (PythonOutput, Option<Live>) {
+        let deadline = Duration::from_millis(u64::from(limits.timeout_ms));
         let mut live = match live {
             Some(l) => l,
-            None => match self.instantiate(limits) {
-                Ok(l) => l,
-                Err(e) => return (crashed(&e, limits), None),
+            None => match tokio::time::timeout(deadline, self.instantiate(limits)).await {
+                Ok(Ok(l)) => l,
+                Ok(Err(e)) => return (crashed(&e, limits), None),
+                Err(_) => return (timed_out(limits), None),
             },
         };
         arm_deadline(&mut live.store, limits.timeout_ms);
-        let result = live
-            .python
-            .rlhost_sandbox_python()
-            .call_run(&mut live.store, code);
-        let (stdout, stdout_cut) = live.stdout.take(limits.max_output_bytes as usize);
-        let (stderr, stderr_cut) = live.stderr.take(limits.max_output_bytes as usize);
+        // Dropping the call's future at the deadline cancels the host wait the guest is
+        // suspended in (a sleep, a poll); the interpreter is then unusable and is discarded.
+        let result = tokio::time::timeout(
+            deadline,
+            live.python
+                .rlhost_sandbox_python()
+                .call_run(&mut live.store, code),
+        )
+        .await;
+        let stdout = live.stdout.take(limits.max_output_bytes as usize);
+        let stderr = live.stderr.take(limits.max_output_bytes as usize);
+        let (stdout_cut, stderr_cut) = (stdout.truncated, stderr.truncated);
+        let flooded = stdout.flooded || stderr.flooded;
         let mut out = PythonOutput {
-            stdout: String::from_utf8_lossy(&stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            stdout: String::from_utf8_lossy(&stdout.bytes).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr.bytes).into_owned(),
             exit_code: 0,
             timed_out: false,
         };
@@ -278,20 +309,32 @@ impl Shared {
         if let Some(n) = note(stderr_cut) {
             out.stderr.push_str(&n);
         }
+        let result = match result {
+            Ok(result) => result,
+            Err(_) => {
+                let t = timed_out(limits);
+                out.exit_code = t.exit_code;
+                out.timed_out = true;
+                push_line(&mut out.stderr, &t.stderr);
+                return (out, None);
+            }
+        };
         match result {
             Ok(code) => {
                 out.exit_code = code;
                 (out, Some(live))
+            }
+            // Stopped for printing far past the cap: the truncation note says it all.
+            Err(_) if flooded => {
+                out.exit_code = 1;
+                (out, None)
             }
             Err(e) => {
                 let (exit_code, timed_out, message) = describe_failure(&e, &live.store, limits);
                 out.exit_code = exit_code;
                 out.timed_out = timed_out;
                 if let Some(message) = message {
-                    if !out.stderr.is_empty() && !out.stderr.ends_with('\n') {
-                        out.stderr.push('\n');
-                    }
-                    out.stderr.push_str(&message);
+                    push_line(&mut out.stderr, &message);
                 }
                 // `os._exit` leaves a usable instance behind no more than a trap does.
                 (out, None)
@@ -306,6 +349,24 @@ fn arm_deadline(store: &mut Store<SandboxState>, timeout_ms: u32) {
     store.epoch_deadline_trap();
 }
 
+/// Appends `line` to `text` on a line of its own.
+fn push_line(text: &mut String, line: &str) {
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+}
+
+/// What a call that ran out of time returns (besides the output it had made).
+fn timed_out(limits: PythonLimits) -> PythonOutput {
+    PythonOutput {
+        stdout: String::new(),
+        stderr: timeout_message(limits.timeout_ms),
+        exit_code: EXIT_TIMEOUT,
+        timed_out: true,
+    }
+}
+
 /// Exit code, timed-out flag and the message a model should read for a failed call.
 fn describe_failure(
     e: &wasmtime::Error,
@@ -314,6 +375,9 @@ fn describe_failure(
 ) -> (i32, bool, Option<String>) {
     if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
         return (exit.0, false, None);
+    }
+    if e.downcast_ref::<OutputFlood>().is_some() {
+        return (1, false, None);
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => (EXIT_TIMEOUT, true, Some(timeout_message(limits.timeout_ms))),
@@ -332,16 +396,14 @@ fn describe_failure(
 }
 
 fn crashed(e: &wasmtime::Error, limits: PythonLimits) -> PythonOutput {
-    let timed_out = e.downcast_ref::<Trap>() == Some(&Trap::Interrupt);
+    if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+        return timed_out(limits);
+    }
     PythonOutput {
         stdout: String::new(),
-        stderr: if timed_out {
-            timeout_message(limits.timeout_ms)
-        } else {
-            format!("Error: the Python interpreter could not start: {e}")
-        },
-        exit_code: if timed_out { EXIT_TIMEOUT } else { 1 },
-        timed_out,
+        stderr: format!("Error: the Python interpreter could not start: {e}"),
+        exit_code: 1,
+        timed_out: false,
     }
 }
 
@@ -383,7 +445,7 @@ impl PythonRepl {
         let (mut output, live) = self
             .sandbox
             .pool
-            .run(move || shared.call(live, &code, limits))
+            .run(move |runtime| runtime.block_on(shared.call(live, &code, limits)))
             .await?;
         if live.is_none() && (had_state || output.exit_code != 0) {
             if !output.stderr.is_empty() && !output.stderr.ends_with('\n') {
