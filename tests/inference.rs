@@ -3,8 +3,9 @@
 //! result, with a final answer; the official Python `openai` client then drives the server
 //! through a chat completion, a streamed one and the tool-call round trip. Log-probs are checked
 //! against a full forward pass of the same weights. Bad requests get 400s that name the
-//! problem, a full queue 503s, 64 concurrent clients all complete with flat memory, weights
-//! change through `/update_weights`, and SIGTERM stops the server cleanly mid-request.
+//! problem, every error is OpenAI's JSON error body, a full queue 503s, 64 concurrent clients
+//! all complete with flat memory, weights change through `/update_weights` (non-finite ones
+//! are refused), and SIGTERM stops the server cleanly mid-request.
 
 mod common;
 
@@ -278,6 +279,220 @@ fn bad_requests_get_400s_that_name_the_problem() {
         let (status, v) = post(&client, &chat, &json!({"messages": msg, "max_tokens": 3})).await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["usage"]["completion_tokens"], 3);
+    });
+}
+
+/// Every error this server sends is OpenAI's JSON error body, whatever produced it: the
+/// handlers, or axum before a handler runs (body over the limit, wrong method, unknown route).
+#[test]
+fn every_error_is_an_openai_json_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::tiny_model(tmp.path(), 1);
+    let server = common::InferenceServer::start(tmp.path(), &["--served-model-name", "tiny"]);
+    let rt = rt();
+    let client = reqwest::Client::new();
+    let root = server.url.trim_end_matches("/v1").to_string();
+    let chat = format!("{}/chat/completions", server.url);
+    let completions = format!("{}/completions", server.url);
+    let msg = json!([{"role": "user", "content": "hi"}]);
+    // An OpenAI error: JSON, `error.{message, type, param, code}`, code = the HTTP status.
+    let check = |what: &str, status: u16, ctype: &str, text: &str, want: u16, needle: &str| {
+        assert_eq!(status, want, "{what}: {text}");
+        assert!(
+            ctype.starts_with("application/json"),
+            "{what}: {ctype:?} {text:?}"
+        );
+        let v: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}: {text:?}"));
+        let e = &v["error"];
+        assert!(
+            e["message"].is_string() && e["type"].is_string(),
+            "{what}: {v}"
+        );
+        assert!(e.get("param").is_some(), "{what}: {v}");
+        assert_eq!(e["code"], want, "{what}: {v}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains(needle), "{what}: {m:?} lacks {needle:?}");
+        e.clone()
+    };
+    rt.block_on(async {
+        let send = |r: reqwest::RequestBuilder| async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let ctype = r
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            let allow = r
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, ctype, r.text().await.unwrap(), allow)
+        };
+        // A body over the limit (2 MiB).
+        let big = json!({"messages": [{"role": "user", "content": "x".repeat(3 << 20)}]});
+        let (st, ct, text, _) = send(client.post(&chat).body(big.to_string())).await;
+        check(
+            "413",
+            st,
+            &ct,
+            &text,
+            413,
+            "larger than this server's limit",
+        );
+        // The wrong method on a real route; the Allow header survives.
+        let (st, ct, text, allow) = send(client.get(&chat)).await;
+        check("405", st, &ct, &text, 405, "GET is not allowed");
+        assert_eq!(allow.as_deref(), Some("POST"));
+        let (st, ct, text, _) = send(client.delete(format!("{root}/update_weights"))).await;
+        check("405 update_weights", st, &ct, &text, 405, "DELETE");
+        // Unknown routes and malformed JSON (any content type).
+        let (st, ct, text, _) = send(client.get(format!("{root}/nope"))).await;
+        let e = check("404", st, &ct, &text, 404, "no such route");
+        assert_eq!(e["type"], "not_found_error");
+        let (st, ct, text, _) = send(
+            client
+                .post(&chat)
+                .header("content-type", "text/plain")
+                .body("{\"messages\": ["),
+        )
+        .await;
+        check("bad JSON", st, &ct, &text, 400, "not valid JSON");
+        // Log-prob fields are honoured or refused, never silently ignored.
+        let cases = [
+            (
+                &chat,
+                json!({"messages": msg, "top_logprobs": 3}),
+                "top_logprobs",
+                "logprobs must be set to true",
+            ),
+            (
+                &chat,
+                json!({"messages": msg, "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+                "at most 20",
+            ),
+            (
+                &chat,
+                json!({"messages": msg, "logprobs": 2}),
+                "logprobs",
+                "invalid logprobs",
+            ),
+            (
+                &completions,
+                json!({"prompt": "hi", "top_logprobs": 2}),
+                "top_logprobs",
+                "logprobs is the number of top log-probs",
+            ),
+            (
+                &completions,
+                json!({"prompt": "hi", "logprobs": 21}),
+                "logprobs",
+                "logprobs must be at most 20",
+            ),
+            (
+                &completions,
+                json!({"prompt": "hi", "logprobs": true}),
+                "logprobs",
+                "invalid logprobs",
+            ),
+            (
+                &completions,
+                json!({"prompt": "hi", "prompt_logprobs": 1}),
+                "prompt_logprobs",
+                "not supported",
+            ),
+        ];
+        for (url, body, param, needle) in cases {
+            let (st, ct, text, _) = send(client.post(url.as_str()).body(body.to_string())).await;
+            let e = check(&body.to_string(), st, &ct, &text, 400, needle);
+            assert_eq!(e["param"], param, "{body}: {e}");
+        }
+        // What is allowed: top_logprobs 0 without logprobs (as vLLM), and the real thing.
+        let (status, v) = post(
+            &client,
+            &chat,
+            &json!({"messages": msg, "max_tokens": 2, "top_logprobs": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+        let (status, v) = post(
+            &client,
+            &chat,
+            &json!({"messages": msg, "max_tokens": 2, "logprobs": true, "top_logprobs": 2}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let items = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert!(
+            items
+                .iter()
+                .all(|i| i["top_logprobs"].as_array().unwrap().len() == 2),
+            "{v}"
+        );
+    });
+}
+
+/// `/update_weights` refuses a checkpoint with a NaN or an infinity (400 naming the tensor) and
+/// the server goes on with its old weights: same answers, same policy version.
+#[test]
+fn non_finite_weights_are_refused_and_the_old_ones_keep_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    common::tiny_model(&a, 2);
+    common::tiny_model(&b, 3);
+    let name = "model.layers.0.self_attn.o_proj.weight";
+    let poisoned = |value: f32| {
+        let dir = tmp.path().join(format!("poisoned-{value}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in std::fs::read_dir(&b).unwrap().flatten() {
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
+        let mut w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+        let t = w[name].copy();
+        let _ = t.view([-1]).get(17).fill_(f64::from(value));
+        w.insert(name.to_string(), t);
+        let w: Vec<(String, Tensor)> = w.into_iter().collect();
+        rlhost::model::safetensors::write(&dir.join("model.safetensors"), &w, None).unwrap();
+        dir
+    };
+    let server = common::InferenceServer::start(&a, &["--served-model-name", "tiny"]);
+    let rt = rt();
+    let client = reqwest::Client::new();
+    let chat = format!("{}/chat/completions", server.url);
+    let upd = format!("{}/update_weights", server.url.trim_end_matches("/v1"));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                      "temperature": 0, "ignore_eos": true, "return_token_ids": true});
+    rt.block_on(async {
+        let (status, before) = post(&client, &chat, &body).await;
+        assert_eq!(status, 200, "{before}");
+        for (value, what) in [(f32::NAN, "1 NaN"), (f32::INFINITY, "1 infinite")] {
+            let (status, r) = post(&client, &upd, &json!({"model_path": poisoned(value)})).await;
+            assert_eq!(status, 400, "{value}: {r}");
+            let m = r["error"]["message"].as_str().unwrap_or_default();
+            assert!(m.contains(name) && m.contains(what), "{m:?}");
+            assert_eq!(r["error"]["param"], "model_path", "{r}");
+            let (status, after) = post(&client, &chat, &body).await;
+            assert_eq!(status, 200, "{after}");
+            assert_eq!(
+                after["choices"][0]["token_ids"],
+                before["choices"][0]["token_ids"]
+            );
+            assert_eq!(
+                after["choices"][0]["message"],
+                before["choices"][0]["message"]
+            );
+            assert_eq!(after["policy_version"], 0);
+        }
+        // The clean checkpoint still goes through.
+        let (status, r) = post(&client, &upd, &json!({"model_path": b})).await;
+        assert_eq!(
+            (status, r["policy_version"].clone()),
+            (200, json!(1)),
+            "{r}"
+        );
     });
 }
 
@@ -564,4 +779,72 @@ fn bench_generate_reports_every_batch_size() {
         rows.iter()
             .all(|r| r["transformers_tokens_per_s"].is_null())
     );
+}
+
+/// Issue 18: connections that never finish their headers or bodies are closed at their deadlines,
+/// at most `--max-connections` are open at once, and a normal client still gets served.
+#[test]
+fn stalled_connections_are_closed_and_normal_clients_still_served() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    common::tiny_model(&model, 0);
+    let server = common::InferenceServer::start(
+        &model,
+        &[
+            "--header-timeout",
+            "1",
+            "--body-timeout",
+            "1",
+            "--max-connections",
+            "32",
+        ],
+    );
+    let addr = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_owned();
+    // 150 partial headers and 150 partial bodies: far more than the cap.
+    let mut stalled = Vec::new();
+    for i in 0..300 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                .unwrap();
+        } else {
+            s.write_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"model\":",
+            )
+            .unwrap();
+        }
+        stalled.push(s);
+    }
+    let t = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // 300 stalled over 32 slots, each freed after about a second.
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        t.elapsed()
+    );
+    for (i, mut s) in stalled.into_iter().enumerate() {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)
+            .expect("the server closed the stalled connection");
+        if i % 2 == 1 {
+            // A body that stalls fails its request with an answer, not silence.
+            let text = String::from_utf8_lossy(&rest);
+            assert!(text.starts_with("HTTP/1.1 4"), "{text}");
+        }
+    }
 }

@@ -11,6 +11,10 @@
 //! - **a body deadline** ([`ServeLimits::body_timeout`]): a request's whole body must arrive
 //!   within it after its head; a body that stalls fails the request (the handler sees a read
 //!   error, the connection closes) instead of holding a slot forever;
+//! - **a lingering close**: a connection that answers before reading the whole request (a 401 or
+//!   413 sent from the headers, a 408) shuts its sending side and reads and discards what the
+//!   client still sends, for a bounded time ([`LINGER`], [`LINGER_BYTES`]), before closing, so the
+//!   client reads the answer instead of a connection reset;
 //! - graceful shutdown: when the shutdown future resolves the listener closes, idle connections
 //!   close at once, and requests in flight finish.
 //!
@@ -20,6 +24,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,7 +35,8 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
@@ -88,11 +94,13 @@ impl ServeLimits {
     }
 }
 
-/// A request body that fails once its deadline passes before its last byte arrived.
+/// A request body that fails once its deadline passes before its last byte arrived, and records
+/// whether it was read to its end.
 struct DeadlineBody {
     inner: Body,
     deadline: Pin<Box<Sleep>>,
     seconds: f64,
+    finished: Arc<AtomicBool>,
 }
 
 /// The error a [`DeadlineBody`] reports: the client did not send its body in time.
@@ -123,6 +131,9 @@ impl http_body::Body for DeadlineBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.finished.store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(frame);
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
@@ -139,6 +150,81 @@ impl http_body::Body for DeadlineBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Longest a closing connection keeps reading what its client still sends.
+pub const LINGER: Duration = Duration::from_secs(2);
+/// Most bytes a closing connection reads and discards before it closes anyway.
+pub const LINGER_BYTES: usize = 16 << 20;
+
+/// A client socket whose shutdown lingers: hyper shuts a connection down once its last answer is
+/// written, possibly while the client is still sending a body nobody read. Closing a socket with
+/// unread data makes the kernel send a reset, which can destroy the answer before the client
+/// reads it; so shutdown closes the sending side first (the client sees the end of the answer),
+/// then drains the receiving side until the client closes, [`LINGER`] passes or [`LINGER_BYTES`]
+/// were discarded.
+struct LingeringStream {
+    inner: TcpStream,
+    linger: Option<(Pin<Box<Sleep>>, usize)>,
+}
+
+impl AsyncRead for LingeringStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LingeringStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.linger.is_none() {
+            std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.linger = Some((Box::pin(tokio::time::sleep(LINGER)), 0));
+        }
+        let (deadline, drained) = this.linger.as_mut().expect("set above");
+        let mut scratch = [0u8; 16 << 10];
+        loop {
+            if deadline.as_mut().poll(cx).is_ready() || *drained >= LINGER_BYTES {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => *drained += buf.filled().len(),
+                // The client is gone: nothing left to protect.
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -191,15 +277,33 @@ pub async fn serve(
         let body_deadline = limits.body_deadline();
         let seconds = limits.body_timeout;
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let finished = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(req.body())));
             let req = req.map(|incoming| {
                 Body::new(DeadlineBody {
                     inner: Body::new(incoming),
                     deadline: Box::pin(tokio::time::sleep_until(Instant::now() + body_deadline)),
                     seconds,
+                    finished: finished.clone(),
                 })
             });
-            router.clone().oneshot(req)
+            let answer = router.clone().oneshot(req);
+            async move {
+                let mut response = answer.await?;
+                // Answered before the body was read (a 401, 413 or 408): this connection
+                // cannot carry another request, and the client must know before it tries.
+                if !finished.load(Ordering::Relaxed) {
+                    response.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
         });
+        let stream = LingeringStream {
+            inner: stream,
+            linger: None,
+        };
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -319,6 +423,39 @@ mod tests {
             waited >= Duration::from_millis(700),
             "served after {waited:?}: the cap did not hold"
         );
+    }
+
+    #[tokio::test]
+    async fn an_early_answer_reaches_a_client_still_sending_its_body() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new()
+            .route("/small", post(echo))
+            .layer(axum::extract::DefaultBodyLimit::max(1024));
+        tokio::spawn(serve(listener, router, ServeLimits::default(), async {
+            std::future::pending::<()>().await
+        }));
+        // 4 MiB against a 1 KiB limit: the 413 comes while the client is still writing.
+        for _ in 0..10 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let body = vec![b'x'; 4 << 20];
+            let head = format!(
+                "POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            // The client writes its whole body before it reads (as simple clients do); the
+            // server answered long before and must not reset the connection under it.
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.write_all(&body)).await;
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+                .await
+                .expect("answered in time")
+                .expect("the answer arrives, not a reset");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+            assert!(answer.contains("connection: close\r\n"), "{answer}");
+        }
     }
 
     #[tokio::test]
