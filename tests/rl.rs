@@ -1,7 +1,8 @@
 //! End-to-end: `host rl` as a user runs it, on the installed `arith` plugin and a tiny Qwen3:
 //! steps run through the real rollout loop, engine and trainer; metrics.jsonl gets one line per
 //! step; checkpoints are written atomically; a run killed mid-way and resumed ends at the same
-//! step count with a valid checkpoint; bad configuration fails fast naming the key.
+//! step count with a valid checkpoint, and its metrics.jsonl has each step once; bad
+//! configuration fails fast naming the key.
 
 mod common;
 
@@ -140,6 +141,56 @@ fn steps_checkpoints_and_resume_after_a_kill() {
             .arg(run_dir.join("final")),
     );
     assert!(eval.status.success(), "{}", common::texts(&eval).1);
+}
+
+/// A crash after the newest checkpoint leaves metrics.jsonl lines of steps the resumed run
+/// redoes (and maybe a line torn mid-write): resuming drops them first, so the log (and
+/// curves.png drawn from it) has each step once, in order.
+#[test]
+fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["arith"]);
+    let model = tmp.path().join("tiny");
+    common::tiny_model(&model, 4);
+    let run_dir = tmp.path().join("run");
+    let steps_of = || -> Vec<u64> {
+        std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap_or_else(|e| panic!("{l:?}: {e}"))["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let out = common::run(common::host(&home).args(rl_args(&model, &run_dir, 4)));
+    assert!(out.status.success(), "{}", common::texts(&out).1);
+    assert_eq!(steps_of(), [1, 2, 3, 4]);
+    // As if the process died after logging step 4 but before its checkpoint was published,
+    // halfway through writing the line of step 5.
+    std::fs::remove_dir_all(run_dir.join("checkpoints/step_4")).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(run_dir.join("metrics.jsonl"))
+            .unwrap();
+        write!(f, "{{\"step\": 5, \"rew").unwrap();
+    }
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, 5))
+            .arg("--resume"),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("step    3 |"),
+        "resumed at step 3: {stdout}"
+    );
+    assert_eq!(steps_of(), [1, 2, 3, 4, 5], "each step once, in order");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The generation engine on a real tiny Qwen3 (random weights, rlhost's tokenizer): batching
 //! never changes a request's greedy tokens, reported log-probs equal a full forward pass,
 //! seeds reproduce, `n` samples share a prefill, stop rules end sequences with the right
-//! reason, weights change under a running engine (and bad ones are refused), shutdown and
+//! reason, weights change under a running engine (and bad ones, misshapen or not finite, are refused), shutdown and
 //! overload are clean.
 
 use std::path::Path;
@@ -342,6 +342,96 @@ fn weights_change_under_a_running_engine() {
         .remove(0);
     assert_eq!(still.token_ids, before.token_ids);
     assert_eq!(e.info().version(), 2);
+    e.shutdown();
+}
+
+/// Weights with a NaN or an infinity are refused on every path into the engine, naming the
+/// tensor, and nothing changes: same outputs, same policy version. In-memory tensors are what
+/// the trainer of `host rl` hands over; a folder is what `/update_weights` reads; loading is
+/// how `host inference` starts.
+#[test]
+fn non_finite_weights_are_refused_on_every_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    tiny(&a, 9);
+    tiny(&b, 10);
+    let e = engine(&a, EngineConfig::default());
+    let rt = rt();
+    let p = prompt(3, 10);
+    let before = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    let name = "model.layers.1.mlp.down_proj.weight";
+    let poisoned = |value: f32, kind: Kind| {
+        let mut w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+        let t = w[name].to_kind(kind);
+        let _ = t.view([-1]).get(5).fill_(f64::from(value));
+        w.insert(name.to_string(), t);
+        w
+    };
+    for (value, kind, what) in [
+        (f32::NAN, Kind::Float, "1 NaN"),
+        (f32::INFINITY, Kind::Float, "1 infinite"),
+        (f32::NEG_INFINITY, Kind::BFloat16, "1 infinite"),
+    ] {
+        // In memory (the trainer's path).
+        let err = rt
+            .block_on(e.update_weights(WeightSource::Tensors(poisoned(value, kind))))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name) && err.contains(what), "{err}");
+        // From a folder (the server's path).
+        let dir = tmp.path().join(format!("poisoned-{value}-{kind:?}"));
+        let w: Vec<(String, Tensor)> = poisoned(value, kind).into_iter().collect();
+        std::fs::create_dir_all(&dir).unwrap();
+        rlhost::model::safetensors::write(&dir.join("model.safetensors"), &w, None).unwrap();
+        let err = rt
+            .block_on(e.update_weights(WeightSource::Dir(dir.clone())))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name) && err.contains(what), "{err}");
+        // Loading.
+        for f in std::fs::read_dir(&b).unwrap().flatten() {
+            if f.file_name() != "model.safetensors" {
+                std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+            }
+        }
+        let err = Engine::load(
+            &dir,
+            "tiny",
+            Device::Cpu,
+            Kind::Float,
+            EngineConfig::default(),
+        )
+        .err()
+        .expect("a poisoned checkpoint does not load")
+        .to_string();
+        assert!(err.contains(name) && err.contains(what), "{err}");
+    }
+    let still = rt
+        .block_on(e.generate(p.clone(), greedy(16), 1))
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        still.token_ids, before.token_ids,
+        "the old weights still serve"
+    );
+    assert_eq!(e.info().version(), 0, "no update happened");
+    // A sum that overflows is not a non-finite weight.
+    for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
+        let big = if kind == Kind::Half { 6e4 } else { 3e38 };
+        let huge = Tensor::full([4], big, (kind, Device::Cpu));
+        let w = std::collections::BTreeMap::from([("huge".to_string(), huge)]);
+        assert_eq!(rlhost::engine::check_finite(&w), Ok(()), "{kind:?}");
+    }
+    // Finite weights still go through.
+    let w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+    assert_eq!(
+        rt.block_on(e.update_weights(WeightSource::Tensors(w)))
+            .unwrap(),
+        1
+    );
     e.shutdown();
 }
 

@@ -19,6 +19,10 @@ use tch::{Kind, Tensor};
 /// Temperatures below this are greedy (as vLLM).
 pub const GREEDY_BELOW: f64 = 1e-5;
 
+/// The most alternatives listed with each sampled token's log-prob (OpenAI's and vLLM's
+/// default limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// How one request samples and when it stops.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -97,9 +101,9 @@ impl SamplingParams {
         if self.max_tokens == Some(0) {
             return Err("max_tokens must be at least 1".into());
         }
-        if self.top_logprobs > 20 {
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(format!(
-                "top_logprobs must be at most 20, got {}",
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
                 self.top_logprobs
             ));
         }

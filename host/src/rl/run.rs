@@ -294,6 +294,66 @@ fn save_checkpoint(out: &Path, trainer: &Trainer, step: usize, keep: usize) -> a
     Ok(())
 }
 
+/// The lines of a per-step log (JSON lines with a `step`) with their steps, in file order;
+/// lines that are not such JSON (a line torn by a kill mid-write) are left out.
+fn step_lines(path: &Path) -> Vec<(usize, serde_json::Value)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| Some((step_of(l)?, serde_json::from_str(l).ok()?)))
+        .collect()
+}
+
+/// The step of one line of a per-step log, if it is such a line.
+fn step_of(line: &str) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    usize::try_from(v.get("step")?.as_u64()?).ok()
+}
+
+/// Keeps the lines of the per-step log `path` of steps up to `step` and drops the rest (and
+/// any torn line), replacing the file atomically (tmp + rename): a crash meanwhile leaves the
+/// old file or the new one. Returns how many lines went; an absent file is left absent.
+fn keep_steps_up_to(path: &Path, step: usize) -> anyhow::Result<usize> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let total = text.lines().count();
+    let mut kept = String::new();
+    for line in text.lines() {
+        if step_of(line).is_some_and(|s| s <= step) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let dropped = total - kept.lines().count();
+    // Rewritten even when nothing is dropped if the file does not end a line, so the next
+    // append starts on a line of its own.
+    if dropped > 0 || !(text.is_empty() || text.ends_with('\n')) {
+        rlhost_registry::fs::write_atomically(path, kept.as_bytes())?;
+    }
+    Ok(dropped)
+}
+
+/// Removes the per-step folders `step_N` under `root` with N past `step` (weights published
+/// to remote servers by steps a resumed run redoes).
+fn remove_step_folders_after(root: &Path, step: usize) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name
+            .strip_prefix("step_")
+            .and_then(|s| s.parse::<usize>().ok())
+            .is_some_and(|s| s > step)
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Runs `host rl`. `progress` hears each finished step.
 pub fn run(
     cfg: RlConfig,
@@ -505,7 +565,18 @@ pub fn run(
             }
         }
     });
+    // The run goes on from `start`: per-step records of later steps (written before a crash,
+    // after the checkpoint resumed from) are redone, so they go now, not after the new ones.
     let metrics_path = out.join("metrics.jsonl");
+    let dropped = keep_steps_up_to(&metrics_path, start)
+        .with_context(|| format!("trimming {} to step {start}", metrics_path.display()))?;
+    if dropped > 0 {
+        tracing::info!(
+            "{}: dropped {dropped} lines past step {start} (they are redone)",
+            metrics_path.display()
+        );
+    }
+    remove_step_folders_after(&out.join("weights"), start);
     let mut lines = Vec::new();
     for step in start..max_steps {
         let batch = rt
@@ -568,11 +639,13 @@ pub fn run(
             save_checkpoint(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
         }
     }
-    // Reward and loss curves of the whole run (metrics.jsonl includes resumed parts).
-    let all: Vec<serde_json::Value> = std::fs::read_to_string(&metrics_path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+    // Reward and loss curves of the whole run (metrics.jsonl includes resumed parts), one point
+    // per step: were a step logged twice (a file from before resumes trimmed it), the later
+    // line wins.
+    let all: Vec<serde_json::Value> = step_lines(&metrics_path)
+        .into_iter()
+        .collect::<BTreeMap<usize, serde_json::Value>>()
+        .into_values()
         .collect();
     let curve = |k: &str| -> Vec<f64> {
         all.iter()
@@ -592,4 +665,35 @@ pub fn run(
         e.shutdown();
     }
     Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_step_logs_keep_the_steps_up_to_the_resume_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        assert_eq!(keep_steps_up_to(&p, 3).unwrap(), 0);
+        assert!(!p.exists(), "an absent log stays absent");
+        let lines: Vec<String> = [1, 2, 3, 4, 5, 6]
+            .iter()
+            .map(|s| format!("{{\"step\":{s},\"reward\":0.{s}}}"))
+            .collect();
+        std::fs::write(&p, lines.join("\n") + "\n{\"step\":7,\"rew").unwrap();
+        assert_eq!(keep_steps_up_to(&p, 4).unwrap(), 3);
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            lines[..4].join("\n") + "\n",
+            "lines kept byte for byte"
+        );
+        assert_eq!(keep_steps_up_to(&p, 4).unwrap(), 0);
+        assert_eq!(
+            keep_steps_up_to(&p, 0).unwrap(),
+            4,
+            "a fresh start empties it"
+        );
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+    }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -110,7 +110,89 @@ pub fn router_for(state: Arc<Api>) -> Router {
                 param: None,
             })
         })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// The largest request body accepted, in bytes (axum's default, stated so a 413 can say it).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Gives every error response OpenAI's JSON error body. The handlers' own errors already have
+/// it; this catches what axum answers before a handler runs or instead of one (413 for a body
+/// over [`MAX_BODY_BYTES`], 405 for a wrong method, 400 for a body that cannot be read: plain
+/// text or empty), and a handler that panics (a 500 instead of a dropped connection), so no
+/// client ever has to parse anything but `{"error": {"message", "type", "param", "code"}}`.
+async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use futures_util::FutureExt;
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let res = match std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await
+    {
+        Ok(res) => res,
+        Err(_) => {
+            return error(ApiError {
+                status: 500,
+                kind: "internal_error",
+                message: format!("internal error serving {method} {path}; see the server's log"),
+                param: None,
+            });
+        }
+    };
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    // axum's rejection texts are one short line; anything longer is cut, not buffered.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("the request body is larger than this server's limit of {MAX_BODY_BYTES} bytes")
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            format!("invalid method for {path}: {method} is not allowed; use {allow}")
+        }
+        _ if text.is_empty() => format!(
+            "{method} {path}: {}",
+            status.canonical_reason().unwrap_or("error")
+        ),
+        _ => text,
+    };
+    let kind = match status.as_u16() {
+        404 => "not_found_error",
+        503 => "service_unavailable_error",
+        500.. => "internal_error",
+        _ => "invalid_request_error",
+    };
+    let mut r = error(ApiError {
+        status: status.as_u16(),
+        kind,
+        message,
+        param: None,
+    });
+    // Keep what the rejection said in headers (`Allow`, `Retry-After`), not its body's framing.
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            r.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    r
 }
 
 fn reply(r: Result<Reply, ApiError>) -> Response {
@@ -328,10 +410,19 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
         .tokenizer
         .encode(&prompt)
         .map_err(|e| ApiError::bad(Some("messages".into()), e.to_string()))?;
-    let top = if req.logprobs {
-        req.top_logprobs.unwrap_or(0)
-    } else {
-        0
+    // As vLLM: `top_logprobs` only means something with `logprobs: true`; a request asking for
+    // top tokens without it gets a 400, not a response that silently lacks them.
+    let top = match (req.logprobs, req.top_logprobs) {
+        (true, top) => top.unwrap_or(0),
+        (false, Some(k)) if k > 0 => {
+            return Err(ApiError::bad(
+                Some("top_logprobs".into()),
+                format!(
+                    "top_logprobs ({k}) requires logprobs: true; when using top_logprobs, logprobs must be set to true"
+                ),
+            ));
+        }
+        (false, _) => 0,
     };
     let params = req.sampling.params(top)?;
     let n = req.sampling.n()?;
@@ -687,7 +778,11 @@ struct CompletionRequest {
     #[serde(skip)]
     sampling: Sampling,
     prompt: Option<Prompt>,
+    /// Legacy completions: the number of top tokens listed with each sampled token's log-prob
+    /// (0 lists the sampled token alone); absent, no log-probs.
     logprobs: Option<usize>,
+    /// Chat's field; present here it is refused rather than silently ignored.
+    top_logprobs: Option<Value>,
     #[serde(default)]
     echo: bool,
 }
@@ -722,7 +817,22 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiEr
             "prompt must not be empty",
         ));
     }
+    if req.top_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad(
+            Some("top_logprobs".into()),
+            "top_logprobs is a chat completions field; in /v1/completions, logprobs is the number of top log-probs returned per token (an integer, 0 to 20)",
+        ));
+    }
     let top = req.logprobs.unwrap_or(0);
+    if top > crate::engine::sampling::MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad(
+            Some("logprobs".into()),
+            format!(
+                "logprobs must be at most {}, got {top}",
+                crate::engine::sampling::MAX_TOP_LOGPROBS
+            ),
+        ));
+    }
     let params = req.sampling.params(top)?;
     let n = req.sampling.n()?;
     let meta = Meta {

@@ -108,6 +108,9 @@ pub struct Sampling {
     /// vLLM: `prompt_token_ids` and per-choice `token_ids` in the response.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM: log-probs of the prompt's tokens. Not supported: refused when set, so a client
+    /// never reads a response that silently lacks what it asked for.
+    pub prompt_logprobs: Option<Value>,
 }
 
 impl Sampling {
@@ -123,6 +126,12 @@ impl Sampling {
                     format!("{name} is not supported by this server (use repetition_penalty)"),
                 ));
             }
+        }
+        if self.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad(
+                Some("prompt_logprobs".into()),
+                "prompt_logprobs is not supported by this server",
+            ));
         }
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) => Some(("max_completion_tokens", m)),
