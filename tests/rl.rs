@@ -191,6 +191,16 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
         "resumed at step 3: {stdout}"
     );
     assert_eq!(steps_of(), [1, 2, 3, 4, 5], "each step once, in order");
+    // A fresh run into the same folder would mix the two runs: refused, nothing touched.
+    let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+    let out = common::run(common::host(&home).args(rl_args(&model, &run_dir, 2)));
+    let stderr = common::texts(&out).1;
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("holds an earlier run") && stderr.contains("--resume"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), metrics);
 }
 
 #[test]

@@ -366,6 +366,18 @@ pub fn run(
         .clone()
         .unwrap_or_else(|| PathBuf::from("outputs/rl"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // A fresh run must not mix with an earlier one: its metrics would be cut and a later
+    // `--resume` would pick up the earlier run's newer checkpoints.
+    if !opts.resume
+        && let Some((step, dir)) = latest_checkpoint(&out)
+    {
+        anyhow::bail!(
+            "{} holds an earlier run (its newest checkpoint is step {step}, {}): pass --resume to \
+             continue it, or choose another --output-dir",
+            out.display(),
+            dir.display()
+        );
+    }
     anyhow::ensure!(
         cfg.orchestrator.rollouts_per_example >= 2,
         "orchestrator.rollouts_per_example must be at least 2 (group advantages)"
