@@ -200,7 +200,10 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
         stderr.contains("holds an earlier run") && stderr.contains("--resume"),
         "{stderr}"
     );
-    assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), metrics);
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        metrics
+    );
 }
 
 #[test]
