@@ -861,6 +861,21 @@ fn stalled_connections_are_closed_and_normal_clients_still_served() {
         stalled.push(s);
     }
     let t = std::time::Instant::now();
+    // A declared length over the limit is a JSON 413 at once, not a wait for the body.
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999999\r\n\r\n{",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("\"type\":\"invalid_request_error\""),
+        "{answer}"
+    );
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();

@@ -945,6 +945,19 @@ fn uploads_are_refused_from_their_headers_before_the_body_is_read() {
     // An authenticated upload over the limit is refused from its length alone.
     let answer = ask(Some(&acme), 300 << 20);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // A yank too: the token is checked before its body is read.
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "POST /api/v1/yank HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 1500000\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).expect("an answer without the body");
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     assert!(
         t.elapsed() < std::time::Duration::from_secs(8),
         "{:?}",
@@ -1114,7 +1127,7 @@ fn an_index_entry_naming_another_package_is_refused() {
     .unwrap();
     let err = w.fails(&["env", "install", "acme/ev-renamed"]);
     assert!(
-        err.contains("index for acme/ev-renamed holds an entry for zeta/renamed"),
+        err.contains("index for acme/ev-renamed holds an entry for \"zeta/renamed\""),
         "{err}"
     );
     assert!(!w.home().join("plugins/zeta").exists());
@@ -1129,8 +1142,48 @@ fn an_index_entry_naming_another_package_is_refused() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        texts(&out).1.contains("holds an entry for zeta/renamed"),
+        texts(&out)
+            .1
+            .contains("holds an entry for \"zeta/renamed\""),
         "{}",
         texts(&out).1
     );
+}
+
+#[test]
+fn index_dependencies_must_match_the_signed_manifest() {
+    let w = World::new();
+    w.owner_with_token("acme");
+    w.publish_as("acme", "dep", "1.0.0", "");
+    w.publish_as(
+        "acme",
+        "top",
+        "0.1.0",
+        "\n[dependencies]\n\"acme/dep\" = \"^1\"\n",
+    );
+    w.publish_as("acme", "leaf", "0.1.0", "");
+    let index = w.reg().join("index/acme/top");
+    let line = std::fs::read_to_string(&index).unwrap();
+    assert!(line.contains(r#""deps":{"acme/dep":"^1"}"#), "{line}");
+    // The index drops a dependency the package needs, or adds one it never asked for.
+    std::fs::write(
+        &index,
+        line.replace(r#""deps":{"acme/dep":"^1"}"#, r#""deps":{}"#),
+    )
+    .unwrap();
+    let err = w.fails(&["env", "install", "acme/top"]);
+    assert!(
+        err.contains("signed manifest says \"acme/dep\" ^1"),
+        "{err}"
+    );
+    let leaf = w.reg().join("index/acme/leaf");
+    let line = std::fs::read_to_string(&leaf).unwrap();
+    std::fs::write(
+        &leaf,
+        line.replace(r#""deps":{}"#, r#""deps":{"acme/dep":"^1"}"#),
+    )
+    .unwrap();
+    let err = w.fails(&["env", "install", "acme/leaf"]);
+    assert!(err.contains("signed manifest says none"), "{err}");
+    assert!(!w.home().join("plugins/acme").exists());
 }

@@ -88,7 +88,7 @@ pub enum ResolveError {
     /// The index of one package holds an entry that names another: a forged or corrupt index
     /// (a valid signature for `found` must not install it under `requested`).
     #[error(
-        "the registry's index for {requested} holds an entry for {found}; refusing it (a forged or corrupt index)"
+        "the registry's index for {requested} holds an entry for {found:?}; refusing it (a forged or corrupt index)"
     )]
     MisnamedEntry {
         /// The package asked for (the index path).

@@ -294,10 +294,15 @@ struct YankBody {
     yanked: bool,
 }
 
-async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    // The token first, from the headers alone, as for uploads.
     let owner = match authenticate(&s, &headers) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
+    };
+    let body = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("reading the request: {e}")),
     };
     let req: YankBody = match serde_json::from_slice(&body) {
         Ok(r) => r,

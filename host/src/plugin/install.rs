@@ -367,6 +367,28 @@ impl<'a> Installer<'a> {
                 ),
             });
         }
+        // The index is unsigned: what it says a package depends on must be what the package's
+        // signed manifest says, or the install would leave out (or add) plugins.
+        if manifest.dependencies != entry.deps {
+            let show = |deps: &BTreeMap<String, semver::VersionReq>| {
+                if deps.is_empty() {
+                    "none".to_owned()
+                } else {
+                    deps.iter()
+                        .map(|(n, r)| format!("{n:?} {r}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            };
+            return Err(InstallError::Invalid {
+                package,
+                message: format!(
+                    "the registry's index lists its dependencies as {} but its signed manifest says {}; refusing a forged or corrupt index",
+                    show(&entry.deps),
+                    show(&manifest.dependencies)
+                ),
+            });
+        }
         // Validate with the real runtime (sandboxed ones only: loading a native library runs it).
         if manifest.plugin.runtime != Runtime::Native {
             let result = match manifest.plugin.kind {

@@ -127,6 +127,22 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
     use futures_util::FutureExt;
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    // A declared length over the limit is refused from the headers, before any byte is read.
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return error(ApiError {
+            status: 413,
+            kind: "invalid_request_error",
+            message: format!(
+                "the request body is larger than this server's limit of {MAX_BODY_BYTES} bytes"
+            ),
+            param: None,
+        });
+    }
     let res = match std::panic::AssertUnwindSafe(next.run(req))
         .catch_unwind()
         .await
@@ -166,7 +182,11 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
                 .get(header::ALLOW)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            format!("invalid method for {path}: {method} is not allowed; use {allow}")
+            if allow.is_empty() {
+                format!("invalid method for {path}: {method} is not allowed")
+            } else {
+                format!("invalid method for {path}: {method} is not allowed; use {allow}")
+            }
         }
         _ if text.is_empty() => format!(
             "{method} {path}: {}",
