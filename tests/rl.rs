@@ -204,6 +204,16 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
         std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
         metrics
     );
+    // Metrics alone (no checkpoint) are an earlier run too.
+    std::fs::remove_dir_all(run_dir.join("checkpoints")).unwrap();
+    let out = common::run(common::host(&home).args(rl_args(&model, &run_dir, 2)));
+    let stderr = common::texts(&out).1;
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("metrics.jsonl is not empty"), "{stderr}");
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        metrics
+    );
 }
 
 #[test]

@@ -328,18 +328,23 @@ mod tests {
         body
     }
 
-    async fn start(
-        limits: ServeLimits,
-    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    /// A server of `/echo` (bodies up to 1 KiB) on a free loopback port: its address, the
+    /// sender that stops it, and its task.
+    async fn start(limits: ServeLimits) -> (std::net::SocketAddr, Stop, Server) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let router = Router::new().route("/echo", post(echo));
-        tokio::spawn(serve(listener, router, limits, async {
+        let router = Router::new()
+            .route("/echo", post(echo))
+            .layer(axum::extract::DefaultBodyLimit::max(1024));
+        let server = tokio::spawn(serve(listener, router, limits, async {
             let _ = rx.await;
         }));
-        (addr, tx)
+        (addr, tx, server)
     }
+
+    type Stop = tokio::sync::oneshot::Sender<()>;
+    type Server = tokio::task::JoinHandle<std::io::Result<()>>;
 
     /// Sends `request` and reads until the server closes (bounded by `within`).
     async fn exchange(addr: std::net::SocketAddr, request: &[u8], within: Duration) -> String {
@@ -362,7 +367,7 @@ mod tests {
             header_timeout: 0.5,
             ..Default::default()
         };
-        let (addr, _stop) = start(limits).await;
+        let (addr, _stop, _) = start(limits).await;
         let t = Instant::now();
         let mut partial = TcpStream::connect(addr).await.unwrap();
         partial
@@ -391,7 +396,7 @@ mod tests {
             body_timeout: 0.5,
             ..Default::default()
         };
-        let (addr, _stop) = start(limits).await;
+        let (addr, _stop, _) = start(limits).await;
         let t = Instant::now();
         let reply = exchange(
             addr,
@@ -410,7 +415,7 @@ mod tests {
             header_timeout: 1.0,
             ..Default::default()
         };
-        let (addr, _stop) = start(limits).await;
+        let (addr, _stop, _) = start(limits).await;
         // Two silent clients take both slots; a third is accepted only when they time out.
         let _a = TcpStream::connect(addr).await.unwrap();
         let _b = TcpStream::connect(addr).await.unwrap();
@@ -427,20 +432,13 @@ mod tests {
 
     #[tokio::test]
     async fn an_early_answer_reaches_a_client_still_sending_its_body() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let router = Router::new()
-            .route("/small", post(echo))
-            .layer(axum::extract::DefaultBodyLimit::max(1024));
-        tokio::spawn(serve(listener, router, ServeLimits::default(), async {
-            std::future::pending::<()>().await
-        }));
+        let (addr, _stop, _) = start(ServeLimits::default()).await;
         // 4 MiB against a 1 KiB limit: the 413 comes while the client is still writing.
         for _ in 0..10 {
             let mut s = TcpStream::connect(addr).await.unwrap();
             let body = vec![b'x'; 4 << 20];
             let head = format!(
-                "POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
                 body.len()
             );
             s.write_all(head.as_bytes()).await.unwrap();
@@ -460,17 +458,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_stops_accepting_and_finishes() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            listener,
-            Router::new().route("/echo", post(echo)),
-            ServeLimits::default(),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let (addr, tx, server) = start(ServeLimits::default()).await;
         assert!(
             exchange(addr, ECHO, Duration::from_secs(5))
                 .await

@@ -427,18 +427,11 @@ impl Engine {
         let refused = |e: String| EngineError::Invalid(format!("new weights refused: {e}"));
         // Read and checked off the engine thread, so decoding goes on meanwhile.
         let weights = tokio::task::spawn_blocking(move || -> Result<_, String> {
-            let t0 = std::time::Instant::now();
             let weights = match source {
                 WeightSource::Dir(dir) => read_checkpoint(&dir).map_err(|e| e.to_string())?,
                 WeightSource::Tensors(map) => map,
             };
-            let t1 = std::time::Instant::now();
             check_finite(&weights)?;
-            tracing::debug!(
-                "new weights: read in {:.3} s, checked finite in {:.3} s",
-                (t1 - t0).as_secs_f64(),
-                t1.elapsed().as_secs_f64()
-            );
             Ok(weights)
         })
         .await

@@ -294,16 +294,6 @@ fn save_checkpoint(out: &Path, trainer: &Trainer, step: usize, keep: usize) -> a
     Ok(())
 }
 
-/// The lines of a per-step log (JSON lines with a `step`) with their steps, in file order;
-/// lines that are not such JSON (a line torn by a kill mid-write) are left out.
-fn step_lines(path: &Path) -> Vec<(usize, serde_json::Value)> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| Some((step_of(l)?, serde_json::from_str(l).ok()?)))
-        .collect()
-}
-
 /// The step of one line of a per-step log, if it is such a line.
 fn step_of(line: &str) -> Option<usize> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
@@ -368,15 +358,23 @@ pub fn run(
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     // A fresh run must not mix with an earlier one: its metrics would be cut and a later
     // `--resume` would pick up the earlier run's newer checkpoints.
-    if !opts.resume
-        && let Some((step, dir)) = latest_checkpoint(&out)
-    {
-        anyhow::bail!(
-            "{} holds an earlier run (its newest checkpoint is step {step}, {}): pass --resume to \
-             continue it, or choose another --output-dir",
-            out.display(),
-            dir.display()
-        );
+    if !opts.resume {
+        let logged = std::fs::metadata(out.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0);
+        let earlier = match latest_checkpoint(&out) {
+            Some((step, dir)) => Some(format!(
+                "its newest checkpoint is step {step}, {}",
+                dir.display()
+            )),
+            None if logged => Some("its metrics.jsonl is not empty".to_owned()),
+            None => None,
+        };
+        if let Some(what) = earlier {
+            anyhow::bail!(
+                "{} holds an earlier run ({what}): pass --resume to continue it, or choose \
+                 another --output-dir",
+                out.display()
+            );
+        }
     }
     anyhow::ensure!(
         cfg.orchestrator.rollouts_per_example >= 2,
@@ -651,13 +649,12 @@ pub fn run(
             save_checkpoint(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
         }
     }
-    // Reward and loss curves of the whole run (metrics.jsonl includes resumed parts), one point
-    // per step: were a step logged twice (a file from before resumes trimmed it), the later
-    // line wins.
-    let all: Vec<serde_json::Value> = step_lines(&metrics_path)
-        .into_iter()
-        .collect::<BTreeMap<usize, serde_json::Value>>()
-        .into_values()
+    // Reward and loss curves of the whole run (metrics.jsonl includes resumed parts, trimmed to
+    // the resume point above, so each step has one line).
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(&metrics_path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let curve = |k: &str| -> Vec<f64> {
         all.iter()

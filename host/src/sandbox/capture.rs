@@ -1,8 +1,8 @@
 //! A capped, resettable capture of a guest's stdout or stderr. Output beyond the cap is counted
 //! and dropped while the program carries on (so a program that prints too much still finishes
 //! and keeps its REPL state); only a program that goes on writing far past the cap
-//! ([`FLOOD_SLACK`] bytes or [`FLOOD_WRITES`] writes) is stopped, with the recognisable [`OutputFlood`] error, so one printing
-//! forever does not burn its whole deadline. It must never fail a write merely because the cap
+//! ([`FLOOD_SLACK`] bytes or [`FLOOD_WRITES`] writes) is stopped, with the recognisable
+//! [`OutputFlood`] error, so one printing forever does not burn its whole deadline. It must never fail a write merely because the cap
 //! was reached: a failed write is a crash or a `BrokenPipeError` in the guest, not a truncation.
 
 use std::sync::{Arc, Mutex};
