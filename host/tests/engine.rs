@@ -468,3 +468,282 @@ fn shutdown_aborts_in_flight_work_and_overload_is_refused() {
         Err(EngineError::Stopped)
     ));
 }
+
+// ---- Automatic prefix caching ----
+
+fn cached_engine(dir: &Path, kv_cache_tokens: usize) -> Engine {
+    engine(
+        dir,
+        EngineConfig {
+            kv_cache_tokens: Some(kv_cache_tokens),
+            ..EngineConfig::default()
+        },
+    )
+}
+
+fn uncached_engine(dir: &Path) -> Engine {
+    engine(
+        dir,
+        EngineConfig {
+            prefix_caching: false,
+            ..EngineConfig::default()
+        },
+    )
+}
+
+fn scored(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        top_logprobs: 2,
+        ..greedy(max_tokens)
+    }
+}
+
+/// Same tokens; log-probs (and the alternatives') within 1e-5.
+fn assert_same(a: &Completion, b: &Completion, what: &str) {
+    assert_eq!(a.token_ids, b.token_ids, "{what}: greedy tokens");
+    for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+        assert!((x - y).abs() < 1e-5, "{what}: log-prob {x} vs {y}");
+    }
+    for (x, y) in a.top_logprobs.iter().zip(&b.top_logprobs) {
+        for ((tx, lx), (ty, ly)) in x.iter().zip(y) {
+            assert_eq!(tx, ty, "{what}: alternatives");
+            assert!((lx - ly).abs() < 1e-5, "{what}: top log-prob {lx} vs {ly}");
+        }
+    }
+}
+
+/// A conversation: the system prompt, then per turn the previous prompt + completion + `extra`
+/// new tokens (a tool result).
+fn next_turn(prev: &[u32], completion: &Completion, extra: &[u32]) -> Vec<u32> {
+    let mut p = prev.to_vec();
+    p.extend(&completion.token_ids);
+    p.extend(extra);
+    p
+}
+
+/// With and without the cache, every request's greedy tokens are the same and log-probs agree
+/// to 1e-5: shared system prompts, repeated prompts, conversations that extend their previous
+/// turn, concurrent arrivals (batched prefill of different uncached lengths), a budget small
+/// enough to evict, and a weight update in the middle of a conversation.
+#[test]
+fn prefix_caching_is_exact_across_hits_evictions_and_a_weight_update() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    tiny(&a, 11);
+    tiny(&b, 12);
+    let rt = rt();
+    // 160 tokens of cache: ten blocks, fewer than the conversations below need.
+    let (on, off) = (cached_engine(&a, 160), uncached_engine(&a));
+    let system = prompt(9, 48);
+    let conversations: Vec<Vec<u32>> = (0..5)
+        .map(|i| {
+            let mut p = system.clone();
+            p.extend(prompt(20 + i, 3 + 5 * i as usize));
+            p
+        })
+        .collect();
+    let run_turn = |e: &Engine, prompts: &[Vec<u32>]| -> Vec<Completion> {
+        rt.block_on(async {
+            let mut handles = Vec::new();
+            for p in prompts {
+                handles.push(tokio::spawn({
+                    let (e, p) = (e.clone(), p.clone());
+                    async move { e.generate(p, scored(12), 1).await.unwrap().remove(0) }
+                }));
+            }
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(h.await.unwrap());
+            }
+            out
+        })
+    };
+    let mut prompts = conversations.clone();
+    let mut hits = 0;
+    for turn in 0..4 {
+        if turn == 2 {
+            // New weights between turns: nothing computed with the old ones may be reused.
+            for e in [&on, &off] {
+                rt.block_on(e.update_weights(WeightSource::Dir(b.clone())))
+                    .unwrap();
+            }
+        }
+        let with = run_turn(&on, &prompts);
+        let without = run_turn(&off, &prompts);
+        for (k, (x, y)) in with.iter().zip(&without).enumerate() {
+            assert_same(x, y, &format!("turn {turn}, conversation {k}"));
+            assert_eq!(y.cached_tokens, 0, "caching off reuses nothing");
+            hits += x.cached_tokens;
+            if turn == 2 {
+                // Only the system prompt, prefilled anew by this turn's first request, may
+                // be reused; the conversations' earlier turns were computed with old weights.
+                assert!(x.cached_tokens <= 48, "stale keys after the weight update");
+            }
+        }
+        // The same prompts again, one by one: cache hits everywhere, same answers.
+        for (p, y) in prompts.iter().zip(&without) {
+            let again = rt.block_on(on.generate(p.clone(), scored(12), 1)).unwrap();
+            assert_same(&again[0], y, &format!("turn {turn}, repeated"));
+        }
+        prompts = prompts
+            .iter()
+            .zip(&with)
+            .enumerate()
+            .map(|(k, (p, c))| next_turn(p, c, &prompt(40 + k as u32, 6)))
+            .collect();
+    }
+    assert!(hits > 0, "the cache was used");
+    let stats = on.info().prefill_stats();
+    assert!(stats.blocks <= 10 && stats.max_blocks == 10, "{stats:?}");
+    assert!(stats.computed < stats.requested, "{stats:?}");
+    on.shutdown();
+    off.shutdown();
+}
+
+/// Each kind of hit the RL workload relies on is taken, and `cached_tokens` says how much.
+#[test]
+fn each_kind_of_prefix_hit_is_taken() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 13);
+    let rt = rt();
+    let e = engine(
+        tmp.path(),
+        EngineConfig {
+            max_batch_size: 9,
+            ..EngineConfig::default()
+        },
+    );
+    let computed = |e: &Engine| e.info().prefill_stats().computed;
+    // 1. A shared system prompt (64 tokens: four blocks) across different questions.
+    let system = prompt(1, 64);
+    let ask = |q: u32| {
+        let mut p = system.clone();
+        p.extend(prompt(q, 9));
+        p
+    };
+    let first = rt.block_on(e.generate(ask(2), greedy(4), 1)).unwrap();
+    assert_eq!(first[0].cached_tokens, 0);
+    let before = computed(&e);
+    let second = rt.block_on(e.generate(ask(3), greedy(4), 1)).unwrap();
+    assert_eq!(second[0].cached_tokens, 64, "the system prompt's blocks");
+    assert_eq!(computed(&e) - before, 9, "only the question is prefilled");
+
+    // 2. A group of 8 identical prompts arriving in the same scheduler step: one prefill.
+    // A request holding every slot makes the eight wait together.
+    let before = computed(&e);
+    let blocker = e.submit(prompt(4, 5), greedy(40), 9).unwrap();
+    let group = prompt(5, 37);
+    let receivers: Vec<_> = (0..8)
+        .map(|_| e.submit(group.clone(), greedy(6), 1).unwrap())
+        .collect();
+    let mut blocker = blocker;
+    rt.block_on(rlhost::engine::collect(&mut blocker, 9, 5))
+        .unwrap();
+    let done: Vec<Completion> = receivers
+        .into_iter()
+        .map(|mut rx| {
+            rt.block_on(rlhost::engine::collect(&mut rx, 1, group.len()))
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
+    assert_eq!(
+        computed(&e) - before,
+        5 + 37,
+        "the blocker's prompt, then the group's once"
+    );
+    let mut cached: Vec<usize> = done.iter().map(|c| c.cached_tokens).collect();
+    cached.sort();
+    assert_eq!(cached, [0, 37, 37, 37, 37, 37, 37, 37]);
+    for c in &done[1..] {
+        assert_eq!(c.token_ids, done[0].token_ids);
+    }
+
+    // 3. Turn t+1 of a conversation reuses turn t's prompt and completion: only the tool
+    // result (and the partial last block) is prefilled.
+    let p1 = prompt(6, 40);
+    let c1 = rt
+        .block_on(e.generate(p1.clone(), greedy(30), 1))
+        .unwrap()
+        .remove(0);
+    let p2 = next_turn(&p1, &c1, &prompt(7, 10));
+    let c2 = rt
+        .block_on(e.generate(p2.clone(), greedy(5), 1))
+        .unwrap()
+        .remove(0);
+    // Keys exist for positions 0..69 (the last generated token was never fed): 4 full blocks.
+    assert_eq!(c2.cached_tokens, 64);
+
+    // 4. `n` samples share one prefill, and a reset forgets everything.
+    rt.block_on(e.reset_prefix_cache()).unwrap();
+    assert_eq!(e.info().prefill_stats().blocks, 0);
+    let before = computed(&e);
+    let again = rt.block_on(e.generate(p2.clone(), greedy(5), 3)).unwrap();
+    assert_eq!(again[0].cached_tokens, 0);
+    assert_eq!(computed(&e) - before, p2.len() as u64);
+    assert_eq!(again[2].token_ids, c2.token_ids);
+    e.shutdown();
+}
+
+/// The cache never holds more than its budget, whatever the traffic; least recently used
+/// prefixes go first, so a prompt in use stays cached.
+#[test]
+fn the_prefix_cache_stays_within_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 14);
+    let rt = rt();
+    let e = cached_engine(tmp.path(), 128);
+    let hot = prompt(99, 40);
+    for i in 0..24 {
+        rt.block_on(e.generate(prompt(i, 50), greedy(3), 1))
+            .unwrap();
+        let again = rt.block_on(e.generate(hot.clone(), greedy(3), 1)).unwrap();
+        if i > 0 {
+            assert_eq!(again[0].cached_tokens, 32, "the hot prompt stays cached");
+        }
+        let s = e.info().prefill_stats();
+        assert_eq!(s.max_blocks, 8);
+        assert!(s.blocks <= 8, "{s:?}");
+    }
+    assert_eq!(e.info().prefill_stats().blocks, 8, "full, not over");
+    e.shutdown();
+}
+
+/// A prompt longer than `max_num_batched_tokens` is prefilled in chunks between decode steps:
+/// the same tokens as in one piece, and a running sequence keeps decoding meanwhile.
+#[test]
+fn chunked_prefill_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 15);
+    let rt = rt();
+    let chunked = engine(
+        tmp.path(),
+        EngineConfig {
+            max_num_batched_tokens: 24,
+            ..EngineConfig::default()
+        },
+    );
+    let whole = uncached_engine(tmp.path());
+    let long = prompt(8, 150);
+    let short = prompt(9, 10);
+    let (a, b) = rt.block_on(async {
+        let running = chunked.submit(short.clone(), scored(30), 1).unwrap();
+        let mut long_rx = chunked.submit(long.clone(), scored(20), 2).unwrap();
+        let mut running = running;
+        let a = rlhost::engine::collect(&mut long_rx, 2, long.len())
+            .await
+            .unwrap();
+        let b = rlhost::engine::collect(&mut running, 1, short.len())
+            .await
+            .unwrap();
+        (a, b)
+    });
+    let want_long = rt.block_on(whole.generate(long, scored(20), 1)).unwrap();
+    let want_short = rt.block_on(whole.generate(short, scored(30), 1)).unwrap();
+    assert_same(&a[0], &want_long[0], "chunked prompt");
+    assert_same(&a[1], &want_long[0], "its second sample");
+    assert_same(&b[0], &want_short[0], "the sequence decoding meanwhile");
+    assert_eq!(chunked.info().prefill_stats().computed, 160);
+    chunked.shutdown();
+    whole.shutdown();
+}

@@ -144,6 +144,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             max_batch_size: max_batch,
             max_model_len: o.prompt_len + o.new_tokens + 1,
             max_queue: max_batch,
+            ..EngineConfig::default()
         },
     )?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -88,6 +88,9 @@ pub struct EvalArgs {
     /// CPU threads for libtorch.
     #[arg(long)]
     threads: Option<usize>,
+    /// `-m`: prefix caching and prefill scheduling.
+    #[command(flatten)]
+    cache: super::inference::CacheArgs,
     /// Print the summaries as JSON.
     #[arg(long)]
     json: bool,
@@ -148,19 +151,17 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
             };
             let cfg = crate::model::Qwen3Config::load(&dir)?;
-            let engine = crate::engine::Engine::load(
-                &dir,
-                m,
-                device,
-                precision.kind(),
-                crate::engine::EngineConfig {
-                    max_batch_size: a.max_batch_size,
-                    max_model_len: a
-                        .max_model_len
-                        .unwrap_or(cfg.max_position_embeddings as usize),
-                    max_queue: usize::MAX,
-                },
-            )?;
+            let mut engine_cfg = crate::engine::EngineConfig {
+                max_batch_size: a.max_batch_size,
+                max_model_len: a
+                    .max_model_len
+                    .unwrap_or(cfg.max_position_embeddings as usize),
+                max_queue: usize::MAX,
+                ..Default::default()
+            };
+            a.cache.apply(&mut engine_cfg)?;
+            let engine =
+                crate::engine::Engine::load(&dir, m, device, precision.kind(), engine_cfg)?;
             let api = crate::server::Api::new(
                 engine,
                 crate::server::ServerConfig {
@@ -173,6 +174,13 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             (Box::new(InProcess::new(Arc::new(api))), m.clone())
         }
         (None, Some(url)) => {
+            if a.cache.changed() {
+                anyhow::bail!(
+                    "the prefix-cache flags (--no-enable-prefix-caching, --kv-cache-tokens, \
+                     --block-size, --max-num-batched-tokens) configure the engine of -m; \
+                     with -b the server at {url} has its own"
+                );
+            }
             let key = std::env::var(&a.api_key_var).ok();
             let client = OpenAiClient::new(url, key, Duration::from_secs(a.request_timeout));
             let name = match &a.served_model_name {

@@ -49,9 +49,62 @@ pub struct InferenceArgs {
     /// CPU threads for libtorch (default: libtorch's choice).
     #[arg(long)]
     threads: Option<usize>,
+    /// Prefix caching and prefill scheduling.
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Connection cap and deadlines.
     #[command(flatten)]
     limits: rlhost_serve::ServeLimits,
+}
+
+/// Prefix caching and prefill scheduling of the engine (vLLM's flag names), shared by every
+/// command that runs the engine.
+#[derive(Debug, Clone, Args)]
+pub struct CacheArgs {
+    /// Reuse the keys and values of prompt prefixes computed before (the default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    enable_prefix_caching: bool,
+    /// Prefill every prompt in full.
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
+    /// Budget of the prefix cache in tokens (default: an eighth of the machine's memory, at
+    /// most 4 GiB, divided by the model's key-and-value bytes per token).
+    #[arg(long, value_name = "TOKENS")]
+    kv_cache_tokens: Option<usize>,
+    /// Tokens per prefix-cache block: prefixes are reused in whole blocks.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Most prompt tokens prefilled per scheduler step; longer prompts are prefilled in chunks
+    /// with decode steps in between.
+    #[arg(long, default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+}
+
+impl CacheArgs {
+    /// Whether any flag differs from its default.
+    pub fn changed(&self) -> bool {
+        let d = EngineConfig::default();
+        self.enable_prefix_caching
+            || self.no_enable_prefix_caching
+            || self.kv_cache_tokens.is_some()
+            || self.block_size != d.block_size
+            || self.max_num_batched_tokens != d.max_num_batched_tokens
+    }
+
+    /// Sets these on `cfg`, refusing zero sizes.
+    pub fn apply(&self, cfg: &mut EngineConfig) -> anyhow::Result<()> {
+        if self.block_size == 0 {
+            anyhow::bail!("--block-size must be at least 1");
+        }
+        if self.max_num_batched_tokens == 0 {
+            anyhow::bail!("--max-num-batched-tokens must be at least 1");
+        }
+        cfg.prefix_caching = !self.no_enable_prefix_caching;
+        cfg.kv_cache_tokens = self.kv_cache_tokens;
+        cfg.block_size = self.block_size;
+        cfg.max_num_batched_tokens = self.max_num_batched_tokens;
+        Ok(())
+    }
 }
 
 async fn shutdown_signal() {
@@ -97,18 +150,15 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--max-batch-size must be at least 1");
     }
     let served = args.served_model_name.unwrap_or(args.model.clone());
-    let engine = Engine::load(
-        &dir,
-        &served,
-        device,
-        precision.kind(),
-        EngineConfig {
-            max_batch_size: args.max_batch_size,
-            max_model_len,
-            max_queue: args.max_queue,
-        },
-    )
-    .with_context(|| format!("loading {}", dir.display()))?;
+    let mut engine_cfg = EngineConfig {
+        max_batch_size: args.max_batch_size,
+        max_model_len,
+        max_queue: args.max_queue,
+        ..EngineConfig::default()
+    };
+    args.cache.apply(&mut engine_cfg)?;
+    let engine = Engine::load(&dir, &served, device, precision.kind(), engine_cfg)
+        .with_context(|| format!("loading {}", dir.display()))?;
     let router = server::router(
         engine.clone(),
         ServerConfig {

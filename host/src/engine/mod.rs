@@ -10,12 +10,14 @@
 //! HTTP (`crate::server`).
 
 pub mod detok;
+pub mod prefix;
 pub mod sampling;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -23,6 +25,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use crate::model::qwen3::{SlotCache, read_checkpoint};
 use crate::model::{ChatTemplate, ModelError, Qwen3, Tokenizer};
 use detok::TextState;
+use prefix::PrefixCache;
 pub use sampling::{Rng, SamplingParams};
 
 /// Errors of the engine.
@@ -51,6 +54,18 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Most requests admitted but not finished before new ones are refused.
     pub max_queue: usize,
+    /// Reuse the keys and values of prompt prefixes computed before (automatic prefix
+    /// caching, [`prefix`]). Off, every prompt is prefilled in full.
+    pub prefix_caching: bool,
+    /// Budget of the prefix cache in tokens; `None` sizes it from the machine's memory
+    /// ([`default_kv_cache_tokens`]).
+    pub kv_cache_tokens: Option<usize>,
+    /// Tokens per prefix-cache block.
+    pub block_size: usize,
+    /// Most prompt tokens prefilled per scheduler step (vLLM's `max_num_batched_tokens`): new
+    /// requests' uncached parts are prefilled together up to it, and a longer one is prefilled
+    /// in chunks of it with decode steps of the running sequences in between.
+    pub max_num_batched_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -59,8 +74,29 @@ impl Default for EngineConfig {
             max_batch_size: 32,
             max_model_len: 4096,
             max_queue: 1024,
+            prefix_caching: true,
+            kv_cache_tokens: None,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
         }
     }
+}
+
+/// The prefix cache's default budget: an eighth of the machine's memory, at most 4 GiB (the
+/// default KV space of vLLM's CPU backend), in tokens of `bytes_per_token` (keys and values of
+/// every layer for one position). The pool grows on demand, so a budget that is never filled
+/// costs nothing.
+pub fn default_kv_cache_tokens(bytes_per_token: usize) -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024);
+    let bytes = (total / 8).min(4 << 30);
+    (bytes / bytes_per_token.max(1) as u64) as usize
 }
 
 /// Why a sequence ended.
@@ -113,6 +149,9 @@ pub enum Event {
         stop: Option<String>,
         /// Remaining visible text.
         text: String,
+        /// Prompt tokens this request did not compute: found in the prefix cache, or shared
+        /// with an identical prompt prefilled in the same step.
+        cached_tokens: usize,
     },
 }
 
@@ -135,6 +174,9 @@ pub struct Completion {
     pub versions: Vec<u64>,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Prompt tokens taken from the prefix cache rather than computed (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 impl Completion {
@@ -149,6 +191,7 @@ impl Completion {
             finish_reason: FinishReason::Abort,
             versions: Vec::new(),
             prompt_tokens,
+            cached_tokens: 0,
         }
     }
 
@@ -219,6 +262,7 @@ enum Command {
         BTreeMap<String, Tensor>,
         oneshot::Sender<Result<u64, String>>,
     ),
+    ResetPrefixCache(oneshot::Sender<()>),
     Shutdown,
 }
 
@@ -245,9 +289,48 @@ pub struct EngineInfo {
     pub vocab_size: usize,
     version: AtomicU64,
     in_flight: AtomicUsize,
+    prompt_requested: AtomicU64,
+    prompt_computed: AtomicU64,
+    cache_blocks: AtomicUsize,
+    cache_max_blocks: AtomicUsize,
+}
+
+/// Prefill counters of an engine since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PrefillStats {
+    /// Prompt tokens of admitted requests (a request with `n` samples counts its prompt once).
+    pub requested: u64,
+    /// Prompt tokens the engine ran through the model; the rest came from the prefix cache or
+    /// an identical prompt prefilled with it.
+    pub computed: u64,
+    /// Prefix-cache blocks in use.
+    pub blocks: usize,
+    /// Most blocks the budget allows (0: caching is off).
+    pub max_blocks: usize,
+}
+
+impl PrefillStats {
+    /// Share of requested prompt tokens not computed.
+    pub fn hit_rate(&self) -> f64 {
+        if self.requested == 0 {
+            0.0
+        } else {
+            1.0 - self.computed as f64 / self.requested as f64
+        }
+    }
 }
 
 impl EngineInfo {
+    /// Prefill counters since the engine started.
+    pub fn prefill_stats(&self) -> PrefillStats {
+        PrefillStats {
+            requested: self.prompt_requested.load(Ordering::Relaxed),
+            computed: self.prompt_computed.load(Ordering::Relaxed),
+            blocks: self.cache_blocks.load(Ordering::Relaxed),
+            max_blocks: self.cache_max_blocks.load(Ordering::Relaxed),
+        }
+    }
+
     /// The current policy version (0 at start, +1 per weight update).
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::SeqCst)
@@ -338,6 +421,10 @@ impl Engine {
             config,
             version: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            prompt_requested: AtomicU64::new(0),
+            prompt_computed: AtomicU64::new(0),
+            cache_blocks: AtomicUsize::new(0),
+            cache_max_blocks: AtomicUsize::new(0),
         });
         let (tx, rx) = mpsc::channel();
         let worker = Worker::new(model, info.clone());
@@ -444,6 +531,16 @@ impl Engine {
         rx.await.map_err(|_| EngineError::Stopped)?.map_err(refused)
     }
 
+    /// Forgets every cached prefix (vLLM's `POST /reset_prefix_cache`); requests after it
+    /// prefill in full until the cache fills again.
+    pub async fn reset_prefix_cache(&self) -> Result<(), EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::ResetPrefixCache(reply))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
     /// Stops the engine: running and waiting requests finish with [`FinishReason::Abort`].
     /// Waits for the engine thread.
     pub fn shutdown(&self) {
@@ -479,10 +576,12 @@ pub async fn collect(
                 index,
                 reason,
                 text,
+                cached_tokens,
                 ..
             } => {
                 out[index].text.push_str(&text);
                 out[index].finish_reason = reason;
+                out[index].cached_tokens = cached_tokens;
                 done += 1;
             }
         }
@@ -498,6 +597,9 @@ struct Seq {
     prompt_len: usize,
     rng: Rng,
     text: TextState,
+    /// Policy version when its first key was computed: a sequence whose keys span a weight
+    /// update never enters the prefix cache.
+    kv_version: u64,
 }
 
 /// What the samples of one request share.
@@ -505,41 +607,104 @@ struct RequestState {
     params: Arc<SamplingParams>,
     events: tmpsc::UnboundedSender<Event>,
     remaining: AtomicUsize,
+    /// Prompt tokens not computed for it.
+    cached: usize,
 }
 
-/// The worker's cache, created on first use.
-fn slot_cache<'a>(
-    model: &Qwen3,
-    cache: &'a mut Option<SlotCache>,
-    slots: i64,
-) -> &'a mut SlotCache {
-    cache.get_or_insert_with(|| SlotCache::new(model, slots, 256))
+/// A request admitted this step: its cached prefix is in its slot, the rest is to prefill.
+struct Admitted {
+    p: Pending,
+    /// Its cached prefix: prefix-cache blocks, `cached` tokens.
+    chain: Vec<u32>,
+    cached: usize,
+    /// Requests with the very same prompt admitted in the same step: they share its prefill.
+    followers: Vec<Pending>,
+}
+
+/// A prompt too long for one step, prefilled chunk by chunk in the staging slot (the slot past
+/// the batch) between decode steps.
+struct Partial {
+    p: Pending,
+    /// Prompt positions whose keys are in the staging slot.
+    done: usize,
+    cached: usize,
+    kv_version: u64,
+}
+
+fn request_state(p: &Pending, cached: usize) -> Arc<RequestState> {
+    Arc::new(RequestState {
+        params: p.params.clone(),
+        events: p.events.clone(),
+        remaining: AtomicUsize::new(p.n),
+        cached,
+    })
+}
+
+fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version: u64) -> Seq {
+    Seq {
+        index,
+        request: request.clone(),
+        ids: prompt.to_vec(),
+        prompt_len: prompt.len(),
+        rng: request.params.seed.map_or_else(Rng::from_entropy, |s| {
+            Rng::new(s.wrapping_add(index as u64))
+        }),
+        text: TextState::default(),
+        kv_version,
+    }
 }
 
 struct Worker {
     model: Qwen3,
     info: Arc<EngineInfo>,
-    cache: Option<SlotCache>,
+    /// `max_batch_size` slots for running sequences, then the staging slot.
+    cache: SlotCache,
+    prefix: Option<PrefixCache>,
     running: Vec<Seq>,
     waiting: VecDeque<Pending>,
+    partial: Option<Partial>,
+    logged: (Instant, u64),
 }
 
 impl Worker {
     fn new(model: Qwen3, info: Arc<EngineInfo>) -> Self {
+        let cfg = &info.config;
+        let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256);
+        let prefix = cfg.prefix_caching.then(|| {
+            let c = &model.cfg;
+            let bytes = cache.bytes() as usize / (cfg.max_batch_size + 1) / 256;
+            let tokens = cfg.kv_cache_tokens.unwrap_or_else(|| {
+                let _ = c;
+                default_kv_cache_tokens(bytes)
+            });
+            PrefixCache::new(&model, cfg.block_size, tokens)
+        });
+        if let Some(p) = &prefix {
+            info.cache_max_blocks
+                .store(p.stats().max_blocks, Ordering::Relaxed);
+        }
         Self {
             model,
             info,
-            cache: None,
+            cache,
+            prefix,
             running: Vec::new(),
             waiting: VecDeque::new(),
+            partial: None,
+            logged: (Instant::now(), 0),
         }
+    }
+
+    fn staging(&self) -> i64 {
+        self.info.config.max_batch_size as i64
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
         let _guard = tch::no_grad_guard();
         loop {
             // Block only when there is nothing to do.
-            let mut next = if self.running.is_empty() && self.waiting.is_empty() {
+            let idle = self.running.is_empty() && self.waiting.is_empty() && self.partial.is_none();
+            let mut next = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
                     Err(_) => return,
@@ -553,6 +718,10 @@ impl Worker {
                     Command::UpdateWeights(source, reply) => {
                         let _ = reply.send(self.update(source));
                     }
+                    Command::ResetPrefixCache(reply) => {
+                        self.reset_prefix();
+                        let _ = reply.send(());
+                    }
                     Command::Shutdown => {
                         self.abort_all();
                         return;
@@ -564,13 +733,49 @@ impl Worker {
             if !self.running.is_empty() {
                 self.decode_step();
             }
+            self.log_hits();
         }
     }
 
-    /// Copies in weights already read and checked finite by [`Engine::update_weights`].
+    /// Copies in weights already read and checked finite by [`Engine::update_weights`]. Every
+    /// cached prefix was computed with the old weights: the cache empties, and a chunked
+    /// prefill under way starts over.
     fn update(&mut self, weights: BTreeMap<String, Tensor>) -> Result<u64, String> {
         self.model.assign(weights).map_err(|e| e.to_string())?;
-        Ok(self.info.version.fetch_add(1, Ordering::SeqCst) + 1)
+        let version = self.info.version.fetch_add(1, Ordering::SeqCst) + 1;
+        self.reset_prefix();
+        if let Some(job) = self.partial.as_mut() {
+            job.done = 0;
+            job.cached = 0;
+            job.kv_version = version;
+        }
+        Ok(version)
+    }
+
+    fn reset_prefix(&mut self) {
+        if let Some(p) = self.prefix.as_mut() {
+            p.clear();
+            self.info.cache_blocks.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Logs the prefix cache's hit rate every 30 s while there is traffic.
+    fn log_hits(&mut self) {
+        let stats = self.info.prefill_stats();
+        if stats.requested == self.logged.1 || self.logged.0.elapsed() < Duration::from_secs(30) {
+            return;
+        }
+        self.logged = (Instant::now(), stats.requested);
+        if self.prefix.is_some() {
+            tracing::info!(
+                "prefix cache: {:.1}% of prompt tokens reused ({} of {} computed), {} of {} blocks in use",
+                100.0 * stats.hit_rate(),
+                stats.computed,
+                stats.requested,
+                stats.blocks,
+                stats.max_blocks
+            );
+        }
     }
 
     fn abort_all(&mut self) {
@@ -580,80 +785,279 @@ impl Worker {
                 reason: FinishReason::Abort,
                 stop: None,
                 text: String::new(),
+                cached_tokens: seq.request.cached,
             });
             self.info.in_flight.fetch_sub(
                 usize::from(seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1),
                 Ordering::SeqCst,
             );
         }
-        for p in self.waiting.drain(..) {
+        let partial = self.partial.take().map(|j| j.p);
+        for p in self.waiting.drain(..).chain(partial) {
             for index in 0..p.n {
                 let _ = p.events.send(Event::Finished {
                     index,
                     reason: FinishReason::Abort,
                     stop: None,
                     text: String::new(),
+                    cached_tokens: 0,
                 });
             }
             self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    /// Prefills waiting requests while slots are free, and samples their first tokens.
+    /// One scheduler step's prefill work, within `max_num_batched_tokens`: the next chunk of a
+    /// long prompt, then waiting requests while slots are free (their cached prefixes copied
+    /// in, identical prompts folded into one), prefilled together.
     fn admit(&mut self) {
-        let max = self.info.config.max_batch_size;
+        let cfg = self.info.config.clone();
+        let mut budget = cfg.max_num_batched_tokens.max(1);
+        if self.partial.is_some() {
+            budget = budget.saturating_sub(self.prefill_chunk(budget));
+        }
+        let mut slots = self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n);
+        let mut batch: Vec<Admitted> = Vec::new();
+        let mut same: HashMap<Vec<u32>, usize> = HashMap::new();
         while let Some(p) = self.waiting.front() {
             if p.events.is_closed() {
-                let p = self.waiting.pop_front().expect("front");
-                drop(p);
+                self.waiting.pop_front();
                 self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
-            if self.running.len() + p.n > max {
+            if slots + p.n > cfg.max_batch_size {
                 break;
             }
+            if let Some(&leader) = same.get(&p.prompt) {
+                let p = self.waiting.pop_front().expect("front");
+                slots += p.n;
+                self.count_prompt(p.prompt.len(), 0);
+                batch[leader].followers.push(p);
+                continue;
+            }
+            if budget == 0 {
+                break;
+            }
+            // At least the last prompt token is computed: its logits start the generation.
+            let chain = match self.prefix.as_mut() {
+                Some(c) => c.lookup(&p.prompt, p.prompt.len() - 1),
+                None => Vec::new(),
+            };
+            let cached = chain.len() * cfg.block_size;
+            let rest = p.prompt.len() - cached;
+            if rest > budget {
+                if self.partial.is_some() {
+                    break;
+                }
+                // Too long for this step: prefilled in chunks in the staging slot.
+                let p = self.waiting.pop_front().expect("front");
+                slots += p.n;
+                let staging = self.staging();
+                if let Some(c) = &self.prefix {
+                    c.load(&chain, &mut self.cache, staging);
+                }
+                self.count_prompt(p.prompt.len(), 0);
+                self.partial = Some(Partial {
+                    p,
+                    done: cached,
+                    cached,
+                    kv_version: self.info.version(),
+                });
+                continue;
+            }
             let p = self.waiting.pop_front().expect("front");
-            self.prefill(p);
+            budget -= rest;
+            slots += p.n;
+            same.insert(p.prompt.clone(), batch.len());
+            batch.push(Admitted {
+                p,
+                chain,
+                cached,
+                followers: Vec::new(),
+            });
+        }
+        if !batch.is_empty() {
+            self.prefill(batch);
         }
     }
 
-    fn prefill(&mut self, p: Pending) {
-        let first = self.running.len() as i64;
-        let len = p.prompt.len() as i64;
+    /// Counts a request's prompt: `computed` of its `requested` tokens run through the model.
+    fn count_prompt(&self, requested: usize, computed: usize) {
+        self.info
+            .prompt_requested
+            .fetch_add(requested as u64, Ordering::Relaxed);
+        self.info
+            .prompt_computed
+            .fetch_add(computed as u64, Ordering::Relaxed);
+    }
+
+    fn store_prefix(&mut self, tokens: &[u32], valid: usize, slot: i64) {
+        if let Some(c) = self.prefix.as_mut() {
+            c.store(tokens, valid, &mut self.cache, slot);
+            self.info
+                .cache_blocks
+                .store(c.stats().blocks, Ordering::Relaxed);
+        }
+    }
+
+    /// Prefills the uncached parts of `batch` in the slots after the running sequences, in as
+    /// few forward calls as keep padding small, then starts every sample of every request
+    /// (followers included).
+    fn prefill(&mut self, mut batch: Vec<Admitted>) {
+        let base = self.running.len();
         let device = self.model.vs.device();
-        let ids: Vec<i64> = p.prompt.iter().map(|&t| i64::from(t)).collect();
+        let max_len = self.info.config.max_model_len as i64;
+        // Longest first: a forward call takes rows of similar length, in slot order.
+        batch.sort_by_key(|a| std::cmp::Reverse(a.p.prompt.len() - a.cached));
+        let rest: Vec<usize> = batch.iter().map(|a| a.p.prompt.len() - a.cached).collect();
+        if let Some(c) = &self.prefix {
+            for (k, a) in batch.iter().enumerate() {
+                c.load(&a.chain, &mut self.cache, (base + k) as i64);
+            }
+        }
+        let mut last_logits: Vec<Tensor> = Vec::new();
+        let mut r = 0;
+        while r < batch.len() {
+            let width = rest[r];
+            let mut end = r + 1;
+            let mut real = rest[r];
+            while end < batch.len() && (end - r + 1) * width <= (real + rest[end]) * 5 / 4 + 16 {
+                real += rest[end];
+                end += 1;
+            }
+            let rows = end - r;
+            let (mut ids, mut pos, mut last) = (
+                Vec::with_capacity(rows * width),
+                Vec::with_capacity(rows * width),
+                Vec::with_capacity(rows),
+            );
+            for (a, &n) in batch[r..end].iter().zip(&rest[r..end]) {
+                for j in 0..width {
+                    let p = (a.cached + j) as i64;
+                    if j < n {
+                        ids.push(i64::from(a.p.prompt[a.cached + j]));
+                        pos.push(p);
+                    } else {
+                        // Padding: written past the prompt (overwritten before any query
+                        // reads there), clamped inside the context.
+                        ids.push(0);
+                        pos.push(p.min(max_len - 1));
+                    }
+                }
+                last.push(n as i64 - 1);
+            }
+            let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
+            let shape = [rows as i64, width as i64];
+            let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
+            let pos = Tensor::from_slice(&pos).view(shape).to_device(device);
+            let last = Tensor::from_slice(&last).to_device(device);
+            last_logits.push(self.model.forward_slots_last(
+                &ids,
+                &pos,
+                &mut self.cache,
+                (base + r) as i64,
+                key_len,
+                &last,
+            ));
+            r = end;
+        }
+        let logits = Tensor::cat(&last_logits, 0).to_kind(Kind::Float);
+        let version = self.info.version();
+        for (k, a) in batch.iter().enumerate() {
+            self.count_prompt(a.p.prompt.len(), rest[k]);
+            let len = a.p.prompt.len();
+            self.store_prefix(&a.p.prompt, len, (base + k) as i64);
+        }
+        // Sample 0 of every request in its prefill slot, then the other samples and the
+        // followers in the slots after, each a copy of its prompt's slot.
+        let mut rows: Vec<i64> = Vec::new();
+        let mut requests = Vec::with_capacity(batch.len());
+        for (k, a) in batch.iter().enumerate() {
+            let request = request_state(&a.p, a.cached);
+            self.running
+                .push(new_seq(&request, &a.p.prompt, 0, version));
+            rows.push(k as i64);
+            requests.push(request);
+        }
+        for (k, (a, request)) in batch.into_iter().zip(requests).enumerate() {
+            let len = a.p.prompt.len();
+            let from = (base + k) as i64;
+            for index in 1..a.p.n {
+                self.cache
+                    .copy_slot(from, self.running.len() as i64, len as i64);
+                self.running
+                    .push(new_seq(&request, &a.p.prompt, index, version));
+                rows.push(k as i64);
+            }
+            for f in a.followers {
+                let request = request_state(&f, len);
+                for index in 0..f.n {
+                    self.cache
+                        .copy_slot(from, self.running.len() as i64, len as i64);
+                    self.running
+                        .push(new_seq(&request, &f.prompt, index, version));
+                    rows.push(k as i64);
+                }
+            }
+        }
+        let index = Tensor::from_slice(&rows).to_device(logits.device());
+        self.sample_and_advance(&logits.index_select(0, &index), base);
+    }
+
+    /// The next chunk (at most `budget` tokens) of the prompt being prefilled in the staging
+    /// slot; when it is the last, the request's samples start. Returns the tokens computed.
+    fn prefill_chunk(&mut self, budget: usize) -> usize {
+        let Some(job) = self.partial.as_mut() else {
+            return 0;
+        };
+        if job.p.events.is_closed() {
+            self.partial = None;
+            self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return 0;
+        }
+        let device = self.model.vs.device();
+        let staging = self.info.config.max_batch_size as i64;
+        let len = job.p.prompt.len();
+        let take = (len - job.done).min(budget.max(1));
+        let ids: Vec<i64> = job.p.prompt[job.done..job.done + take]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
         let ids = Tensor::from_slice(&ids).to_device(device).unsqueeze(0);
-        let positions = Tensor::arange(len, (Kind::Int64, device)).unsqueeze(0);
-        let slots = self.info.config.max_batch_size as i64;
-        let cache = slot_cache(&self.model, &mut self.cache, slots);
-        let logits = self
-            .model
-            .forward_slots(&ids, &positions, cache, first, len);
-        for i in 1..p.n as i64 {
-            cache.copy_slot(first, first + i, len);
+        let pos =
+            (Tensor::arange(take as i64, (Kind::Int64, device)) + job.done as i64).unsqueeze(0);
+        let last = Tensor::from_slice(&[take as i64 - 1]).to_device(device);
+        let logits = self.model.forward_slots_last(
+            &ids,
+            &pos,
+            &mut self.cache,
+            staging,
+            (job.done + take) as i64,
+            &last,
+        );
+        job.done += take;
+        self.info
+            .prompt_computed
+            .fetch_add(take as u64, Ordering::Relaxed);
+        let (prompt, done) = (job.p.prompt.clone(), job.done);
+        self.store_prefix(&prompt, done, staging);
+        if done < len {
+            return take;
         }
-        let last = logits.select(1, -1).to_kind(Kind::Float);
-        let request = Arc::new(RequestState {
-            params: p.params.clone(),
-            events: p.events,
-            remaining: AtomicUsize::new(p.n),
-        });
-        let seed = p.params.seed;
-        for index in 0..p.n {
-            self.running.push(Seq {
-                index,
-                request: request.clone(),
-                ids: p.prompt.clone(),
-                prompt_len: p.prompt.len(),
-                rng: seed.map_or_else(Rng::from_entropy, |s| {
-                    Rng::new(s.wrapping_add(index as u64))
-                }),
-                text: TextState::default(),
-            });
+        let job = self.partial.take().expect("the job");
+        let base = self.running.len();
+        let request = request_state(&job.p, job.cached);
+        for index in 0..job.p.n {
+            self.cache
+                .copy_slot(staging, self.running.len() as i64, len as i64);
+            self.running
+                .push(new_seq(&request, &job.p.prompt, index, job.kv_version));
         }
-        let from = first as usize;
-        let logits = last.expand([p.n as i64, -1], false);
-        self.sample_and_advance(&logits, from);
+        let logits = logits
+            .to_kind(Kind::Float)
+            .expand([job.p.n as i64, -1], false);
+        self.sample_and_advance(&logits, base);
+        take
     }
 
     /// One decode step for every running sequence.
@@ -673,11 +1077,9 @@ impl Worker {
         let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
         let ids = Tensor::from_slice(&last).to_device(device).unsqueeze(1);
         let positions = Tensor::from_slice(&pos).to_device(device).unsqueeze(1);
-        let slots = self.info.config.max_batch_size as i64;
-        let cache = slot_cache(&self.model, &mut self.cache, slots);
         let logits = self
             .model
-            .forward_slots(&ids, &positions, cache, 0, key_len);
+            .forward_slots(&ids, &positions, &mut self.cache, 0, key_len);
         let logits = logits.select(1, 0);
         debug_assert_eq!(logits.size()[0], b);
         self.sample_and_advance(&logits, 0);
@@ -700,6 +1102,7 @@ impl Worker {
         };
         let max_len = self.info.config.max_model_len;
         let mut finished: Vec<usize> = Vec::new();
+        let mut keep: Vec<usize> = Vec::new();
         for (k, s) in sampled.into_iter().enumerate() {
             let i = from + k;
             let seq = &mut self.running[i];
@@ -756,8 +1159,12 @@ impl Worker {
                         None
                     },
                     text: String::new(),
+                    cached_tokens: seq.request.cached,
                 });
                 finished.push(i);
+                if seq.kv_version == version {
+                    keep.push(i);
+                }
             } else if !alive {
                 // The client went away: free the slot.
                 if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -766,15 +1173,21 @@ impl Worker {
                 finished.push(i);
             }
         }
+        // A finished sequence's prompt + completion enters the prefix cache (the next turn of
+        // a conversation starts with it). Its last token was never fed: its keys are not in
+        // the slot.
+        for i in keep {
+            let ids = std::mem::take(&mut self.running[i].ids);
+            self.store_prefix(&ids, ids.len() - 1, i as i64);
+            self.running[i].ids = ids;
+        }
         // Retire from the back so indices stay valid; the last sequence moves into each hole.
         for &i in finished.iter().rev() {
             let last = self.running.len() - 1;
             self.running.swap_remove(i);
             if i != last {
                 let len = self.running[i].ids.len() as i64 - 1;
-                if let Some(c) = self.cache.as_mut() {
-                    c.copy_slot(last as i64, i as i64, len);
-                }
+                self.cache.copy_slot(last as i64, i as i64, len);
             }
         }
     }

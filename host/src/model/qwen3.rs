@@ -74,6 +74,19 @@ impl KvCache {
                 .collect(),
         }
     }
+
+    /// The cache whose row `r` is row `index[r]` of this one (`index`: int64 `[rows]`; a row may
+    /// be picked several times, and the gradients of its picks sum into it).
+    pub fn select_rows(&self, index: &Tensor) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, index);
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.as_ref().map(|(k, v)| (pick(k), pick(v))))
+                .collect(),
+        }
+    }
 }
 
 /// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,
@@ -143,6 +156,12 @@ impl SlotCache {
                 t.narrow(0, to, 1).narrow(2, 0, len).copy_(&src);
             }
         });
+    }
+
+    /// Per layer, the key and value slabs `[slots, kv_heads, capacity, head_dim]` (what the
+    /// engine's prefix cache copies blocks of positions out of and into).
+    pub fn layers_mut(&mut self) -> impl Iterator<Item = (&mut Tensor, &mut Tensor)> {
+        self.k.iter_mut().zip(self.v.iter_mut())
     }
 
     /// Bytes the slots hold.
@@ -522,10 +541,11 @@ impl Qwen3 {
         key_mask: Option<&Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
-        match cache {
+        let h = match cache {
             Some(c) => self.forward_impl(ids, positions, Attend::Concat(c, key_mask)),
             None => self.forward_impl(ids, positions, Attend::Fresh(key_mask)),
-        }
+        };
+        self.head(&h)
     }
 
     /// Logits `[batch, seq, vocab]` for rows that live in slots `first..first + batch` of
@@ -542,11 +562,39 @@ impl Qwen3 {
         key_len: i64,
     ) -> Tensor {
         cache.reserve(key_len);
-        self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len))
+        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len));
+        self.head(&h)
+    }
+
+    /// As [`Qwen3::forward_slots`], but the logits `[batch, vocab]` of one position per row
+    /// only: column `last[r]` of row `r` (a prefill needs the next-token distribution after the
+    /// prompt, not one per prompt token: the output projection runs on `batch` vectors instead
+    /// of `batch × seq`).
+    pub fn forward_slots_last(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &mut SlotCache,
+        first: i64,
+        key_len: i64,
+        last: &Tensor,
+    ) -> Tensor {
+        cache.reserve(key_len);
+        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len));
+        let d = *h.size().last().expect("hidden size");
+        let index = last.view([-1, 1, 1]).expand([-1, 1, d], false);
+        self.head(&h.gather(1, &index, false)).squeeze_dim(1)
+    }
+
+    /// The final norm and the output projection.
+    fn head(&self, h: &Tensor) -> Tensor {
+        let h = self.rms_norm(h, &self.norm);
+        h.linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed), None)
     }
 
     // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
     // backward pass of the norm still needs.
+    /// The hidden states after the last layer (before the final norm).
     #[allow(clippy::assign_op_pattern)]
     fn forward_impl(&self, ids: &Tensor, positions: &Tensor, mut attend: Attend<'_>) -> Tensor {
         let (b, t) = ids.size2().expect("ids are [batch, seq]");
@@ -705,8 +753,7 @@ impl Qwen3 {
             let mlp = (gate.silu() * up).linear::<Tensor>(&l.down, None);
             h = h + mlp;
         }
-        let h = self.rms_norm(&h, &self.norm);
-        h.linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed), None)
+        h
     }
 
     /// Log-probabilities `[batch, seq]` of `targets` under `logits / temperature` (what the

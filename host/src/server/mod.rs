@@ -102,11 +102,12 @@ pub fn router_for(state: Arc<Api>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/update_weights", post(update_weights))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|| async {
             error(ApiError {
                 status: 404,
                 kind: "not_found_error",
-                message: "no such route; see /v1/chat/completions, /v1/completions, /v1/models, /health, /update_weights".into(),
+                message: "no such route; see /v1/chat/completions, /v1/completions, /v1/models, /health, /update_weights, /reset_prefix_cache".into(),
                 param: None,
             })
         })
@@ -322,6 +323,14 @@ async fn update_weights(State(st): State<Arc<AppState>>, body: Bytes) -> Respons
     }
 }
 
+/// `POST /reset_prefix_cache` (vLLM's route): forgets every cached prefix.
+async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.reset_prefix_cache().await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error(engine_error(e, "")),
+    }
+}
+
 fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if *m != st.cfg.served_name => Err(ApiError::bad(
@@ -520,9 +529,21 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Token usage; `prompt_tokens_details.cached_tokens` counts each request's prompt tokens that
+/// came from the prefix cache (once per request, as its samples share one prefill).
 fn usage(prompt: usize, done: &[Completion]) -> Value {
     let completion: usize = done.iter().map(|c| c.token_ids.len()).sum();
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    let cached: usize = done
+        .iter()
+        .filter(|c| c.index == 0)
+        .map(|c| c.cached_tokens)
+        .sum();
+    usage_json(prompt, completion, cached)
+}
+
+fn usage_json(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 fn response_body(
@@ -732,12 +753,14 @@ fn chat_stream(
                     index,
                     reason,
                     text,
+                    cached_tokens,
                     ..
                 } => {
                     texts[index].push_str(&text);
                     let mut c = partial[index].clone();
                     c.text = texts[index].clone();
                     c.finish_reason = reason;
+                    c.cached_tokens = cached_tokens;
                     let (message, finish, parse_error) = chat_message(&st, &plan, &c);
                     let mut delta = json!({});
                     let content = message["content"].as_str().unwrap_or_default();
@@ -951,6 +974,7 @@ fn completion_stream(
     let (tx, out) = tmpsc::channel(64);
     tokio::spawn(async move {
         let mut completion_tokens = 0usize;
+        let mut cached = 0usize;
         for (k, mut rx) in rxs.into_iter().enumerate() {
             let mut finished = 0;
             while finished < n {
@@ -979,9 +1003,13 @@ fn completion_stream(
                         index,
                         reason,
                         text,
+                        cached_tokens,
                         ..
                     } => {
                         finished += 1;
+                        if index == 0 {
+                            cached += cached_tokens;
+                        }
                         (index, text, json!(reason.as_str()), None)
                     }
                 };
@@ -1001,8 +1029,7 @@ fn completion_stream(
             let p = meta.prompt_ids.len();
             let u = json!({"id": meta.id, "object": "text_completion", "created": meta.created,
                            "model": meta.model, "choices": [],
-                           "usage": {"prompt_tokens": p, "completion_tokens": completion_tokens,
-                                     "total_tokens": p + completion_tokens}});
+                           "usage": usage_json(p, completion_tokens, cached)});
             let _ = tx.send(u.to_string()).await;
         }
         let _ = tx.send("[DONE]".to_string()).await;
