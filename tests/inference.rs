@@ -177,7 +177,21 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
     assert_eq!(r["plain"]["finish_reason"], "stop");
     assert_eq!(r["stream"]["content"], "42");
     assert_eq!(r["stream"]["finish_reason"], "stop");
-    assert_eq!(r["stream"]["usage"], r["plain"]["usage"]);
+    // The same tokens; the streamed request found the plain one's prompt in the prefix cache.
+    for key in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(r["stream"]["usage"][key], r["plain"]["usage"][key]);
+    }
+    assert_eq!(
+        r["plain"]["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert!(
+        r["stream"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{r}"
+    );
     // The tool round trip.
     assert_eq!(r["tool_call"]["finish_reason"], "tool_calls", "{r}");
     assert_eq!(r["tool_call"]["calls"][0]["name"], "python");
@@ -208,6 +222,84 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
         assert_eq!(top.as_array().unwrap().len(), 3);
         assert!(top[0].as_f64().unwrap() as f32 >= lp - 1e-6);
     }
+}
+
+/// `history_token_ids` (rlhost's extension): turn 2 of the tool round trip is the token ids of
+/// turn 1's prompt and completion as produced, then the tool result rendered by the template;
+/// with a template that renders the history as the model wrote it (this one), that is exactly
+/// what a full re-render gives. The server's prefix cache supplies turn 1's tokens, and
+/// `/reset_prefix_cache` forgets them.
+#[test]
+fn history_token_ids_continue_a_conversation_as_produced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("taught");
+    taught_model(&dir);
+    let server = common::InferenceServer::start(
+        &dir,
+        &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
+    );
+    let url = format!("{}/chat/completions", server.url);
+    let client = reqwest::Client::new();
+    let rt = rt();
+    let (first, _) = tool_conversation();
+    let ask = |messages: &Value, history: Option<Vec<u64>>| {
+        let mut body = json!({"model": "tiny", "messages": messages, "tools": tools(),
+                              "max_tokens": 40, "temperature": 0, "return_token_ids": true});
+        if let Some(h) = history {
+            body["history_token_ids"] = json!(h);
+        }
+        rt.block_on(post(&client, &url, &body))
+    };
+    let ids = |v: &Value| -> Vec<u64> { serde_json::from_value(v.clone()).unwrap() };
+    let (status, one) = ask(&first, None);
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["choices"][0]["finish_reason"], "tool_calls", "{one}");
+    let mut history = ids(&one["prompt_token_ids"]);
+    history.extend(ids(&one["choices"][0]["token_ids"]));
+    let mut messages = first.as_array().unwrap().clone();
+    messages.push(one["choices"][0]["message"].clone());
+    let call_id = one["choices"][0]["message"]["tool_calls"][0]["id"].clone();
+    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "42"}));
+    let messages = Value::Array(messages);
+    let (status, two) = ask(&messages, Some(history.clone()));
+    assert_eq!(status, 200, "{two}");
+    let prompt = ids(&two["prompt_token_ids"]);
+    assert_eq!(
+        prompt[..history.len()],
+        history[..],
+        "the history as produced"
+    );
+    assert_eq!(two["choices"][0]["message"]["content"], "The answer is 42.");
+    // Keys exist for every history position but the last generated token's: whole blocks
+    // of those come from the cache.
+    let blocks = (history.len() - 1) / 16 * 16;
+    assert_eq!(
+        two["usage"]["prompt_tokens_details"]["cached_tokens"], blocks as u64,
+        "{two}"
+    );
+    // The re-rendered prompt is the same here: the template renders the call as produced.
+    let (status, rerendered) = ask(&messages, None);
+    assert_eq!(status, 200);
+    assert_eq!(ids(&rerendered["prompt_token_ids"]), prompt);
+    // A reset forgets every prefix.
+    let r = rt
+        .block_on(
+            client
+                .post(format!(
+                    "{}/reset_prefix_cache",
+                    server.url.trim_end_matches("/v1")
+                ))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let (_, again) = ask(&messages, Some(history.clone()));
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(ids(&again["prompt_token_ids"]), prompt);
+    // History ids without an assistant message to stand for: a 400 that names the field.
+    let (status, err) = ask(&first, Some(history));
+    assert_eq!(status, 400);
+    assert_eq!(err["error"]["param"], "history_token_ids", "{err}");
 }
 
 #[test]

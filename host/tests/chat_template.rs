@@ -170,3 +170,47 @@ fn deltas_extend_the_token_stream_without_re_rendering_history() {
         "re-rendering drops the past <think> blocks"
     );
 }
+
+/// What a conversation's token stream gets after the model's turn, with Qwen3's real template:
+/// the end-of-turn marker's line break, the new messages and the generation prompt, whatever
+/// the template does to the earlier turn on a full re-render (it drops the reasoning of turns
+/// before a new user message, so that re-render no longer extends what the model saw).
+#[test]
+fn qwen3_deltas_continue_the_history_as_produced() {
+    let dir = models().join("qwen3");
+    let tok = Tokenizer::load(&dir).unwrap();
+    let qwen3 = ChatTemplate::load(&dir).unwrap();
+    let none = serde_json::Map::new();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "python",
+        "description": "Run Python.", "parameters": {"type": "object",
+        "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]);
+    let history = vec![
+        serde_json::json!({"role": "user", "content": "What is 6 times 7?"}),
+        serde_json::json!({"role": "assistant",
+            "content": "<think>\nUse the tool.\n</think>\n\n",
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "python", "arguments": {"code": "print(6*7)"}}}]}),
+    ];
+    let tool = [serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "42"})];
+    let d = qwen3
+        .render_delta(&tok, &history, &tool, Some(&tools), &none)
+        .unwrap();
+    assert_eq!(
+        d.text,
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(d.ids, tok.encode(&d.text).unwrap());
+    // A tool result keeps the reasoning on a re-render too (no new user query).
+    assert!(d.prefix_preserving);
+    // A new user message: Qwen3 re-renders the earlier turn without its reasoning, the delta
+    // does not care.
+    let user = [serde_json::json!({"role": "user", "content": "And 6 times 8?"})];
+    let d = qwen3
+        .render_delta(&tok, &history, &user, Some(&tools), &none)
+        .unwrap();
+    assert_eq!(
+        d.text,
+        "\n<|im_start|>user\nAnd 6 times 8?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert!(!d.prefix_preserving);
+}

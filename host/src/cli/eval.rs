@@ -88,6 +88,11 @@ pub struct EvalArgs {
     /// CPU threads for libtorch.
     #[arg(long)]
     threads: Option<usize>,
+    /// How later turns' prompts carry the conversation: `as_produced` (the previous turn's token
+    /// ids, then the new messages; servers that do not know rlhost's `history_token_ids`
+    /// re-render) or `template` (re-rendered every turn, as a plain OpenAI client).
+    #[arg(long, value_enum, default_value = "as_produced")]
+    history: crate::rollout::History,
     /// `-m`: prefix caching and prefill scheduling.
     #[command(flatten)]
     cache: super::inference::CacheArgs,
@@ -203,6 +208,7 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
             seed: Some(a.seed),
             stop: Vec::new(),
             chat_template_kwargs: serde_json::Map::new(),
+            history: a.history,
         },
         seed: a.seed,
         retries: a.retries,

@@ -61,9 +61,11 @@ pub struct InferenceArgs {
 /// command that runs the engine.
 #[derive(Debug, Clone, Args)]
 pub struct CacheArgs {
-    /// Reuse the keys and values of prompt prefixes computed before (the default).
-    #[arg(long, overrides_with = "no_enable_prefix_caching")]
-    enable_prefix_caching: bool,
+    /// Reuse the keys and values of prompt prefixes computed before (default: true; `false`
+    /// is the same as `--no-enable-prefix-caching`).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
+          conflicts_with = "no_enable_prefix_caching")]
+    enable_prefix_caching: Option<bool>,
     /// Prefill every prompt in full.
     #[arg(long)]
     no_enable_prefix_caching: bool,
@@ -84,7 +86,7 @@ impl CacheArgs {
     /// Whether any flag differs from its default.
     pub fn changed(&self) -> bool {
         let d = EngineConfig::default();
-        self.enable_prefix_caching
+        self.enable_prefix_caching.is_some()
             || self.no_enable_prefix_caching
             || self.kv_cache_tokens.is_some()
             || self.block_size != d.block_size
@@ -99,7 +101,8 @@ impl CacheArgs {
         if self.max_num_batched_tokens == 0 {
             anyhow::bail!("--max-num-batched-tokens must be at least 1");
         }
-        cfg.prefix_caching = !self.no_enable_prefix_caching;
+        cfg.prefix_caching =
+            !self.no_enable_prefix_caching && self.enable_prefix_caching.unwrap_or(true);
         cfg.kv_cache_tokens = self.kv_cache_tokens;
         cfg.block_size = self.block_size;
         cfg.max_num_batched_tokens = self.max_num_batched_tokens;

@@ -382,6 +382,11 @@ impl Engine {
         kind: Kind,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        if config.block_size == 0 || config.max_num_batched_tokens == 0 {
+            return Err(EngineError::Invalid(
+                "block_size and max_num_batched_tokens must be at least 1".into(),
+            ));
+        }
         let model = Qwen3::load(dir, device, kind)?;
         let weights: BTreeMap<String, Tensor> = model.vs.variables().into_iter().collect();
         check_finite(&weights).map_err(|e| {

@@ -253,6 +253,14 @@ pub struct Summary {
     pub pass_k_mode: PassKMode,
     /// Generated tokens per rollout.
     pub completion_tokens: Stats,
+    /// Prompt tokens sent over all turns of all rollouts.
+    pub prompt_tokens: u64,
+    /// Of those, the tokens the server's prefix cache supplied (not computed).
+    pub cached_prompt_tokens: u64,
+    /// Later turns whose prompt extended the previous turn's tokens exactly.
+    pub turns_extending: u64,
+    /// Later turns whose prompt rewrote the history (a re-rendering chat template).
+    pub turns_rewriting: u64,
     /// Share of rollouts truncated (token or turn limit).
     pub truncated: f64,
     /// Turns whose tool calls could not be parsed.
@@ -325,6 +333,10 @@ pub fn summarize(
         pass_at_k,
         pass_k_mode: mode,
         completion_tokens: Stats::of(&lengths),
+        prompt_tokens: records.iter().map(|r| r.prompt_tokens).sum(),
+        cached_prompt_tokens: records.iter().map(|r| r.cached_prompt_tokens).sum(),
+        turns_extending: records.iter().map(|r| u64::from(r.turns_extending)).sum(),
+        turns_rewriting: records.iter().map(|r| u64::from(r.turns_rewriting)).sum(),
         truncated: records.iter().filter(|r| r.truncated).count() as f64 / n,
         tool_parse_failures: records
             .iter()
@@ -393,6 +405,20 @@ impl Summary {
             "  {:<28} mean {:.1}, std {:.1}, min {:.0}, max {:.0}\n",
             "completion tokens", c.mean, c.std, c.min, c.max
         ));
+        s.push_str(&format!(
+            "  {:<28} {} of {} ({:.1}%)\n",
+            "prompt tokens cached",
+            self.cached_prompt_tokens,
+            self.prompt_tokens,
+            100.0 * self.cached_prompt_tokens as f64 / self.prompt_tokens.max(1) as f64
+        ));
+        let later = self.turns_extending + self.turns_rewriting;
+        if later > 0 {
+            s.push_str(&format!(
+                "  {:<28} {} of {} later turns\n",
+                "history kept as produced", self.turns_extending, later
+            ));
+        }
         s.push_str(&format!(
             "  {:<28} {:>8.1}%\n",
             "truncated",

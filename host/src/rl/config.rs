@@ -181,6 +181,10 @@ pub struct OrchConfig {
     pub mask_truncated_completions: bool,
     /// Generation servers.
     pub client: ClientConfig,
+    /// How later turns' prompts carry the conversation: `as_produced` (the token ids the model
+    /// produced, then the new messages: prefix-cache hits and one merged training sample per
+    /// rollout) or `template` (re-rendered each turn).
+    pub history: crate::rollout::History,
 }
 
 impl Default for OrchConfig {
@@ -199,6 +203,7 @@ impl Default for OrchConfig {
             online_difficulty_filtering: false,
             mask_truncated_completions: false,
             client: ClientConfig::default(),
+            history: crate::rollout::History::AsProduced,
         }
     }
 }
@@ -233,6 +238,15 @@ pub struct InferConfig {
     pub max_queue: usize,
     /// CPU threads for libtorch.
     pub threads: Option<usize>,
+    /// Reuse the keys and values of prompt prefixes computed before (the engine's prefix
+    /// cache): a group's shared prompt and every earlier turn of a conversation.
+    pub enable_prefix_caching: bool,
+    /// Budget of the prefix cache in tokens (default: from the machine's memory).
+    pub kv_cache_tokens: Option<usize>,
+    /// Tokens per prefix-cache block.
+    pub block_size: usize,
+    /// Most prompt tokens prefilled per engine step.
+    pub max_num_batched_tokens: usize,
 }
 
 impl Default for InferConfig {
@@ -250,6 +264,10 @@ impl Default for InferConfig {
             device: "auto".into(),
             max_queue: 1024,
             threads: None,
+            enable_prefix_caching: true,
+            kv_cache_tokens: None,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
         }
     }
 }

@@ -37,6 +37,27 @@ pub struct Sampling {
     pub stop: Vec<String>,
     /// Extra chat-template variables (`enable_thinking`, …).
     pub chat_template_kwargs: serde_json::Map<String, Value>,
+    /// How later turns' prompts carry the conversation so far.
+    pub history: History,
+}
+
+/// How the prompt of turn `t + 1` carries turns `1..=t`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum History {
+    /// Exactly as the model produced it: the previous turn's prompt and completion token ids,
+    /// then the new messages rendered by the chat template (rlhost's `history_token_ids`).
+    /// Every turn's prompt extends the previous one, so the engine's prefix cache reuses it and
+    /// the trainer trains the rollout as one sample. A server that does not know the field
+    /// re-renders (and the rollout counts the turns that did not extend).
+    #[default]
+    AsProduced,
+    /// Re-rendered from the messages by the chat template every turn, as a plain OpenAI client
+    /// does (Qwen3's template drops earlier reasoning; tool calls are re-serialised).
+    Template,
 }
 
 /// One assistant turn as the model produced it.
@@ -62,6 +83,9 @@ pub struct Turn {
     pub tool_parse_error: Option<String>,
     /// Policy version of the weights (rlhost servers).
     pub policy_version: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache (usage's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: u64,
 }
 
 /// Generator failures.
@@ -211,6 +235,9 @@ pub fn parse_turn(v: &Value) -> Result<Turn, GenError> {
         completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
         tool_parse_error: choice["tool_call_error"].as_str().map(str::to_string),
         policy_version: choice["policy_version"].as_u64(),
+        cached_tokens: v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
     })
 }
 
@@ -448,6 +475,13 @@ pub struct RolloutRecord {
     pub truncated: bool,
     /// Prompt tokens over all turns.
     pub prompt_tokens: u64,
+    /// Of those, the tokens the server's prefix cache supplied.
+    pub cached_prompt_tokens: u64,
+    /// Turns after the first whose prompt token ids extend the previous turn's prompt and
+    /// completion exactly (the history as produced).
+    pub turns_extending: u32,
+    /// Turns after the first whose prompt rewrote the history (a re-rendering template).
+    pub turns_rewriting: u32,
     /// Generated tokens over all turns.
     pub completion_tokens: u64,
     /// Turns whose output looked like tool calls but could not be parsed.
@@ -545,13 +579,38 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             s.wrapping_add(spec.seed.wrapping_mul(1_000_003))
                 .wrapping_add(u64::from(turns))
         });
-        let body = request(spec.model, &messages, &tools, spec.sampling, seed);
+        let mut body = request(spec.model, &messages, &tools, spec.sampling, seed);
+        let previous = rec
+            .turns
+            .last()
+            .filter(|t| !t.prompt_ids.is_empty() && !t.completion_ids.is_empty());
+        if spec.sampling.history == History::AsProduced
+            && let Some(prev) = previous
+        {
+            let mut ids = prev.prompt_ids.clone();
+            ids.extend(&prev.completion_ids);
+            body["history_token_ids"] = json!(ids);
+        }
         let v = complete_with_retries(spec.generator, &body, spec.retries)
             .await
             .map_err(|e| format!("model turn {}: {e}", turns + 1))?;
         let turn = parse_turn(&v).map_err(|e| e.to_string())?;
         turns += 1;
         rec.prompt_tokens += turn.prompt_tokens;
+        rec.cached_prompt_tokens += turn.cached_tokens;
+        if let Some(prev) = rec.turns.last()
+            && !turn.prompt_ids.is_empty()
+        {
+            let n = prev.prompt_ids.len();
+            let extends = turn.prompt_ids.len() > n + prev.completion_ids.len()
+                && turn.prompt_ids[..n] == prev.prompt_ids[..]
+                && turn.prompt_ids[n..n + prev.completion_ids.len()] == prev.completion_ids[..];
+            if extends {
+                rec.turns_extending += 1;
+            } else {
+                rec.turns_rewriting += 1;
+            }
+        }
         rec.completion_tokens += turn.completion_tokens;
         if turn.tool_parse_error.is_some() {
             rec.tool_parse_failures += 1;

@@ -356,6 +356,14 @@ struct ChatRequest {
     top_logprobs: Option<usize>,
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     add_generation_prompt: Option<bool>,
+    /// rlhost extension: the token ids of the conversation up to and including its last
+    /// assistant message exactly as the model produced them (the previous turn's prompt and
+    /// completion ids). The prompt is then these ids + the rendered messages after that
+    /// assistant message, instead of a re-render of the whole history (which templates rewrite:
+    /// Qwen3 drops earlier reasoning, tool calls re-serialise, text re-tokenises). Multi-turn
+    /// rollouts stay one growing token stream: the prefix cache reuses every earlier turn and
+    /// the trainer can merge the turns into one sample.
+    history_token_ids: Option<Vec<u32>>,
 }
 
 /// How a chat request's output is read.
@@ -421,24 +429,36 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
         )
     })?;
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-    let mut prompt = template
-        .render(
+    let ids = match &req.history_token_ids {
+        Some(history) => continue_history(
+            info,
+            template,
+            history,
             &messages,
             tools_json.as_ref(),
-            req.add_generation_prompt.unwrap_or(true),
             &kwargs,
-        )
-        .map_err(|e| {
-            ApiError::bad(
-                Some("messages".into()),
-                format!("rendering the chat template: {e}"),
-            )
-        })?;
-    prompt.push_str(&plan.forced);
-    let ids = info
-        .tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::bad(Some("messages".into()), e.to_string()))?;
+            &plan.forced,
+        )?,
+        None => {
+            let mut prompt = template
+                .render(
+                    &messages,
+                    tools_json.as_ref(),
+                    req.add_generation_prompt.unwrap_or(true),
+                    &kwargs,
+                )
+                .map_err(|e| {
+                    ApiError::bad(
+                        Some("messages".into()),
+                        format!("rendering the chat template: {e}"),
+                    )
+                })?;
+            prompt.push_str(&plan.forced);
+            info.tokenizer
+                .encode(&prompt)
+                .map_err(|e| ApiError::bad(Some("messages".into()), e.to_string()))?
+        }
+    };
     // As vLLM: `top_logprobs` only means something with `logprobs: true`; a request asking for
     // top tokens without it gets a 400, not a response that silently lacks them.
     let top = match (req.logprobs, req.top_logprobs) {
@@ -509,6 +529,73 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
         choices,
         &done,
     )))
+}
+
+/// The prompt of a conversation whose history is given as tokens (`history_token_ids`): those
+/// ids, then the template's rendering of the messages after the last assistant message (tool
+/// results, a user turn) up to the generation prompt. When the history does not end with the
+/// template's end-of-turn marker (a stop string ended the turn), the marker is added first, as
+/// a re-render would.
+fn continue_history(
+    info: &crate::engine::EngineInfo,
+    template: &crate::model::ChatTemplate,
+    history: &[u32],
+    messages: &Value,
+    tools: Option<&Value>,
+    kwargs: &serde_json::Map<String, Value>,
+    forced: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let param = || Some("history_token_ids".to_string());
+    let list = messages.as_array().map(Vec::as_slice).unwrap_or_default();
+    let last = list
+        .iter()
+        .rposition(|m| m["role"] == "assistant")
+        .ok_or_else(|| {
+            ApiError::bad(
+                param(),
+                "history_token_ids needs an assistant message in messages: the ids stand for \
+                 the conversation up to and including the last one",
+            )
+        })?;
+    if history.is_empty() {
+        return Err(ApiError::bad(param(), "history_token_ids is empty"));
+    }
+    let delta = template
+        .render_delta(
+            &info.tokenizer,
+            &list[..=last],
+            &list[last + 1..],
+            tools,
+            kwargs,
+        )
+        .map_err(|e| {
+            ApiError::bad(
+                Some("messages".into()),
+                format!("rendering the chat template: {e}"),
+            )
+        })?;
+    let mut text = String::new();
+    let closes = template.eos_token.as_deref().is_none_or(|eos| {
+        eos.is_empty()
+            || info
+                .tokenizer
+                .decode(&history[history.len() - 1..], false)
+                .ok()
+                .as_deref()
+                == Some(eos)
+    });
+    if !closes {
+        text.push_str(template.eos_token.as_deref().unwrap_or_default());
+    }
+    text.push_str(&delta.text);
+    text.push_str(forced);
+    let mut ids = history.to_vec();
+    ids.extend(
+        info.tokenizer
+            .encode(&text)
+            .map_err(|e| ApiError::bad(Some("messages".into()), e.to_string()))?,
+    );
+    Ok(ids)
 }
 
 /// Metadata shared by a request's response or chunks.
