@@ -2,12 +2,14 @@
 //! steps on them, and the new weights go back to the engine. On a trivially learnable task (the
 //! first generated token should be even: half the vocabulary, so groups have signal from the
 //! start) the mean reward rises by a clear margin, seeded. The trainer's log-probs agree with the
-//! sampler's on the first step (ratio 1, nothing clipped).
+//! sampler's on the first step (ratio 1, nothing clipped). Running shared prompt prefixes once
+//! (per group) and merging a rollout's turns into one sample change nothing: the same loss,
+//! gradient norm and updated weights as every per-turn sample run in full.
 
 use rlhost::engine::{Engine, EngineConfig, SamplingParams, WeightSource};
 use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
-use rlhost::rl::loss::{AdvantageKind, LossConfig, advantages};
-use rlhost::rl::trainer::{Objective, OptimConfig, Sample, Trainer};
+use rlhost::rl::loss::{AdvantageKind, LossConfig, NormType, advantages};
+use rlhost::rl::trainer::{Objective, OptimConfig, Sample, StepStats, Trainer};
 use tch::{Device, Kind};
 
 /// A tiny Qwen3 with random weights from `seed`, saved as a model folder.
@@ -30,10 +32,21 @@ fn load_trainer(
     temperature: f64,
     budget: usize,
 ) -> Trainer {
+    load_trainer_with(dir, optim, LossConfig::default(), temperature, budget)
+}
+
+/// A 10-step trainer of the model in `dir` with `loss`.
+fn load_trainer_with(
+    dir: &std::path::Path,
+    optim: OptimConfig,
+    loss: LossConfig,
+    temperature: f64,
+    budget: usize,
+) -> Trainer {
     Trainer::new(
         Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap(),
         optim,
-        LossConfig::default(),
+        loss,
         temperature,
         budget,
         10,
@@ -108,6 +121,8 @@ fn grpo_learns_a_trivial_task_and_sampler_and_trainer_agree() {
                     mask,
                     old_logprobs: old,
                     advantage: a as f32,
+                    group: k,
+                    turn_starts: Vec::new(),
                 });
             }
             rewards_all.extend(rewards);
@@ -164,6 +179,8 @@ fn trainer_checkpoints_resume_exactly() {
             mask: (0..9).map(|i| i >= 5).collect(),
             old_logprobs: vec![-6.0; 9],
             advantage: if k % 2 == 0 { 1.0 } else { -0.5 },
+            group: 0,
+            turn_starts: Vec::new(),
         })
         .collect();
     let mut a = trainer();
@@ -226,6 +243,8 @@ fn shared_prefix_training_is_exact() {
                 old_logprobs: (0..n).map(|i| -5.0 - (i % 3) as f32 * 0.5).collect(),
                 ids,
                 advantage: [1.0, -0.5, 0.25, -1.0][k as usize % 4],
+                group: 0,
+                turn_starts: Vec::new(),
             }
         })
         .collect();
@@ -300,6 +319,8 @@ fn a_batch_without_trained_tokens_changes_nothing() {
         mask: (0..12).map(|i| trained && i >= 6).collect(),
         old_logprobs: vec![-6.0; 12],
         advantage: 1.0,
+        group: 0,
+        turn_starts: Vec::new(),
     };
     assert!(!t.train_step(&[sample(true)]).unwrap().skipped);
     let before = t.weights();
@@ -313,5 +334,253 @@ fn a_batch_without_trained_tokens_changes_nothing() {
     let after = t.weights();
     for (name, w) in &before {
         assert!(w.equal(&after[name]), "{name} moved");
+    }
+}
+
+/// Asserts that two trainers took the same step: loss and gradient norm to 1e-5 relative, and
+/// every weight to 1e-5 (1% of the learning rate), but for at most one element in 1,000 of a
+/// tensor, within lr / 2: Adam's first update is `lr · g / (|g| + 1e-8)`, so float noise in a
+/// gradient near zero (~1e-9) moves its element by a good part of lr. A real difference moves
+/// many elements.
+fn assert_same_step(what: &str, (a, sa): (&Trainer, &StepStats), (b, sb): (&Trainer, &StepStats)) {
+    assert!(!sa.skipped && !sb.skipped, "{what}");
+    assert_eq!(sa.tokens, sb.tokens, "{what}: trained tokens");
+    assert!(
+        (sa.loss - sb.loss).abs() <= 1e-5 * sa.loss.abs().max(1e-3),
+        "{what}: loss {} vs {}",
+        sa.loss,
+        sb.loss
+    );
+    assert!(
+        (sa.grad_norm - sb.grad_norm).abs() <= 1e-5 * sa.grad_norm,
+        "{what}: grad norm {} vs {}",
+        sa.grad_norm,
+        sb.grad_norm
+    );
+    let (wa, wb) = (a.weights(), b.weights());
+    for (name, t) in &wa {
+        let d = (t - &wb[name]).abs();
+        let max = d.max().double_value(&[]);
+        let off = d.gt(1e-5).sum(Kind::Int64).int64_value(&[]);
+        assert!(
+            max < 5e-4 && off <= t.numel() as i64 / 1_000,
+            "{what}: {name} differs by up to {max} ({off} elements over 1e-5)"
+        );
+    }
+}
+
+/// Deterministic token ids in the tiny vocabulary.
+fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed * 37 + i * 11 + 1) % 500)
+        .collect()
+}
+
+/// A rollout of three model turns (a 30-token prompt, tool outputs between turns) as its three
+/// per-turn samples and as one merged sample; every turn's prompt extends the previous turn's
+/// prompt + completion exactly.
+fn rollout_samples(seed: u32, advantage: f32) -> (Vec<Sample>, Sample) {
+    let prompt = tokens(1, 30);
+    let completions = [
+        tokens(seed + 2, 5 + seed as usize),
+        tokens(seed + 3, 9),
+        tokens(seed + 4, 3),
+    ];
+    let tools = [tokens(seed + 5, 6), tokens(seed + 6, 4)];
+    let logprob = |t: u32| -4.0 - (t % 7) as f32 * 0.3;
+    let (mut ids, mut per_turn, mut turn_starts) = (prompt, Vec::new(), Vec::new());
+    let (mut mask, mut old) = (vec![false; ids.len()], vec![0f32; ids.len()]);
+    for (k, c) in completions.iter().enumerate() {
+        if k > 0 {
+            ids.extend(&tools[k - 1]);
+            mask.resize(ids.len(), false);
+            old.resize(ids.len(), 0.0);
+            turn_starts.push(ids.len());
+        }
+        let start = ids.len();
+        ids.extend(c);
+        mask.resize(ids.len(), true);
+        old.extend(c.iter().map(|&t| logprob(t)));
+        per_turn.push(Sample {
+            ids: ids.clone(),
+            mask: (0..ids.len()).map(|i| i >= start).collect(),
+            old_logprobs: (0..ids.len())
+                .map(|i| if i >= start { old[i] } else { 0.0 })
+                .collect(),
+            advantage,
+            group: 0,
+            turn_starts: Vec::new(),
+        });
+    }
+    let merged = Sample {
+        ids,
+        mask,
+        old_logprobs: old,
+        advantage,
+        group: 0,
+        turn_starts,
+    };
+    (per_turn, merged)
+}
+
+/// A multi-turn rollout trained as one merged sample (each turn's generated tokens trained,
+/// with its sampler log-probs) takes exactly the step its per-turn samples take, under token
+/// and sequence normalisation (each turn its own sequence), with and without prefix sharing;
+/// and it computes fewer tokens. Without its turn boundaries, sequence normalisation would
+/// change the loss (what `turn_starts` is for).
+#[test]
+fn merged_turns_train_exactly_as_per_turn_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 11);
+    let (mut per_turn, mut merged) = (Vec::new(), Vec::new());
+    for (seed, adv) in [(0, 1.0), (1, -0.75)] {
+        let (p, m) = rollout_samples(seed, adv);
+        per_turn.extend(p);
+        merged.push(m);
+    }
+    let sample_tokens: usize = per_turn.iter().map(|s| s.ids.len()).sum();
+    for norm_type in [NormType::Token, NormType::Sequence] {
+        for share in [false, true] {
+            let trainer = || {
+                let mut t = load_trainer_with(
+                    &dir,
+                    OptimConfig {
+                        lr: 1e-3,
+                        ..Default::default()
+                    },
+                    LossConfig {
+                        norm_type,
+                        ..Default::default()
+                    },
+                    0.9,
+                    4096,
+                );
+                t.share_prefix = share;
+                t
+            };
+            let what = format!("{norm_type:?}, share {share}");
+            let (mut a, mut b) = (trainer(), trainer());
+            let sa = a.train_step(&per_turn).unwrap();
+            let sb = b.train_step(&merged).unwrap();
+            assert_same_step(&what, (&a, &sa), (&b, &sb));
+            // Rollouts of 57 and 58 tokens; their per-turn samples hold 142 and 145 tokens.
+            assert_eq!(sample_tokens, 142 + 145);
+            let want = if share {
+                // Per turn: six rows share the 29 inputs before the first trained target;
+                // merged: two rows do.
+                (sample_tokens - 29 * 5, 57 + 58 - 29)
+            } else {
+                (sample_tokens, 57 + 58)
+            };
+            assert_eq!((sa.computed_tokens, sb.computed_tokens), want, "{what}");
+            // The next step agrees too.
+            let sa = a.train_step(&per_turn).unwrap();
+            let sb = b.train_step(&merged).unwrap();
+            assert!(
+                (sa.loss - sb.loss).abs() <= 1e-4 * sa.loss.abs().max(1e-3),
+                "{what}"
+            );
+        }
+    }
+    let whole: Vec<Sample> = merged
+        .iter()
+        .map(|s| Sample {
+            turn_starts: Vec::new(),
+            ..s.clone()
+        })
+        .collect();
+    let loss = |samples: &[Sample]| {
+        let mut t = load_trainer_with(
+            &dir,
+            OptimConfig::default(),
+            LossConfig {
+                norm_type: NormType::Sequence,
+                ..Default::default()
+            },
+            0.9,
+            4096,
+        );
+        t.train_step(samples).unwrap().loss
+    };
+    let (exact, wrong) = (loss(&merged), loss(&whole));
+    assert!(
+        (exact - wrong).abs() > 1e-3 * exact.abs(),
+        "one sequence per rollout should change the loss: {exact} vs {wrong}"
+    );
+}
+
+/// Rows of several groups with different prompts in one micro-batch each run their own
+/// group's prompt once (a group of one runs in full): the same loss, gradient norm and
+/// updated weights as every row in full, for both objectives; and so with a budget that splits
+/// groups across micro-batches, each part sharing its own prefix.
+#[test]
+fn per_group_shared_prompts_are_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 12);
+    // (prompt length, rows): every prompt starts with the same 10 tokens, then its own.
+    let groups = [(40, 3), (24, 4), (60, 2), (30, 1)];
+    let head = tokens(90, 10);
+    let mut samples = Vec::new();
+    for (g, &(len, rows)) in groups.iter().enumerate() {
+        let mut prompt = head.clone();
+        prompt.extend(tokens(91 + g as u32, len - head.len()));
+        for k in 0..rows {
+            let mut ids = prompt.clone();
+            // Rows differ from their first generated token on.
+            ids.extend(tokens(200 + (g * 10 + k) as u32, 4 + (k * 7) % 13));
+            let n = ids.len();
+            samples.push(Sample {
+                mask: (0..n).map(|i| i >= len).collect(),
+                old_logprobs: (0..n).map(|i| -5.0 - (i % 4) as f32 * 0.4).collect(),
+                ids,
+                advantage: [1.0, -0.5, 0.25, -1.0][(g + k) % 4],
+                group: g,
+                turn_starts: Vec::new(),
+            });
+        }
+    }
+    // Rows of different groups interleaved: packing gathers them.
+    samples.sort_by_key(|s| (s.ids.len() * 7919) % 31);
+    let total: usize = samples.iter().map(|s| s.ids.len()).sum();
+    let longest = samples.iter().map(|s| s.ids.len()).max().unwrap();
+    // Rows are 71, 64 (group 2), 51, 45, 44 (group 0), 36, 35, 29, 28 (group 1) and 34
+    // tokens: 100 packs [71] [64] [51] [45 44] [36 35] [29 28] [34], so groups 0 and 1 are
+    // split and each two-row part shares its own prefix.
+    assert_eq!(longest, 71);
+    for (budget, objective) in [
+        (4096, Objective::Policy),
+        (4096, Objective::Likelihood),
+        (100, Objective::Policy),
+    ] {
+        let trainer = |share: bool| {
+            let mut t = load_trainer(
+                &dir,
+                OptimConfig {
+                    lr: 1e-3,
+                    ..Default::default()
+                },
+                0.8,
+                budget,
+            );
+            t.share_prefix = share;
+            t
+        };
+        let what = format!("{objective:?}, budget {budget}");
+        let (mut full, mut shared) = (trainer(false), trainer(true));
+        let a = full.step_with(&samples, objective).unwrap();
+        let b = shared.step_with(&samples, objective).unwrap();
+        assert_same_step(&what, (&full, &a), (&shared, &b));
+        assert_eq!((a.shared_tokens, a.computed_tokens), (0, total), "{what}");
+        assert_eq!(b.computed_tokens, total - b.shared_tokens, "{what}");
+        if budget == 4096 {
+            assert_eq!(a.micro_batches, 1, "{what}");
+            // Each group shares its prompt up to the input before its first trained target.
+            assert_eq!(b.shared_tokens, 39 * 2 + 23 * 3 + 59, "{what}");
+        } else {
+            assert_eq!(b.micro_batches, 7, "{what}");
+            assert_eq!(b.shared_tokens, 39 + 23 + 23, "{what}");
+        }
     }
 }

@@ -21,8 +21,11 @@ pub struct GenerateBenchOptions {
     pub prompt_len: usize,
     /// Tokens generated per sequence.
     pub new_tokens: usize,
-    /// CPU threads on both sides.
+    /// CPU threads of the peer (and the most the engine uses).
     pub threads: usize,
+    /// The engine's threads: `None` lets it choose per step size (its default), and the
+    /// benchmark then also measures it pinned to one thread, which the default must not lose to.
+    pub engine_threads: Option<usize>,
     /// Timed runs per side and batch size (the best counts).
     pub repeats: usize,
     /// The peer's interpreter (transformers installed), or none to measure rlhost alone.
@@ -42,6 +45,8 @@ pub struct GenerateRow {
     pub transformers_tokens_per_s: Option<f64>,
     /// rlhost / transformers.
     pub ratio: Option<f64>,
+    /// rlhost pinned to one thread (best run), when the engine chooses its threads.
+    pub rlhost_one_thread_tokens_per_s: Option<f64>,
 }
 
 /// The report.
@@ -133,36 +138,48 @@ fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Re
 
 /// Runs the benchmark; `progress` hears what is being measured.
 pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<GenerateReport> {
-    tch::set_num_threads(o.threads as i32);
     let max_batch = o.batch_sizes.iter().copied().max().unwrap_or(1);
-    let engine = Engine::load(
-        &o.model,
-        "bench",
-        tch::Device::Cpu,
-        tch::Kind::Float,
-        EngineConfig {
-            max_batch_size: max_batch,
-            max_model_len: o.prompt_len + o.new_tokens + 1,
-            max_queue: max_batch,
-            ..EngineConfig::default()
-        },
-    )?;
+    let start = |threads: Option<usize>| {
+        Engine::load(
+            &o.model,
+            "bench",
+            tch::Device::Cpu,
+            tch::Kind::Float,
+            EngineConfig {
+                max_batch_size: max_batch,
+                max_model_len: o.prompt_len + o.new_tokens + 1,
+                max_queue: max_batch,
+                // Every run repeats the same prompts: the prefix cache would skip their
+                // prefill from the second run on, and the peer has none.
+                prefix_caching: false,
+                threads,
+                ..EngineConfig::default()
+            },
+        )
+    };
+    let engine = start(o.engine_threads)?;
+    let single = match o.engine_threads {
+        None if o.threads > 1 => Some(start(Some(1))?),
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     // Warm-up: first calls allocate the cache and fault in libtorch kernels.
-    rlhost_run(
-        &engine,
-        &rt,
-        &GenerateBenchOptions {
-            new_tokens: 2,
-            ..o.clone()
-        },
-        max_batch,
-    )?;
+    for e in std::iter::once(&engine).chain(&single) {
+        rlhost_run(
+            e,
+            &rt,
+            &GenerateBenchOptions {
+                new_tokens: 2,
+                ..o.clone()
+            },
+            max_batch,
+        )?;
+    }
     let mut rows = Vec::new();
     for &batch in &o.batch_sizes {
-        let (mut ours, mut theirs) = (0f64, None::<f64>);
+        let (mut ours, mut theirs, mut one) = (0f64, None::<f64>, None::<f64>);
         for rep in 0..o.repeats {
             progress(&format!(
                 "batch {batch}: rlhost, run {}/{}",
@@ -170,6 +187,15 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
                 o.repeats
             ));
             ours = ours.max(rlhost_run(&engine, &rt, o, batch)?);
+            if let Some(e) = &single {
+                progress(&format!(
+                    "batch {batch}: rlhost on one thread, run {}/{}",
+                    rep + 1,
+                    o.repeats
+                ));
+                let t = rlhost_run(e, &rt, o, batch)?;
+                one = Some(one.map_or(t, |b| b.max(t)));
+            }
             if let Some(py) = &o.python {
                 progress(&format!(
                     "batch {batch}: transformers, run {}/{}",
@@ -185,9 +211,13 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             rlhost_tokens_per_s: ours,
             transformers_tokens_per_s: theirs,
             ratio: theirs.map(|t| ours / t),
+            rlhost_one_thread_tokens_per_s: one,
         });
     }
     engine.shutdown();
+    if let Some(e) = single {
+        e.shutdown();
+    }
     Ok(GenerateReport {
         model: o.model.display().to_string(),
         prompt_len: o.prompt_len,
@@ -205,17 +235,19 @@ impl GenerateReport {
             self.prompt_len, self.new_tokens, self.threads, self.model
         );
         s.push_str(&format!(
-            "{:>6} {:>16} {:>22} {:>8}\n",
-            "batch", "rlhost tok/s", "transformers tok/s", "ratio"
+            "{:>6} {:>16} {:>22} {:>8} {:>22}\n",
+            "batch", "rlhost tok/s", "transformers tok/s", "ratio", "rlhost 1 thread tok/s"
         ));
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>6} {:>16.0} {:>22} {:>8}\n",
+                "{:>6} {:>16.0} {:>22} {:>8} {:>22}\n",
                 r.batch,
                 r.rlhost_tokens_per_s,
                 r.transformers_tokens_per_s
                     .map_or("-".into(), |t| format!("{t:.0}")),
-                r.ratio.map_or("-".into(), |x| format!("{x:.2}x"))
+                r.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
+                r.rlhost_one_thread_tokens_per_s
+                    .map_or("-".into(), |t| format!("{t:.0}"))
             ));
         }
         s

@@ -75,7 +75,8 @@ enum BenchCommand {
         /// New tokens per sequence.
         #[arg(long, default_value_t = 128)]
         new_tokens: usize,
-        /// CPU threads on both sides (default: all cores).
+        /// CPU threads on both sides (default: transformers on all cores, the engine choosing
+        /// per step between one thread and all cores, and measured pinned to one thread too).
         #[arg(long)]
         threads: Option<usize>,
         /// Timed runs per side and batch size; the best counts.
@@ -210,6 +211,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 new_tokens,
                 threads: threads
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+                engine_threads: threads,
                 repeats: repeats.max(1),
                 python,
                 peer_script: build_tree().join("scripts/generate-peer.py"),

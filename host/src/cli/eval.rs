@@ -162,6 +162,7 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                     .max_model_len
                     .unwrap_or(cfg.max_position_embeddings as usize),
                 max_queue: usize::MAX,
+                threads: a.threads,
                 ..Default::default()
             };
             a.cache.apply(&mut engine_cfg)?;

@@ -157,6 +157,7 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
         max_batch_size: args.max_batch_size,
         max_model_len,
         max_queue: args.max_queue,
+        threads: args.threads,
         ..EngineConfig::default()
     };
     args.cache.apply(&mut engine_cfg)?;

@@ -59,7 +59,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             .map(|(k, v)| format!("{k} {v:.3}"))
             .collect();
         let text = format!(
-            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | {:.0} tok/s | rollouts {:.1}s train {:.1}s",
+            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | {:.0} tok/s | rollouts {:.1}s train {:.1}s",
             l.step,
             l.reward,
             metrics.join(", "),
@@ -68,6 +68,8 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             l.groups,
             l.samples,
             l.seq_len,
+            l.prefill_figure(),
+            l.train_tokens_figure(),
             100.0 * l.truncated,
             l.ratio_mean,
             l.ratio_max,

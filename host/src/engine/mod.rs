@@ -66,6 +66,11 @@ pub struct EngineConfig {
     /// requests' uncached parts are prefilled together up to it, and a longer one is prefilled
     /// in chunks of it with decode steps of the running sequences in between.
     pub max_num_batched_tokens: usize,
+    /// CPU threads of the engine's forward calls. `None`: for each kind and size of step
+    /// (decode or prefill, tokens rounded to a power of two) the engine times one thread
+    /// against all cores and keeps the faster (tiny steps lose more to cross-core
+    /// synchronisation than they gain; large ones gain), re-checking every 2,000 steps.
+    pub threads: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +83,115 @@ impl Default for EngineConfig {
             kv_cache_tokens: None,
             block_size: 16,
             max_num_batched_tokens: 2048,
+            threads: None,
+        }
+    }
+}
+
+/// Intra-op threads per forward call on the CPU (see [`EngineConfig::threads`]). libtorch's
+/// thread count is per calling thread (OpenMP's and MKL's local settings), so the engine's
+/// choice does not touch a trainer running beside it.
+struct ThreadTuner {
+    /// Threads when tuning: 1 or this.
+    max: i32,
+    /// No tuning: this count throughout.
+    fixed: bool,
+    current: i32,
+    buckets: HashMap<(bool, u32), Tune>,
+}
+
+/// Trials of one step size: best seconds per token with 1 and with `max` threads.
+#[derive(Default)]
+struct Tune {
+    best: [f64; 2],
+    tried: [u32; 2],
+    choice: Option<usize>,
+    uses: u32,
+}
+
+/// A timed trial in progress.
+struct Probe {
+    key: (bool, u32),
+    candidate: usize,
+    tokens: usize,
+    started: Instant,
+}
+
+impl ThreadTuner {
+    const TRIALS: u32 = 3;
+    const RECHECK: u32 = 2000;
+
+    fn new(threads: Option<usize>, device: Device) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = threads.unwrap_or(cores).max(1) as i32;
+        Self {
+            max: n,
+            fixed: threads.is_some() || device != Device::Cpu || n == 1,
+            current: 0,
+            buckets: HashMap::new(),
+        }
+    }
+
+    fn set(&mut self, n: i32) {
+        if n != self.current {
+            tch::set_num_threads(n);
+            self.current = n;
+        }
+    }
+
+    /// Sets the threads for a step of `tokens` tokens; a trial to time when still tuning.
+    fn start(&mut self, prefill: bool, tokens: usize) -> Option<Probe> {
+        if self.fixed {
+            self.set(self.max);
+            return None;
+        }
+        let key = (prefill, usize::BITS - tokens.leading_zeros());
+        let t = self.buckets.entry(key).or_default();
+        t.uses += 1;
+        if t.uses.is_multiple_of(Self::RECHECK) {
+            *t = Tune {
+                uses: t.uses,
+                ..Tune::default()
+            };
+        }
+        let candidate = t.choice.unwrap_or(usize::from(t.tried[0] > t.tried[1]));
+        let probe = t.choice.is_none().then(|| Probe {
+            key,
+            candidate,
+            tokens: tokens.max(1),
+            started: Instant::now(),
+        });
+        self.set(if candidate == 0 { 1 } else { self.max });
+        probe.map(|p| Probe {
+            started: Instant::now(),
+            ..p
+        })
+    }
+
+    /// Records a trial's time; after enough of both, the faster count is kept.
+    fn finish(&mut self, probe: Option<Probe>) {
+        let Some(p) = probe else { return };
+        let per_token = p.started.elapsed().as_secs_f64() / p.tokens as f64;
+        let t = self.buckets.entry(p.key).or_default();
+        let c = p.candidate;
+        t.best[c] = if t.tried[c] == 0 {
+            per_token
+        } else {
+            t.best[c].min(per_token)
+        };
+        t.tried[c] += 1;
+        if t.tried.iter().all(|&n| n >= Self::TRIALS) {
+            let choice = usize::from(t.best[1] < t.best[0]);
+            t.choice = Some(choice);
+            tracing::debug!(
+                prefill = p.key.0,
+                tokens_log2 = p.key.1,
+                "engine threads: {} ({:.1} vs {:.1} us/token with 1 and {})",
+                if choice == 0 { 1 } else { self.max },
+                1e6 * t.best[0],
+                1e6 * t.best[1],
+                self.max
+            );
         }
     }
 }
@@ -669,11 +783,13 @@ struct Worker {
     waiting: VecDeque<Pending>,
     partial: Option<Partial>,
     logged: (Instant, u64),
+    threads: ThreadTuner,
 }
 
 impl Worker {
     fn new(model: Qwen3, info: Arc<EngineInfo>) -> Self {
         let cfg = &info.config;
+        let threads = ThreadTuner::new(cfg.threads, model.vs.device());
         let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256);
         let prefix = cfg.prefix_caching.then(|| {
             let c = &model.cfg;
@@ -697,6 +813,7 @@ impl Worker {
             waiting: VecDeque::new(),
             partial: None,
             logged: (Instant::now(), 0),
+            threads,
         }
     }
 
@@ -956,14 +1073,17 @@ impl Worker {
             let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
             let pos = Tensor::from_slice(&pos).view(shape).to_device(device);
             let last = Tensor::from_slice(&last).to_device(device);
-            last_logits.push(self.model.forward_slots_last(
+            let probe = self.threads.start(true, rows * width);
+            let logits = self.model.forward_slots_last(
                 &ids,
                 &pos,
                 &mut self.cache,
                 (base + r) as i64,
                 key_len,
                 &last,
-            ));
+            );
+            self.threads.finish(probe);
+            last_logits.push(logits);
             r = end;
         }
         let logits = Tensor::cat(&last_logits, 0).to_kind(Kind::Float);
@@ -1032,6 +1152,7 @@ impl Worker {
         let pos =
             (Tensor::arange(take as i64, (Kind::Int64, device)) + job.done as i64).unsqueeze(0);
         let last = Tensor::from_slice(&[take as i64 - 1]).to_device(device);
+        let probe = self.threads.start(true, take);
         let logits = self.model.forward_slots_last(
             &ids,
             &pos,
@@ -1040,6 +1161,8 @@ impl Worker {
             (job.done + take) as i64,
             &last,
         );
+        self.threads.finish(probe);
+        let job = self.partial.as_mut().expect("the job");
         job.done += take;
         self.info
             .prompt_computed
@@ -1082,12 +1205,15 @@ impl Worker {
         let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
         let ids = Tensor::from_slice(&last).to_device(device).unsqueeze(1);
         let positions = Tensor::from_slice(&pos).to_device(device).unsqueeze(1);
+        let probe = self.threads.start(false, b as usize);
         let logits = self
             .model
-            .forward_slots(&ids, &positions, &mut self.cache, 0, key_len);
-        let logits = logits.select(1, 0);
-        debug_assert_eq!(logits.size()[0], b);
+            .forward_slots(&ids, &positions, &mut self.cache, 0, key_len)
+            .select(1, 0);
+        // The sampler's work is part of the step (its ops use the same threads); the timing
+        // ends when the logits are read.
         self.sample_and_advance(&logits, 0);
+        self.threads.finish(probe);
     }
 
     /// Samples a token for sequences `from..` (one logits row each), reports them, and retires

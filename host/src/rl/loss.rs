@@ -15,7 +15,10 @@
 //! Optionally a KL penalty to a reference policy with the k3 estimator
 //! `exp(ref - logp) - (ref - logp) - 1`. Normalisation: per token (the sum over every
 //! unmasked token of the batch divided by their count) or per sequence (each sequence's token
-//! mean, then the mean over sequences).
+//! mean, then the mean over sequences). [`policy_loss`] normalises one tensor batch itself, one
+//! row a sequence; [`weighted_policy_loss`] takes the normalisation as per-token weights, which
+//! is what lets the trainer split a batch into micro-batches, and a merged multi-turn row into
+//! one sequence per turn, without changing the objective.
 
 use tch::{Kind, Tensor};
 
@@ -84,13 +87,46 @@ pub struct LossStats {
     pub kl: f64,
 }
 
-/// The loss (a scalar with gradient) and its statistics.
+/// The loss (a scalar with gradient) and its statistics, normalised as `cfg.norm_type` says
+/// over this batch, each row one sequence.
 pub fn policy_loss(
     cfg: &LossConfig,
     logprobs: &Tensor,
     old_logprobs: &Tensor,
     advantages: &Tensor,
     mask: &Tensor,
+    ref_logprobs: Option<&Tensor>,
+) -> (Tensor, LossStats) {
+    let mask = mask.to_kind(Kind::Float);
+    let weights = match cfg.norm_type {
+        NormType::Token => &mask / mask.sum(Kind::Float).clamp_min(1.0),
+        NormType::Sequence => {
+            let rows = mask.size()[0].max(1) as f64;
+            &mask / (mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0) * rows)
+        }
+    };
+    weighted_policy_loss(
+        cfg,
+        logprobs,
+        old_logprobs,
+        advantages,
+        &mask,
+        &weights,
+        ref_logprobs,
+    )
+}
+
+/// The loss `Σ weights · token loss` (a scalar with gradient) and its statistics over the
+/// tokens where `mask` is 1. The weights carry the normalisation (`cfg.norm_type` is not read):
+/// weights summing over micro-batches to the batch's normalisation make the micro-batches'
+/// losses sum to the batch's loss.
+pub fn weighted_policy_loss(
+    cfg: &LossConfig,
+    logprobs: &Tensor,
+    old_logprobs: &Tensor,
+    advantages: &Tensor,
+    mask: &Tensor,
+    weights: &Tensor,
     ref_logprobs: Option<&Tensor>,
 ) -> (Tensor, LossStats) {
     let mask = mask.to_kind(Kind::Float);
@@ -119,16 +155,7 @@ pub fn policy_loss(
         }
         _ => per_token,
     };
-    let loss = match cfg.norm_type {
-        NormType::Token => {
-            (&per_token * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)
-        }
-        NormType::Sequence => {
-            let per_seq = (&per_token * &mask).sum_dim_intlist(-1, false, Kind::Float)
-                / mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
-            per_seq.mean(Kind::Float)
-        }
-    };
+    let loss = (&per_token * weights.to_kind(Kind::Float)).sum(Kind::Float);
     let ratio_d = ratio.detach();
     let stats = LossStats {
         ratio_mean: masked_mean(&ratio_d, &mask),

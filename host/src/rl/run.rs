@@ -20,7 +20,7 @@ use super::loss::advantages;
 use super::trainer::{Sample, Trainer};
 use crate::engine::{Engine, EngineConfig, WeightSource};
 use crate::plugin::Environment;
-use crate::rollout::{Generator, RolloutRecord, RolloutSpec, Sampling, run_rollout};
+use crate::rollout::{Generator, RolloutRecord, RolloutSpec, Sampling, TurnTokens, run_rollout};
 
 /// One step's worth of training data.
 struct Batch {
@@ -33,6 +33,12 @@ struct Batch {
     solve_none: usize,
     min_version: u64,
     seconds: f64,
+    /// Multi-turn rollouts that became one merged sample.
+    merged_rollouts: usize,
+    /// Multi-turn rollouts that became one sample per turn.
+    unmerged_rollouts: usize,
+    /// Tokens of the per-turn samples the batch's rollouts make (before merging).
+    sample_tokens: usize,
 }
 
 /// What one step reports (a line of `metrics.jsonl`).
@@ -80,6 +86,56 @@ pub struct StepLine {
     pub tokens_per_s: f64,
     /// The step was skipped (non-finite).
     pub skipped: bool,
+    /// Multi-turn rollouts trained as one sample (every turn's prompt extends the previous
+    /// turn's prompt and completion exactly).
+    pub merged_rollouts: usize,
+    /// Multi-turn rollouts trained as one sample per turn: the chat template rewrote history
+    /// (a turn's prompt does not extend the previous turn's prompt and completion exactly).
+    pub unmerged_rollouts: usize,
+    /// Tokens of the step's per-turn samples: what training every model turn as a sample of its
+    /// own, in full, would compute.
+    pub sample_tokens: usize,
+    /// Tokens the trainer's forward passes covered, after merging turns and running each
+    /// group's shared prompt once.
+    pub train_tokens_computed: usize,
+    /// Prompt tokens the step's rollouts sent to the engine (every turn's prompt in full).
+    pub prefill_tokens: u64,
+    /// Of those, the tokens the engine computed: the rest came from its prefix cache.
+    pub prefill_computed: u64,
+}
+
+impl StepLine {
+    /// Training tokens computed of the per-turn samples' tokens, compact (`tok 12.3k/40.1k`),
+    /// for the terminal's step line.
+    pub fn train_tokens_figure(&self) -> String {
+        fn short(n: usize) -> String {
+            match n {
+                0..1_000 => n.to_string(),
+                1_000..1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+                _ => format!("{:.1}M", n as f64 / 1e6),
+            }
+        }
+        format!(
+            "tok {}/{}",
+            short(self.train_tokens_computed),
+            short(self.sample_tokens)
+        )
+    }
+
+    /// Prompt tokens the engine computed of those the rollouts asked for, compact
+    /// (`prefill 1.2k/40.1k`).
+    pub fn prefill_figure(&self) -> String {
+        let short = |n: u64| match n {
+            0..1_000 => n.to_string(),
+            1_000..1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+            _ => format!("{:.1}M", n as f64 / 1e6),
+        };
+        format!(
+            "prefill {}/{}",
+            short(self.prefill_computed),
+            short(self.prefill_tokens)
+        )
+    }
 }
 
 fn success(r: &RolloutRecord) -> bool {
@@ -89,8 +145,107 @@ fn success(r: &RolloutRecord) -> bool {
     }
 }
 
-/// Turns a step's rollouts into samples (one per model turn: its prompt tokens masked, its
-/// generated tokens trained with the group's advantage).
+/// The samples one rollout makes.
+#[derive(Debug, Default)]
+struct RolloutSamples {
+    samples: Vec<Sample>,
+    /// For a rollout of two turns or more: whether its turns became one merged sample.
+    merged: Option<bool>,
+    /// Tokens of its per-turn samples (those within `seq_len`).
+    per_turn_tokens: usize,
+    /// The oldest policy version of the turns trained on.
+    min_version: Option<u64>,
+}
+
+/// The samples of one rollout's model turns (turns that generated nothing have nothing to
+/// train). When every turn's prompt extends the previous turn's prompt + completion exactly,
+/// one sample: the last turn's prompt + completion, trained on each turn's generated tokens
+/// (with its sampler log-probs) and on nothing else, each turn normalised as a sequence of its
+/// own. Otherwise one sample per turn. A turn longer than `seq_len` is left out either way (a
+/// merged sample ends with the last turn that fits: turns only grow).
+fn rollout_samples(
+    r: &RolloutRecord,
+    advantage: f32,
+    group: usize,
+    masked: bool,
+    seq_len: usize,
+) -> anyhow::Result<RolloutSamples> {
+    let turns: Vec<&TurnTokens> = r
+        .turns
+        .iter()
+        .filter(|t| !t.completion_ids.is_empty())
+        .collect();
+    for t in &turns {
+        anyhow::ensure!(
+            !t.prompt_ids.is_empty() && t.logprobs.len() == t.completion_ids.len(),
+            "the generation server returned no token ids or log-probs; RL needs both \
+             (rlhost's server and vLLM >= 0.10.2 return them when asked)"
+        );
+    }
+    let len = |t: &TurnTokens| t.prompt_ids.len() + t.completion_ids.len();
+    let fits = |t: &TurnTokens| {
+        let n = len(t);
+        if n > seq_len {
+            tracing::warn!("a {n}-token turn exceeds seq_len {seq_len}: left out");
+        }
+        n <= seq_len
+    };
+    let extends = turns.windows(2).all(|w| {
+        let (a, b) = (&w[0].prompt_ids, &w[1].prompt_ids);
+        b.starts_with(a) && b[a.len()..].starts_with(&w[0].completion_ids)
+    });
+    let mut out = RolloutSamples {
+        merged: (turns.len() > 1).then_some(extends),
+        ..Default::default()
+    };
+    let mut add = |turns: &[&TurnTokens]| {
+        let Some(last) = turns.last() else {
+            return;
+        };
+        let ids: Vec<u32> = last
+            .prompt_ids
+            .iter()
+            .chain(&last.completion_ids)
+            .copied()
+            .collect();
+        let mut mask = vec![false; ids.len()];
+        let mut old = vec![0f32; ids.len()];
+        let mut turn_starts = Vec::new();
+        for (k, t) in turns.iter().enumerate() {
+            let (a, b) = (t.prompt_ids.len(), len(t));
+            mask[a..b].fill(!masked);
+            old[a..b].copy_from_slice(&t.logprobs);
+            if k > 0 {
+                turn_starts.push(a);
+            }
+            out.per_turn_tokens += b;
+            if let Some(v) = t.policy_version {
+                out.min_version = Some(out.min_version.map_or(v, |m| m.min(v)));
+            }
+        }
+        out.samples.push(Sample {
+            ids,
+            mask,
+            old_logprobs: old,
+            advantage,
+            group,
+            turn_starts,
+        });
+    };
+    if extends {
+        let fitting: Vec<&TurnTokens> = turns.into_iter().filter(|t| fits(t)).collect();
+        add(&fitting);
+    } else {
+        for t in turns.into_iter().filter(|t| fits(t)) {
+            add(&[t]);
+        }
+    }
+    Ok(out)
+}
+
+/// Turns a step's rollouts into samples ([`rollout_samples`]: one per rollout where its turns
+/// merge exactly, else one per model turn), each trained with its group's advantage and
+/// carrying its group (the example index) so the trainer runs the group's prompt once.
 fn build_batch(
     cfg: &RlConfig,
     step: usize,
@@ -104,8 +259,9 @@ fn build_batch(
     }
     let mut samples = Vec::new();
     let (mut kept, mut solve_all, mut solve_none) = (0, 0, 0);
+    let (mut merged, mut unmerged, mut sample_tokens) = (0, 0, 0);
     let mut min_version = u64::MAX;
-    for group in groups.values() {
+    for (&example, group) in &groups {
         let wins = group.iter().filter(|r| success(r)).count();
         if wins == group.len() {
             solve_all += 1;
@@ -125,36 +281,17 @@ fn build_batch(
                 continue;
             }
             let masked = cfg.orchestrator.mask_truncated_completions && r.truncated;
-            for t in &r.turns {
-                if t.completion_ids.is_empty() {
-                    continue;
-                }
-                anyhow::ensure!(
-                    !t.prompt_ids.is_empty() && t.logprobs.len() == t.completion_ids.len(),
-                    "the generation server returned no token ids or log-probs; RL needs both \
-                     (rlhost's server and vLLM >= 0.10.2 return them when asked)"
-                );
-                let len = t.prompt_ids.len() + t.completion_ids.len();
-                if len > seq_len {
-                    tracing::warn!("a {len}-token turn exceeds seq_len {seq_len}: left out");
-                    continue;
-                }
-                if let Some(v) = t.policy_version {
-                    min_version = min_version.min(v);
-                }
-                let mut ids = t.prompt_ids.clone();
-                ids.extend(&t.completion_ids);
-                let mut mask = vec![false; t.prompt_ids.len()];
-                mask.extend(std::iter::repeat_n(!masked, t.completion_ids.len()));
-                let mut old = vec![0f32; t.prompt_ids.len()];
-                old.extend(&t.logprobs);
-                samples.push(Sample {
-                    ids,
-                    mask,
-                    old_logprobs: old,
-                    advantage: a as f32,
-                });
+            let made = rollout_samples(r, a as f32, example, masked, seq_len)?;
+            match made.merged {
+                Some(true) => merged += 1,
+                Some(false) => unmerged += 1,
+                None => {}
             }
+            sample_tokens += made.per_turn_tokens;
+            if let Some(v) = made.min_version {
+                min_version = min_version.min(v);
+            }
+            samples.extend(made.samples);
         }
     }
     Ok(Batch {
@@ -170,6 +307,9 @@ fn build_batch(
             min_version
         },
         seconds,
+        merged_rollouts: merged,
+        unmerged_rollouts: unmerged,
+        sample_tokens,
     })
 }
 
@@ -193,6 +333,7 @@ impl Producer {
             max_tokens: Some(o.sampling.max_tokens),
             temperature: Some(o.sampling.temperature),
             seed: Some(o.seed.wrapping_add(step as u64 * 7919)),
+            history: o.history,
             ..Default::default()
         };
         let mut jobs = Vec::new();
@@ -459,6 +600,11 @@ pub fn run(
                 max_batch_size: cfg.inference.max_batch_size,
                 max_model_len: cfg.inference.max_model_len,
                 max_queue: usize::MAX,
+                prefix_caching: cfg.inference.enable_prefix_caching,
+                kv_cache_tokens: cfg.inference.kv_cache_tokens,
+                block_size: cfg.inference.block_size,
+                max_num_batched_tokens: cfg.inference.max_num_batched_tokens,
+                threads: cfg.inference.threads,
             },
         )?;
         let api = Arc::new(
@@ -632,6 +778,16 @@ pub fn run(
             train_s,
             tokens_per_s: stats.tokens as f64 / train_s.max(1e-9),
             skipped: stats.skipped,
+            merged_rollouts: batch.merged_rollouts,
+            unmerged_rollouts: batch.unmerged_rollouts,
+            sample_tokens: batch.sample_tokens,
+            train_tokens_computed: stats.computed_tokens,
+            prefill_tokens: batch.records.iter().map(|r| r.prompt_tokens).sum(),
+            prefill_computed: batch
+                .records
+                .iter()
+                .map(|r| r.prompt_tokens.saturating_sub(r.cached_prompt_tokens))
+                .sum(),
         };
         {
             use std::io::Write;
@@ -679,6 +835,127 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn turn(prompt: &[u32], completion: &[u32], version: u64) -> TurnTokens {
+        TurnTokens {
+            prompt_ids: prompt.to_vec(),
+            completion_ids: completion.to_vec(),
+            logprobs: completion.iter().map(|&t| -(t as f32) / 100.0).collect(),
+            finish_reason: "stop".into(),
+            policy_version: Some(version),
+        }
+    }
+
+    fn rollout(example: usize, reward: f64, turns: Vec<TurnTokens>) -> RolloutRecord {
+        RolloutRecord {
+            example_index: example,
+            reward,
+            turns,
+            ..Default::default()
+        }
+    }
+
+    fn cat(parts: &[&[u32]]) -> Vec<u32> {
+        parts.concat()
+    }
+
+    /// Rollouts whose turns extend each other exactly become one sample (trained on each turn's
+    /// tokens with its log-probs, one sequence per turn); a rewritten history falls back to one
+    /// sample per turn and is counted; single-turn rollouts count as neither; turns over
+    /// `seq_len` are left out of both paths; `sample_tokens` is what per-turn samples hold.
+    #[test]
+    fn multi_turn_rollouts_merge_exactly_or_fall_back_per_turn() {
+        let p: Vec<u32> = (1..=20).collect();
+        let (c1, tool1, c2, tool2, c3) = (
+            [100, 101, 102],
+            [200, 201],
+            [103, 104],
+            [202],
+            [105, 106, 107],
+        );
+        let p2 = cat(&[&p, &c1, &tool1]);
+        let p3 = cat(&[&p2, &c2, &tool2]);
+        let exact = rollout(
+            0,
+            1.0,
+            vec![
+                turn(&p, &c1, 4),
+                turn(&p2, &c2, 3),
+                turn(&p3, &[], 3),
+                turn(&p3, &c3, 5),
+            ],
+        );
+        // The template re-rendered turn 1 differently (999 for 100 101 102).
+        let rewritten = rollout(
+            0,
+            0.0,
+            vec![turn(&p, &c1, 4), turn(&cat(&[&p, &[999], &tool1]), &c2, 4)],
+        );
+        let single = rollout(0, 0.5, vec![turn(&p, &c3, 4)]);
+        // Exact, but its second turn (42 tokens) is over seq_len 40: merged of what fits.
+        let long = rollout(
+            1,
+            1.0,
+            vec![
+                turn(&p, &c1, 6),
+                turn(&cat(&[&p, &c1, &[7; 18]]), &c2[..1], 6),
+            ],
+        );
+        let failed = RolloutRecord {
+            error: Some("boom".into()),
+            ..rollout(1, 0.0, vec![turn(&p, &c1, 1)])
+        };
+        let mut cfg = RlConfig::default();
+        cfg.trainer.data.seq_len = 40;
+        let records = vec![exact, rewritten, single, long, failed];
+        let batch = build_batch(&cfg, 0, records, 0.0).unwrap();
+        assert_eq!(
+            (batch.merged_rollouts, batch.unmerged_rollouts),
+            (2, 1),
+            "the exact and the long rollout merge, the rewritten one does not"
+        );
+        let s = &batch.samples;
+        assert_eq!(s.len(), 5, "1 merged + 2 per-turn + 1 single + 1 merged");
+        let merged = &s[0];
+        assert_eq!(merged.ids, cat(&[&p3, &c3]));
+        assert_eq!(merged.group, 0);
+        let trained: Vec<usize> = (0..merged.ids.len()).filter(|&i| merged.mask[i]).collect();
+        assert_eq!(trained, [20, 21, 22, 25, 26, 28, 29, 30]);
+        assert_eq!(merged.turn_starts, [25, 28]);
+        for &i in &trained {
+            let want = -(merged.ids[i] as f32) / 100.0;
+            assert_eq!(merged.old_logprobs[i], want, "token {i}");
+        }
+        assert!(
+            (0..merged.ids.len())
+                .filter(|i| !merged.mask[*i])
+                .all(|i| merged.old_logprobs[i] == 0.0)
+        );
+        // The rewritten rollout: its own turn samples, as without merging.
+        assert_eq!(s[1].ids, cat(&[&p, &c1]));
+        assert_eq!(s[2].ids, cat(&[&p, &[999], &tool1, &c2]));
+        assert!(s[1..3].iter().all(|x| x.turn_starts.is_empty()));
+        assert_eq!(s[2].mask.iter().filter(|&&m| m).count(), 2);
+        assert_eq!(s[3].ids, cat(&[&p, &c3]));
+        // Group 1: the long rollout's first turn only; the failed rollout trains nothing.
+        assert_eq!((s[4].ids.len(), s[4].group), (23, 1));
+        assert!(s[4].turn_starts.is_empty());
+        assert!(s[0].advantage > 0.0 && s[1].advantage < 0.0 && s[4].advantage > 0.0);
+        // Per-turn tokens: exact 23 + 27 + 31, rewritten 23 + 25, single 23, long 23.
+        assert_eq!(batch.sample_tokens, 23 + 27 + 31 + 23 + 25 + 23 + 23);
+        assert_eq!(batch.min_version, 3);
+        // Masked truncated rollouts keep their shape, trained on nothing.
+        cfg.orchestrator.mask_truncated_completions = true;
+        let truncated = RolloutRecord {
+            truncated: true,
+            ..rollout(0, 1.0, vec![turn(&p, &c1, 0), turn(&p2, &c2, 0)])
+        };
+        let other = rollout(0, 0.0, vec![turn(&p, &c1, 0)]);
+        let batch = build_batch(&cfg, 0, vec![truncated, other], 0.0).unwrap();
+        assert_eq!(batch.samples[0].turn_starts, [25]);
+        assert!(batch.samples[0].mask.iter().all(|&m| !m));
+        assert_eq!(batch.samples[1].mask.iter().filter(|&&m| m).count(), 3);
+    }
 
     #[test]
     fn per_step_logs_keep_the_steps_up_to_the_resume_point() {

@@ -139,6 +139,8 @@ pub fn samples(
             mask,
             old_logprobs: vec![0.0; n],
             advantage: 0.0,
+            group: 0,
+            turn_starts: Vec::new(),
         });
     }
     Ok(out)

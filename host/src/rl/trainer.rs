@@ -1,18 +1,23 @@
 //! The GRPO trainer: one optimiser step from a batch of scored samples.
 //!
 //! Samples are token sequences (prompt + generated tokens, tool/env tokens included) with a
-//! per-token loss mask, the sampler's log-probs and one advantage each. They are packed into
-//! micro-batches by a token budget (right-padded), the current policy's log-probs are computed
-//! at the sampler's temperature, the loss ([`super::loss`]) is accumulated over micro-batches
-//! weighted so the result equals the loss over the whole batch, gradients are clipped by global
-//! norm, and AdamW steps with the scheduled learning rate. A non-finite loss or gradient skips
-//! the step (logged); too many in a row is an error.
+//! per-token loss mask, the sampler's log-probs and one advantage each; a multi-turn rollout may
+//! be one merged sample whose turns are still normalised as separate sequences. They are packed
+//! into micro-batches of whole groups (a GRPO group's samples share their prompt) by a token
+//! budget (right-padded); each group's shared prompt runs once, the current policy's log-probs
+//! are computed at the sampler's temperature, the loss ([`super::loss`]) is accumulated over
+//! micro-batches with per-token weights so the result equals the loss over the whole batch,
+//! gradients are clipped by global norm, and AdamW steps with the scheduled learning rate. A
+//! non-finite loss or gradient skips the step (logged); too many in a row is an error.
+//!
+//! Sharing and merging never change the objective: loss, gradients and updated weights equal
+//! those of running every per-turn sample in full (tested in `tests/rl.rs`).
 
 use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
 
-use super::loss::{LossConfig, LossStats, NormType, policy_loss};
+use super::loss::{LossConfig, LossStats, NormType, weighted_policy_loss};
 use crate::model::Qwen3;
 use crate::model::qwen3::KvCache;
 
@@ -88,6 +93,14 @@ pub struct Sample {
     pub old_logprobs: Vec<f32>,
     /// The sample's advantage.
     pub advantage: f32,
+    /// The group it belongs to (in GRPO, the example index within the step): a micro-batch
+    /// holds whole groups where the budget allows, and a group's rows run their common prompt
+    /// once.
+    pub group: usize,
+    /// Where each turn after the first begins (the index of its first generated token) in a
+    /// sample merged from several turns; empty for one turn. Under [`NormType::Sequence`] each
+    /// turn is normalised as the sequence it would be as a sample of its own.
+    pub turn_starts: Vec<usize>,
 }
 
 /// Errors of a step.
@@ -137,8 +150,11 @@ pub struct StepStats {
     pub tokens: usize,
     /// Micro-batches run.
     pub micro_batches: usize,
-    /// Token positions not recomputed thanks to shared prefixes (prefix length × extra rows).
+    /// Token positions not recomputed thanks to shared prefixes (per group of rows sharing one:
+    /// prefix length × extra rows).
     pub shared_tokens: usize,
+    /// Tokens the forward passes covered: every sample's tokens, less `shared_tokens`.
+    pub computed_tokens: usize,
     /// The weights were not updated: a non-finite loss or gradient, or no trained tokens.
     pub skipped: bool,
 }
@@ -219,9 +235,9 @@ pub struct Trainer {
     pub temperature: f64,
     /// Token budget of a micro-batch (padded length × rows).
     pub micro_batch_tokens: usize,
-    /// Run the prompt prefix that all rows of a micro-batch share once and let every row attend
-    /// to it (exact: the rows' gradients sum into it). GRPO groups share their prompt and most
-    /// environments a long system prompt, so this removes most of the prompt compute.
+    /// Run the prompt prefix that the rows of a group share once per micro-batch and let each
+    /// row attend to its group's (exact: the rows' gradients sum into it). The rows of a GRPO
+    /// group share their whole prompt, so this removes most of the prompt compute.
     pub share_prefix: bool,
     /// Steps taken.
     pub step: usize,
@@ -349,32 +365,116 @@ impl Trainer {
                     "the first token has no context to be predicted from".into()
                 ));
             }
+            let mut last = 0;
+            for &t in &s.turn_starts {
+                if t <= last || t >= s.ids.len() {
+                    return Err(bad(format!(
+                        "turn starts {:?} are not increasing within 1..{}",
+                        s.turn_starts,
+                        s.ids.len()
+                    )));
+                }
+                last = t;
+            }
         }
         Ok(())
     }
 
-    /// Packs sample indices into micro-batches of at most `micro_batch_tokens` padded tokens
-    /// (longest first, so rows of a micro-batch have similar lengths).
-    fn pack(&self, samples: &[Sample]) -> Vec<Vec<usize>> {
-        let mut order: Vec<usize> = (0..samples.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(samples[i].ids.len()));
-        let mut out: Vec<Vec<usize>> = Vec::new();
-        let mut cur: Vec<usize> = Vec::new();
-        let mut cur_len = 0;
-        for i in order {
-            let len = samples[i].ids.len();
-            let width = cur_len.max(len);
-            if !cur.is_empty() && width * (cur.len() + 1) > self.micro_batch_tokens {
-                out.push(std::mem::take(&mut cur));
-                cur_len = 0;
+    /// The shared prefixes of a micro-batch's `rows`: each group's part of the micro-batch
+    /// shares its own (when `share_prefix` and long enough).
+    fn prefixes(&self, samples: &[Sample], rows: &[usize]) -> Prefixes {
+        let mut parts: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (r, &i) in rows.iter().enumerate() {
+            match parts.iter_mut().find(|(g, _)| *g == samples[i].group) {
+                Some((_, members)) => members.push(r),
+                None => parts.push((samples[i].group, vec![r])),
             }
-            cur_len = cur_len.max(len);
-            cur.push(i);
         }
-        if !cur.is_empty() {
-            out.push(cur);
+        let mut out = Prefixes {
+            heads: Vec::new(),
+            of_row: vec![None; rows.len()],
+        };
+        for (_, members) in parts {
+            let part: Vec<usize> = members.iter().map(|&r| rows[r]).collect();
+            let len = if self.share_prefix {
+                shared_prefix(samples, &part)
+            } else {
+                0
+            };
+            if len > 0 {
+                for &r in &members {
+                    out.of_row[r] = Some(out.heads.len());
+                }
+                out.heads.push(Head {
+                    sample: part[0],
+                    len,
+                    rows: members.len(),
+                });
+            }
         }
         out
+    }
+
+    /// Logits `[rows, width]` of a micro-batch's inputs after their shared prefixes. The
+    /// prefixes run once, as one batch `[prefixes, longest]`; each row then attends to its own
+    /// prefix's keys and values (the cache's rows picked per row, the padding past its prefix
+    /// hidden by the key mask) and then to its own inputs, which `ids`, `positions` and `key`
+    /// hold from its prefix's end on. The model masks causally by index on the concatenated
+    /// key axis (a row's query `j` sees keys `< longest + j + 1`: every prefix key and its own
+    /// earlier inputs), and positions only feed the rotary embedding, so each row computes
+    /// exactly what it would in full.
+    fn forward_rows(
+        &self,
+        samples: &[Sample],
+        prefixes: &Prefixes,
+        ids: &Tensor,
+        positions: &Tensor,
+        key: &Tensor,
+    ) -> Tensor {
+        if prefixes.heads.is_empty() {
+            return self.model.forward(ids, positions, Some(key), None);
+        }
+        let device = ids.device();
+        let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
+        let (mut head, mut head_key) = (Vec::new(), Vec::new());
+        for h in &prefixes.heads {
+            for p in 0..longest {
+                head.push(if p < h.len {
+                    i64::from(samples[h.sample].ids[p])
+                } else {
+                    0
+                });
+                head_key.push(i64::from(p < h.len));
+            }
+        }
+        let shape = [prefixes.heads.len() as i64, longest as i64];
+        let head = Tensor::from_slice(&head).view(shape).to_device(device);
+        let head_key = Tensor::from_slice(&head_key).view(shape).to_device(device);
+        let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
+            .unsqueeze(0)
+            .expand(shape, false);
+        let mut cache = KvCache::new(self.model.cfg.num_hidden_layers as usize);
+        let _ = self
+            .model
+            .forward(&head, &head_pos, Some(&head_key), Some(&mut cache));
+        // A row without a prefix picks any cached row and sees none of it.
+        let pick: Vec<i64> = prefixes
+            .of_row
+            .iter()
+            .map(|h| h.map_or(0, |h| h as i64))
+            .collect();
+        let mut past = Vec::with_capacity(pick.len() * longest);
+        for h in &prefixes.of_row {
+            let len = h.map_or(0, |h| prefixes.heads[h].len);
+            past.extend((0..longest).map(|p| i64::from(p < len)));
+        }
+        let past = Tensor::from_slice(&past)
+            .view([pick.len() as i64, longest as i64])
+            .to_device(device);
+        let mut cache = cache.select_rows(&Tensor::from_slice(&pick).to_device(device));
+        let key = Tensor::cat(&[past, key.shallow_clone()], 1);
+        self.model
+            .forward(ids, positions, Some(&key), Some(&mut cache))
     }
 
     /// One optimiser step on `samples` with the policy-gradient loss.
@@ -413,97 +513,78 @@ impl Trainer {
             self.step += 1;
             return Ok(stats);
         }
-        let batches = self.pack(samples);
+        let norm = match objective {
+            Objective::Policy => self.loss.norm_type,
+            Objective::Likelihood => NormType::Token,
+        };
+        let weights = token_weights(samples, norm);
+        let batches = pack(samples, self.micro_batch_tokens);
         stats.micro_batches = batches.len();
         let mut loss_total = 0.0;
         let mut weighted = LossStats::default();
         for rows in &batches {
-            let prefix = if self.share_prefix {
-                shared_prefix(samples, rows)
-            } else {
-                0
-            };
-            let width = rows
-                .iter()
-                .map(|&i| samples[i].ids.len())
+            let prefixes = self.prefixes(samples, rows);
+            let start = |r: usize| prefixes.of_row[r].map_or(0, |h| prefixes.heads[h].len);
+            let width = (0..rows.len())
+                .map(|r| samples[rows[r]].ids.len() - 1 - start(r))
                 .max()
-                .unwrap_or(0) as i64
-                - 1
-                - prefix as i64;
-            let b = rows.len() as i64;
-            stats.shared_tokens += prefix * (rows.len() - 1);
-            let (mut ids, mut tgt, mut mask, mut old, mut key) = (
-                Vec::with_capacity((b * width) as usize),
-                Vec::with_capacity((b * width) as usize),
-                Vec::with_capacity((b * width) as usize),
-                Vec::with_capacity((b * width) as usize),
-                Vec::with_capacity((b * width) as usize),
+                .unwrap_or(0);
+            let shared: usize = prefixes.heads.iter().map(|h| h.len * (h.rows - 1)).sum();
+            stats.shared_tokens += shared;
+            stats.computed_tokens +=
+                rows.iter().map(|&i| samples[i].ids.len()).sum::<usize>() - shared;
+            let cells = rows.len() * width;
+            let (mut ids, mut tgt, mut pos, mut key) = (
+                Vec::with_capacity(cells),
+                Vec::with_capacity(cells),
+                Vec::with_capacity(cells),
+                Vec::with_capacity(cells),
+            );
+            let (mut mask, mut old, mut weight) = (
+                Vec::with_capacity(cells),
+                Vec::with_capacity(cells),
+                Vec::with_capacity(cells),
             );
             let mut adv = Vec::with_capacity(rows.len());
-            for &i in rows {
+            for (r, &i) in rows.iter().enumerate() {
                 let s = &samples[i];
                 let n = s.ids.len() - 1;
-                for p in prefix..prefix + width as usize {
+                for p in start(r)..start(r) + width {
                     let real = p < n;
                     ids.push(if real { i64::from(s.ids[p]) } else { 0 });
                     tgt.push(if real { i64::from(s.ids[p + 1]) } else { 0 });
+                    pos.push(if real { p as i64 } else { 0 });
+                    key.push(i64::from(real));
                     mask.push(if real && s.mask[p + 1] { 1f32 } else { 0.0 });
                     old.push(if real { s.old_logprobs[p + 1] } else { 0.0 });
-                    key.push(if real { 1i64 } else { 0 });
+                    weight.push(if real { weights[i][p + 1] } else { 0.0 });
                 }
                 adv.push(s.advantage);
             }
-            let shape = [b, width];
-            let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
-            let tgt = Tensor::from_slice(&tgt).view(shape).to_device(device);
-            let mask = Tensor::from_slice(&mask).view(shape).to_device(device);
-            let old = Tensor::from_slice(&old).view(shape).to_device(device);
-            let key = Tensor::from_slice(&key).view(shape).to_device(device);
-            let adv = Tensor::from_slice(&adv).to_device(device);
-            let positions = (Tensor::arange(width, (Kind::Int64, device)) + prefix as i64)
-                .unsqueeze(0)
-                .expand(shape, false);
-            let logits = if prefix > 0 {
-                // The shared prefix once (its logits predict untrained tokens only), then every
-                // row's rest attending to its keys and values.
-                let head: Vec<i64> = samples[rows[0]].ids[..prefix]
-                    .iter()
-                    .map(|&t| i64::from(t))
-                    .collect();
-                let head = Tensor::from_slice(&head).view([1, -1]).to_device(device);
-                let head_pos = Tensor::arange(prefix as i64, (Kind::Int64, device)).view([1, -1]);
-                let mut cache = KvCache::new(self.model.cfg.num_hidden_layers as usize);
-                let _ = self.model.forward(&head, &head_pos, None, Some(&mut cache));
-                let mut cache = cache.broadcast(b);
-                let key = Tensor::cat(
-                    &[Tensor::ones([b, prefix as i64], (Kind::Int64, device)), key],
-                    1,
-                );
-                self.model
-                    .forward(&ids, &positions, Some(&key), Some(&mut cache))
-            } else {
-                self.model.forward(&ids, &positions, Some(&key), None)
-            };
-            let logp = Qwen3::token_logprobs(&logits, &tgt, self.temperature);
+            let shape = [rows.len() as i64, width as i64];
+            let int = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
+            let float = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
+            let logits = self.forward_rows(samples, &prefixes, &int(&ids), &int(&pos), &int(&key));
+            let logp = Qwen3::token_logprobs(&logits, &int(&tgt), self.temperature);
+            let (mask, weight) = (float(&mask), float(&weight));
             let here = mask.sum(Kind::Float).double_value(&[]);
-            let (loss, ls, norm) = match objective {
-                Objective::Policy => {
-                    let (l, s) = policy_loss(&self.loss, &logp, &old, &adv, &mask, None);
-                    (l, s, self.loss.norm_type)
-                }
+            // The weights carry the whole batch's normalisation: micro-batch losses add up.
+            let (loss, ls) = match objective {
+                Objective::Policy => weighted_policy_loss(
+                    &self.loss,
+                    &logp,
+                    &float(&old),
+                    &Tensor::from_slice(&adv).to_device(device),
+                    &mask,
+                    &weight,
+                    None,
+                ),
                 Objective::Likelihood => {
-                    let l = -(&logp * &mask).sum(Kind::Float) / here.max(1.0);
-                    (l, LossStats::default(), NormType::Token)
+                    (-(&logp * &weight).sum(Kind::Float), LossStats::default())
                 }
             };
-            // Weight so the sum over micro-batches is the whole batch's loss.
-            let w = match norm {
-                NormType::Token => here / trained.max(1) as f64,
-                NormType::Sequence => rows.len() as f64 / samples.len() as f64,
-            };
-            let scaled = loss * w;
-            loss_total += scaled.double_value(&[]);
-            scaled.backward();
+            loss_total += loss.double_value(&[]);
+            loss.backward();
             let share = here / trained.max(1) as f64;
             weighted.ratio_mean += ls.ratio_mean * share;
             weighted.clipped_frac += ls.clipped_frac * share;
@@ -547,8 +628,96 @@ impl Trainer {
     }
 }
 
+/// Packs sample indices into micro-batches of at most `budget` padded tokens (rows × longest):
+/// whole groups, longest first, while they fit; a group that does not fit an empty
+/// micro-batch is split across several (rows longest first, so rows of a micro-batch have
+/// similar lengths). One group (every sample's `group` alike) packs by length alone.
+fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
+    let len = |i: usize| samples[i].ids.len();
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, s) in samples.iter().enumerate() {
+        groups.entry(s.group).or_default().push(i);
+    }
+    let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
+    for g in &mut groups {
+        g.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(len(g[0])));
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_len = 0;
+    for g in groups {
+        if !cur.is_empty() && cur_len.max(len(g[0])) * (cur.len() + g.len()) > budget {
+            out.push(std::mem::take(&mut cur));
+            cur_len = 0;
+        }
+        for i in g {
+            let width = cur_len.max(len(i));
+            if !cur.is_empty() && width * (cur.len() + 1) > budget {
+                out.push(std::mem::take(&mut cur));
+                cur_len = 0;
+            }
+            cur_len = cur_len.max(len(i));
+            cur.push(i);
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// A prompt prefix that rows of one group share, run once.
+struct Head {
+    /// A sample whose ids start with it.
+    sample: usize,
+    /// Its length (> 0).
+    len: usize,
+    /// Rows of the micro-batch that continue from it.
+    rows: usize,
+}
+
+/// The shared prefixes of a micro-batch.
+struct Prefixes {
+    /// Each prefix run once.
+    heads: Vec<Head>,
+    /// Per row of the micro-batch: the prefix it continues from (`None`: it runs in full).
+    of_row: Vec<Option<usize>>,
+}
+
+/// Per token of each sample, the weight of its loss in the batch's loss under `norm`: on a
+/// trained token `1 / trained tokens` (token) or `1 / (its sequence's trained tokens ×
+/// sequences)` (sequence), where each turn of a sample ([`Sample::turn_starts`]) is a sequence,
+/// trained on or not (as the per-turn samples would be); 0 on every other token.
+fn token_weights(samples: &[Sample], norm: NormType) -> Vec<Vec<f32>> {
+    let trained = |mask: &[bool]| mask.iter().filter(|&&m| m).count();
+    let tokens: usize = samples.iter().map(|s| trained(&s.mask)).sum();
+    let sequences: usize = samples.iter().map(|s| s.turn_starts.len() + 1).sum();
+    samples
+        .iter()
+        .map(|s| {
+            let mut bounds = vec![0];
+            bounds.extend(&s.turn_starts);
+            bounds.push(s.ids.len());
+            let mut w = vec![0f32; s.ids.len()];
+            for span in bounds.windows(2) {
+                let (a, b) = (span[0], span[1]);
+                let each = match norm {
+                    NormType::Token => 1.0 / tokens.max(1) as f64,
+                    NormType::Sequence => 1.0 / (trained(&s.mask[a..b]).max(1) * sequences) as f64,
+                };
+                for (w, _) in w[a..b].iter_mut().zip(&s.mask[a..b]).filter(|(_, m)| **m) {
+                    *w = each as f32;
+                }
+            }
+            w
+        })
+        .collect()
+}
+
 /// Length of the input prefix that the rows of a micro-batch share and whose next-token
 /// targets none of them trains on (0 when sharing would not pay): inputs `0..P` run once.
+/// The trainer asks it for each group's part of a micro-batch.
 fn shared_prefix(samples: &[Sample], rows: &[usize]) -> usize {
     /// Shorter shared prefixes are not worth a second forward call.
     const MIN_SHARED: usize = 16;
@@ -582,6 +751,62 @@ fn shared_prefix(samples: &[Sample], rows: &[usize]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(len: usize, group: usize, trained_from: usize, turn_starts: Vec<usize>) -> Sample {
+        Sample {
+            ids: (0..len as u32).collect(),
+            mask: (0..len).map(|i| i >= trained_from).collect(),
+            old_logprobs: vec![0.0; len],
+            advantage: 1.0,
+            group,
+            turn_starts,
+        }
+    }
+
+    /// Micro-batches hold whole groups (longest first) while they fit; a group bigger than the
+    /// budget is split; one group packs by length alone.
+    #[test]
+    fn packing_keeps_groups_whole() {
+        let samples = vec![
+            sample(10, 0, 5, vec![]),
+            sample(30, 1, 5, vec![]),
+            sample(12, 0, 5, vec![]),
+            sample(20, 2, 5, vec![]),
+            sample(28, 1, 5, vec![]),
+            sample(18, 2, 5, vec![]),
+        ];
+        assert_eq!(pack(&samples, 80), [vec![1, 4], vec![3, 5, 2, 0]]);
+        // Group 1 alone needs 60: with 45 it is split, and group 2 starts a micro-batch.
+        assert_eq!(
+            pack(&samples, 45),
+            [vec![1], vec![4], vec![3, 5], vec![2, 0]]
+        );
+        let one: Vec<Sample> = samples
+            .iter()
+            .map(|s| Sample {
+                group: 0,
+                ..s.clone()
+            })
+            .collect();
+        assert_eq!(pack(&one, 60), [vec![1, 4], vec![3, 5, 2], vec![0]]);
+    }
+
+    /// Token normalisation weighs every trained token alike; sequence normalisation weighs a
+    /// merged sample's turns as the separate samples they stand for.
+    #[test]
+    fn token_weights_normalise_per_token_or_per_turn() {
+        let samples = vec![sample(10, 0, 6, vec![]), sample(12, 0, 2, vec![8])];
+        let w = token_weights(&samples, NormType::Token);
+        assert!(w.iter().flatten().all(|&x| x == 0.0 || x == 1.0 / 14.0));
+        assert_eq!(w[1].iter().filter(|&&x| x > 0.0).count(), 10);
+        // Three sequences: 4 tokens, then 6 (2..8) and 4 (8..12).
+        let w = token_weights(&samples, NormType::Sequence);
+        assert_eq!(w[0][5..7], [0.0, 1.0 / 12.0]);
+        assert_eq!(w[1][1..3], [0.0, 1.0 / 18.0]);
+        assert_eq!(w[1][7..9], [1.0 / 18.0, 1.0 / 12.0]);
+        let total: f32 = w.iter().flatten().sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+    }
 
     #[test]
     fn schedules() {
