@@ -39,6 +39,12 @@ pub struct SftArgs {
     #[arg(long, default_value = "cosine")]
     schedule: String,
     /// Longest sample in tokens (longer ones are left out).
+    /// How multi-turn conversations become samples: `as_produced` (one token stream per
+    /// conversation, each turn as the model writes it, then the template's delta for the
+    /// messages after it: what `host eval` and `host rl` send by default) or `template` (one
+    /// sample per assistant turn, its history re-rendered by the chat template).
+    #[arg(long, value_enum, default_value = "as_produced")]
+    history: crate::rollout::History,
     #[arg(long, default_value_t = 2048)]
     max_len: usize,
     /// Train only on rollouts whose `correct` metric is set (eval results).
@@ -73,7 +79,7 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
     let mut samples = Vec::new();
     for (i, c) in convs.iter().enumerate() {
         samples.extend(
-            sft::samples(&template, &tok, c, a.max_len).map_err(|e| {
+            sft::samples(&template, &tok, c, a.max_len, a.history).map_err(|e| {
                 anyhow::anyhow!("{}: conversation {}: {e}", a.data.display(), i + 1)
             })?,
         );

@@ -118,7 +118,7 @@ struct Probe {
 }
 
 impl ThreadTuner {
-    const TRIALS: u32 = 3;
+    const TRIALS: u32 = 5;
     const RECHECK: u32 = 2000;
 
     fn new(threads: Option<usize>, device: Device) -> Self {

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::trainer::{Objective, OptimConfig, Sample, StepStats, TrainError, Trainer};
 use crate::model::{ChatTemplate, Tokenizer};
+use crate::rollout::History;
 
 /// Errors of SFT data.
 #[derive(Debug, thiserror::Error)]
@@ -93,57 +94,117 @@ pub fn read(path: &Path, only_correct: bool) -> Result<Vec<Conversation>, SftErr
     Ok(out)
 }
 
-/// The per-turn samples of a conversation (longer than `max_len` tokens: left out).
+/// The samples of a conversation. With [`History::Template`], one per assistant turn, its
+/// prompt the template's render of everything before it (as a plain OpenAI client sends it).
+/// With [`History::AsProduced`], one token stream per conversation, the way rollouts see it: each
+/// assistant turn as the model writes it when it is the latest turn (the template's render of
+/// it as the last message: Qwen3 keeps its think block there and drops it from a re-rendered
+/// history), then the template's delta for the messages after it; turns past `max_len` tokens
+/// are left out. Every assistant turn is trained, everything else masked.
 pub fn samples(
     template: &ChatTemplate,
     tok: &Tokenizer,
     conv: &Conversation,
     max_len: usize,
+    history: History,
 ) -> Result<Vec<Sample>, String> {
     let messages = crate::server::openai::messages(Some(&Value::Array(conv.messages.clone())))
         .map_err(|e| e.message)?;
     let list = messages.as_array().expect("an array");
     let none = serde_json::Map::new();
     let mut out = Vec::new();
+    let mut stream: Option<Sample> = None;
+    let mut previous: Option<usize> = None;
     for (i, m) in list.iter().enumerate() {
         if m["role"] != "assistant" {
             continue;
         }
-        let before = Value::Array(list[..i].to_vec());
-        let through = Value::Array(list[..=i].to_vec());
-        let prompt = template
-            .render(&before, conv.tools.as_ref(), true, &none)
-            .map_err(|e| e.to_string())?;
-        let full = template
-            .render(&through, conv.tools.as_ref(), false, &none)
-            .map_err(|e| e.to_string())?;
-        let Some(rest) = full.strip_prefix(&prompt) else {
-            return Err(format!(
-                "the template's render of assistant turn {i} does not extend its prompt"
-            ));
-        };
-        // Up to and including the end-of-turn marker: what the model emits before stopping.
-        let target = rest.trim_end_matches('\n');
-        let p = tok.encode(&prompt).map_err(|e| e.to_string())?;
-        let t = tok.encode(target).map_err(|e| e.to_string())?;
-        if p.len() + t.len() > max_len || t.is_empty() {
+        let (p, t) = turn_tokens(template, tok, conv, list, i)?;
+        if history == History::AsProduced
+            && let (Some(s), Some(k)) = (stream.as_mut(), previous)
+        {
+            let delta = template
+                .render_delta(
+                    tok,
+                    &list[..=k],
+                    &list[k + 1..i],
+                    conv.tools.as_ref(),
+                    &none,
+                )
+                .map_err(|e| e.to_string())?;
+            if s.ids.len() + delta.ids.len() + t.len() > max_len || t.is_empty() {
+                break;
+            }
+            s.ids.extend(&delta.ids);
+            s.turn_starts.push(s.ids.len());
+            s.ids.extend(&t);
+            s.mask.extend(std::iter::repeat_n(false, delta.ids.len()));
+            s.mask.extend(std::iter::repeat_n(true, t.len()));
+            previous = Some(i);
             continue;
+        }
+        if p.len() + t.len() > max_len || t.is_empty() {
+            match history {
+                History::Template => continue,
+                // The stream starts with the first turn or not at all.
+                History::AsProduced => break,
+            }
         }
         let mut mask = vec![false; p.len()];
         mask.extend(std::iter::repeat_n(true, t.len()));
-        let n = p.len() + t.len();
         let mut ids = p;
         ids.extend(t);
-        out.push(Sample {
+        let sample = Sample {
+            old_logprobs: Vec::new(),
             ids,
             mask,
-            old_logprobs: vec![0.0; n],
             advantage: 0.0,
             group: 0,
             turn_starts: Vec::new(),
-        });
+        };
+        match history {
+            History::Template => out.push(sample),
+            History::AsProduced => {
+                stream = Some(sample);
+                previous = Some(i);
+            }
+        }
+    }
+    out.extend(stream);
+    for s in &mut out {
+        s.old_logprobs = vec![0.0; s.ids.len()];
     }
     Ok(out)
+}
+
+/// Assistant message `i` of `list`: the template's render of everything before it (with the
+/// generation prompt) and its own tokens, up to and including the end-of-turn marker.
+fn turn_tokens(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    conv: &Conversation,
+    list: &[Value],
+    i: usize,
+) -> Result<(Vec<u32>, Vec<u32>), String> {
+    let none = serde_json::Map::new();
+    let before = Value::Array(list[..i].to_vec());
+    let through = Value::Array(list[..=i].to_vec());
+    let prompt = template
+        .render(&before, conv.tools.as_ref(), true, &none)
+        .map_err(|e| e.to_string())?;
+    let full = template
+        .render(&through, conv.tools.as_ref(), false, &none)
+        .map_err(|e| e.to_string())?;
+    let Some(rest) = full.strip_prefix(&prompt) else {
+        return Err(format!(
+            "the template's render of assistant turn {i} does not extend its prompt"
+        ));
+    };
+    // Up to and including the end-of-turn marker: what the model emits before stopping.
+    let target = rest.trim_end_matches('\n');
+    let p = tok.encode(&prompt).map_err(|e| e.to_string())?;
+    let t = tok.encode(target).map_err(|e| e.to_string())?;
+    Ok((p, t))
 }
 
 /// Options of an SFT run.
@@ -191,4 +252,63 @@ pub fn train(
         after_step(step + 1, &stats, trainer)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A tool round trip as one stream: each turn as the model writes it (its think block kept,
+    /// which a re-render of the history drops), the tool result between them, both turns
+    /// trained; the per-turn form trains the same tokens with re-rendered histories.
+    #[test]
+    fn as_produced_conversations_are_one_stream_of_turns_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::model::tiny_tokenizer::write(dir.path(), 512).unwrap();
+        let tok = Tokenizer::load(dir.path()).unwrap();
+        let tpl = ChatTemplate::load(dir.path()).unwrap();
+        let conv = Conversation {
+            messages: vec![
+                json!({"role": "user", "content": "What is 6 times 7?"}),
+                json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "python",
+                    "arguments": "{\"code\": \"print(6 * 7)\"}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
+                json!({"role": "assistant", "content": "The answer is 42."}),
+            ],
+            tools: Some(json!([{"type": "function", "function": {"name": "python",
+                "description": "Run Python.", "parameters": {"type": "object",
+                "properties": {"code": {"type": "string"}}}}}])),
+        };
+        let per_turn = samples(&tpl, &tok, &conv, 4096, History::Template).unwrap();
+        let stream = samples(&tpl, &tok, &conv, 4096, History::AsProduced).unwrap();
+        assert_eq!((per_turn.len(), stream.len()), (2, 1));
+        let s = &stream[0];
+        let trained = |s: &Sample| -> Vec<u32> {
+            s.ids
+                .iter()
+                .zip(&s.mask)
+                .filter(|(_, m)| **m)
+                .map(|(i, _)| *i)
+                .collect()
+        };
+        // Turn 1 exactly as its own sample; turn 2's trained tokens as its own sample's.
+        assert_eq!(s.ids[..per_turn[0].ids.len()], per_turn[0].ids[..]);
+        assert_eq!(s.turn_starts.len(), 1);
+        assert_eq!(s.ids[s.turn_starts[0]..], trained(&per_turn[1])[..]);
+        let mut both = trained(&per_turn[0]);
+        both.extend(trained(&per_turn[1]));
+        assert_eq!(trained(s), both);
+        assert_eq!(s.old_logprobs.len(), s.ids.len());
+        // The history keeps turn 1's think block; the template's re-render drops it.
+        let text = tok.decode(&s.ids, false).unwrap();
+        assert_eq!(text.matches("<think>").count(), 2, "{text}");
+        let rerendered = tok.decode(&per_turn[1].ids, false).unwrap();
+        assert_eq!(rerendered.matches("<think>").count(), 1, "{rerendered}");
+        // Too long for the second turn: the stream keeps the first.
+        let short = samples(&tpl, &tok, &conv, s.turn_starts[0], History::AsProduced).unwrap();
+        assert_eq!(short.len(), 1);
+        assert_eq!(short[0].ids, per_turn[0].ids);
+    }
 }
