@@ -117,7 +117,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
     let (stdout, stderr) = common::texts(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stdout.contains("300 conversations, 600 assistant turns"),
+        stdout.contains("300 conversations, 600 assistant turns in 300 samples"),
         "{stdout}"
     );
     // Without a terminal, a progress line every tenth of the run; --save-every keeps a complete

@@ -26,7 +26,8 @@ pub struct SftArgs {
     /// Optimiser steps.
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Samples (assistant turns) per step.
+    /// Samples per step (a conversation with `--history as_produced`, an assistant turn with
+    /// `template`).
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
     /// Peak learning rate.
@@ -106,9 +107,12 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
         a.max_len * 8,
         a.steps,
     )?;
+    // A merged sample holds one more turn per turn start.
+    let turns: usize = samples.iter().map(|s| 1 + s.turn_starts.len()).sum();
     println!(
-        "sft: {} conversations, {} assistant turns, {} steps of {}",
+        "sft: {} conversations, {} assistant turns in {} samples, {} steps of {}",
         convs.len(),
+        turns,
         samples.len(),
         a.steps,
         a.batch_size
