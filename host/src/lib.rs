@@ -1,9 +1,8 @@
 //! rlhost: reinforcement learning of LLMs on verifiable tasks, in one binary.
 //!
 //! This library is everything behind the `host` binary; the binary itself (`src/main.rs`) only
-//! parses arguments and reports errors. The intended shape (one folder per concern, data flowing
-//! from plugins through the rollout loop to the trainer) is described in the repository's
-//! `ARCHITECTURE.md`. What exists today:
+//! parses arguments and reports errors. One folder per concern, data flowing from plugins through
+//! the rollout loop to the trainer and back to the engine as new weights (the README's map):
 //!
 //! - [`bench`]: benchmarks against peers measured in the same run (`host bench …`).
 //! - [`config`]: `@ file.toml` on the command line (prime-rl style config files).
@@ -14,8 +13,13 @@
 //! - [`doctor`]: the installation report behind `host doctor`.
 //! - [`engine`]: batched generation (continuous batching, KV slots, sampling, weight updates).
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
-//! - [`plugin`]: environment and reward plugins (WebAssembly components, native libraries).
-//! - [`rl`]: GRPO training: losses and advantages.
+//! - [`openai`]: the OpenAI wire types (requests, responses, stream chunks, errors) that the
+//!   server, the rollout loop's generators and clients share.
+//! - [`plugin`]: environment and reward plugins (WebAssembly components, Extism, Python,
+//!   native libraries).
+//! - [`rl`]: `host rl` and `host sft`: configs, the orchestrator (rollouts into groups,
+//!   advantages, merged samples), the trainer (objectives, optimiser, shared prefixes), weight
+//!   updates, checkpoints, metrics.
 //! - [`rollout`]: the rollout loop shared by eval and RL, and the model behind it (`Generator`).
 //! - [`sandbox`]: the Python tool sandbox.
 //! - [`server`]: the OpenAI-compatible HTTP API over the engine (`host inference`).
@@ -31,6 +35,7 @@ pub mod engine;
 pub mod eval;
 pub mod home;
 pub mod model;
+pub mod openai;
 pub mod plugin;
 pub mod rl;
 pub mod rollout;

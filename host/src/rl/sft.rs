@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::trainer::{Objective, OptimConfig, Sample, StepStats, TrainError, Trainer};
 use crate::model::{ChatTemplate, Tokenizer};
+use crate::openai::{ChatMessage, ToolDef};
 use crate::rollout::History;
 
 /// Errors of SFT data.
@@ -38,9 +39,9 @@ pub enum SftError {
 #[derive(Debug, Clone)]
 pub struct Conversation {
     /// The messages.
-    pub messages: Vec<Value>,
+    pub messages: Vec<ChatMessage>,
     /// The tools (OpenAI function schemas), if any.
-    pub tools: Option<Value>,
+    pub tools: Option<Vec<ToolDef>>,
 }
 
 /// Reads conversations from a JSONL file; with `only_correct`, eval rollouts whose `correct`
@@ -77,18 +78,24 @@ pub fn read(path: &Path, only_correct: bool) -> Result<Vec<Conversation>, SftErr
                 serde_json::from_value(v.get("tools").cloned().unwrap_or(Value::Array(vec![])))
                     .map_err(|e| bad(format!("tools: {e}")))?;
             out.push(Conversation {
-                messages: msgs.iter().map(crate::rollout::message_json).collect(),
-                tools: (!tools.is_empty())
-                    .then(|| Value::Array(tools.iter().map(crate::rollout::tool_json).collect())),
+                messages: msgs.iter().map(ChatMessage::from).collect(),
+                tools: (!tools.is_empty()).then(|| tools.iter().map(ToolDef::from).collect()),
             });
         } else {
-            let messages = v["messages"].as_array().cloned().ok_or_else(|| {
-                bad("expected {\"messages\": [...]} or a host eval rollout".into())
-            })?;
-            out.push(Conversation {
-                messages,
-                tools: v.get("tools").filter(|t| t.is_array()).cloned(),
-            });
+            if !v["messages"].is_array() {
+                return Err(bad(
+                    "expected {\"messages\": [...]} or a host eval rollout".into()
+                ));
+            }
+            let messages: Vec<ChatMessage> = serde_json::from_value(v["messages"].clone())
+                .map_err(|e| bad(format!("messages: {e}")))?;
+            let tools: Option<Vec<ToolDef>> = match v.get("tools") {
+                Some(t) if t.is_array() => Some(
+                    serde_json::from_value(t.clone()).map_err(|e| bad(format!("tools: {e}")))?,
+                ),
+                _ => None,
+            };
+            out.push(Conversation { messages, tools });
         }
     }
     Ok(out)
@@ -108,8 +115,12 @@ pub fn samples(
     max_len: usize,
     history: History,
 ) -> Result<Vec<Sample>, String> {
-    let messages = crate::server::openai::messages(Some(&Value::Array(conv.messages.clone())))
-        .map_err(|e| e.message)?;
+    let messages =
+        crate::server::request::template_messages(&conv.messages).map_err(|e| e.message)?;
+    let tools = conv
+        .tools
+        .as_ref()
+        .map(|t| serde_json::to_value(t).expect("tools serialise"));
     let list = messages.as_array().expect("an array");
     let none = serde_json::Map::new();
     let mut out = Vec::new();
@@ -119,18 +130,12 @@ pub fn samples(
         if m["role"] != "assistant" {
             continue;
         }
-        let (p, t) = turn_tokens(template, tok, conv, list, i)?;
+        let (p, t) = turn_tokens(template, tok, tools.as_ref(), list, i)?;
         if history == History::AsProduced
             && let (Some(s), Some(k)) = (stream.as_mut(), previous)
         {
             let delta = template
-                .render_delta(
-                    tok,
-                    &list[..=k],
-                    &list[k + 1..i],
-                    conv.tools.as_ref(),
-                    &none,
-                )
+                .render_delta(tok, &list[..=k], &list[k + 1..i], tools.as_ref(), &none)
                 .map_err(|e| e.to_string())?;
             if s.ids.len() + delta.ids.len() + t.len() > max_len || t.is_empty() {
                 break;
@@ -182,7 +187,7 @@ pub fn samples(
 fn turn_tokens(
     template: &ChatTemplate,
     tok: &Tokenizer,
-    conv: &Conversation,
+    tools: Option<&Value>,
     list: &[Value],
     i: usize,
 ) -> Result<(Vec<u32>, Vec<u32>), String> {
@@ -190,10 +195,10 @@ fn turn_tokens(
     let before = Value::Array(list[..i].to_vec());
     let through = Value::Array(list[..=i].to_vec());
     let prompt = template
-        .render(&before, conv.tools.as_ref(), true, &none)
+        .render(&before, tools, true, &none)
         .map_err(|e| e.to_string())?;
     let full = template
-        .render(&through, conv.tools.as_ref(), false, &none)
+        .render(&through, tools, false, &none)
         .map_err(|e| e.to_string())?;
     let Some(rest) = full.strip_prefix(&prompt) else {
         return Err(format!(
@@ -269,17 +274,21 @@ mod tests {
         let tok = Tokenizer::load(dir.path()).unwrap();
         let tpl = ChatTemplate::load(dir.path()).unwrap();
         let conv = Conversation {
-            messages: vec![
-                json!({"role": "user", "content": "What is 6 times 7?"}),
-                json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1",
+            messages: serde_json::from_value(json!([
+                {"role": "user", "content": "What is 6 times 7?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1",
                     "type": "function", "function": {"name": "python",
-                    "arguments": "{\"code\": \"print(6 * 7)\"}"}}]}),
-                json!({"role": "tool", "tool_call_id": "c1", "content": "42"}),
-                json!({"role": "assistant", "content": "The answer is 42."}),
-            ],
-            tools: Some(json!([{"type": "function", "function": {"name": "python",
+                    "arguments": "{\"code\": \"print(6 * 7)\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                {"role": "assistant", "content": "The answer is 42."},
+            ]))
+            .unwrap(),
+            tools: Some(
+                serde_json::from_value(json!([{"type": "function", "function": {"name": "python",
                 "description": "Run Python.", "parameters": {"type": "object",
-                "properties": {"code": {"type": "string"}}}}}])),
+                "properties": {"code": {"type": "string"}}}}}]))
+                .unwrap(),
+            ),
         };
         let per_turn = samples(&tpl, &tok, &conv, 4096, History::Template).unwrap();
         let stream = samples(&tpl, &tok, &conv, 4096, History::AsProduced).unwrap();

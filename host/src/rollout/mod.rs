@@ -16,8 +16,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rlhost_sdk::types::{Example, Message, Role, Rollout, Tool, ToolCall};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use crate::openai::{
+    self, ChatCompletion, ChatMessage, ChatRequest, GenerationParams, ModelList, Stop, ToolDef,
+    UpdateWeightsRequest, UpdateWeightsResponse,
+};
 use crate::plugin::{Environment, RewardFn};
 
 /// Sampling of every turn (OpenAI request fields).
@@ -104,144 +108,88 @@ pub enum GenError {
 pub trait Generator: Send + Sync {
     /// A short description (model and endpoint) for reports.
     fn describe(&self) -> String;
-    /// One chat completion (the raw OpenAI request body → the response JSON).
-    async fn complete(&self, body: &Value) -> Result<Value, GenError>;
+    /// One chat completion.
+    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError>;
 }
 
-/// The chat-completions request for a turn.
+/// The chat-completions request for a turn: log-probs and token ids asked for, sampling from
+/// `s`, the turn's `seed`.
 pub fn request(
     model: &str,
     messages: &[Message],
     tools: &[Tool],
     s: &Sampling,
     seed: Option<u64>,
-) -> Value {
-    let mut body = json!({
-        "model": model,
-        "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
-        "logprobs": true,
-        "return_token_ids": true,
-    });
-    if !tools.is_empty() {
-        body["tools"] = tools.iter().map(tool_json).collect();
+) -> ChatRequest {
+    ChatRequest {
+        messages: messages.iter().map(ChatMessage::from).collect(),
+        params: GenerationParams {
+            model: Some(model.to_string()),
+            max_tokens: s.max_tokens.map(i64::from),
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            seed,
+            stop: (!s.stop.is_empty()).then(|| Stop::Many(s.stop.clone())),
+            return_token_ids: true,
+            ..Default::default()
+        },
+        tools: (!tools.is_empty()).then(|| tools.iter().map(ToolDef::from).collect()),
+        logprobs: true,
+        chat_template_kwargs: (!s.chat_template_kwargs.is_empty())
+            .then(|| s.chat_template_kwargs.clone()),
+        ..Default::default()
     }
-    if let Some(m) = s.max_tokens {
-        body["max_tokens"] = m.into();
-    }
-    if let Some(t) = s.temperature {
-        body["temperature"] = t.into();
-    }
-    if let Some(p) = s.top_p {
-        body["top_p"] = p.into();
-    }
-    if let Some(k) = s.top_k {
-        body["top_k"] = k.into();
-    }
-    if let Some(seed) = seed {
-        body["seed"] = seed.into();
-    }
-    if !s.stop.is_empty() {
-        body["stop"] = json!(s.stop);
-    }
-    if !s.chat_template_kwargs.is_empty() {
-        body["chat_template_kwargs"] = Value::Object(s.chat_template_kwargs.clone());
-    }
-    body
 }
 
-/// A message in OpenAI's shape.
-pub fn message_json(m: &Message) -> Value {
-    let role = match m.role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let mut v = json!({"role": role, "content": m.content});
-    if !m.tool_calls.is_empty() {
-        v["tool_calls"] = m
+/// Reads the first choice of a chat completion into a turn. Token ids and log-probs that
+/// disagree in length are an error here, not a misaligned sample later.
+pub fn parse_turn(v: &ChatCompletion) -> Result<Turn, GenError> {
+    let choice = v
+        .choices
+        .first()
+        .ok_or_else(|| GenError::Fatal(format!("the response {} has no choices", v.id)))?;
+    let msg = &choice.message;
+    let completion_ids = choice.token_ids.clone().unwrap_or_default();
+    let logprobs: Vec<f32> = choice
+        .logprobs
+        .as_ref()
+        .map(|l| l.content.iter().map(|t| t.logprob).collect())
+        .unwrap_or_default();
+    if !completion_ids.is_empty() && !logprobs.is_empty() && completion_ids.len() != logprobs.len()
+    {
+        return Err(GenError::Fatal(format!(
+            "the response {} has {} token ids but {} log-probs",
+            v.id,
+            completion_ids.len(),
+            logprobs.len()
+        )));
+    }
+    let usage = v.usage.clone().unwrap_or_default();
+    Ok(Turn {
+        content: msg.content.clone().unwrap_or_default(),
+        tool_calls: msg
             .tool_calls
             .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
-    }
-    if let Some(id) = &m.tool_call_id {
-        v["tool_call_id"] = id.as_str().into();
-    }
-    v
-}
-
-/// A tool in OpenAI's shape.
-pub fn tool_json(t: &Tool) -> Value {
-    let params: Value = serde_json::from_str(&t.parameters)
-        .unwrap_or_else(|_| json!({"type": "object", "properties": {}}));
-    json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": params}})
-}
-
-/// Reads the first choice of a chat-completions response.
-pub fn parse_turn(v: &Value) -> Result<Turn, GenError> {
-    let choice = v["choices"]
-        .get(0)
-        .ok_or_else(|| GenError::Fatal(format!("the response has no choices: {v}")))?;
-    let msg = &choice["message"];
-    let tool_calls = msg["tool_calls"]
-        .as_array()
-        .map(|calls| {
-            calls
-                .iter()
-                .map(|c| ToolCall {
-                    id: c["id"].as_str().unwrap_or_default().to_string(),
-                    name: c["function"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    arguments: match &c["function"]["arguments"] {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    },
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let ids = |x: &Value| -> Vec<u32> {
-        x.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|t| t.as_u64())
-                    .map(|t| t as u32)
-                    .collect()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                name: c.function.name.clone(),
+                arguments: c.function.arguments.clone(),
             })
-            .unwrap_or_default()
-    };
-    Ok(Turn {
-        content: msg["content"].as_str().unwrap_or_default().to_string(),
-        tool_calls,
-        finish_reason: choice["finish_reason"]
-            .as_str()
-            .unwrap_or("stop")
-            .to_string(),
-        prompt_ids: ids(&v["prompt_token_ids"]),
-        completion_ids: ids(&choice["token_ids"]),
-        logprobs: choice["logprobs"]["content"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|t| t["logprob"].as_f64())
-                    .map(|x| x as f32)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-        tool_parse_error: choice["tool_call_error"].as_str().map(str::to_string),
-        policy_version: choice["policy_version"].as_u64(),
-        cached_tokens: v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0),
+            .collect(),
+        finish_reason: choice.finish_reason.clone(),
+        prompt_ids: v.prompt_token_ids.clone().unwrap_or_default(),
+        completion_ids,
+        logprobs,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        tool_parse_error: choice.tool_call_error.clone(),
+        policy_version: choice.policy_version,
+        cached_tokens: usage.cached_tokens(),
     })
 }
 
-/// The engine in this process, through the server's API code (no HTTP).
+/// The engine in this process, through the server's API code (no HTTP, no JSON).
 pub struct InProcess {
     api: Arc<crate::server::Api>,
 }
@@ -259,13 +207,17 @@ impl Generator for InProcess {
         format!("{} (in-process engine)", self.api.served_name())
     }
 
-    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
-        let bytes = serde_json::to_vec(body).expect("json");
-        match self.api.chat(&bytes).await {
-            Ok(crate::server::Reply::Json(v)) => Ok(v),
+    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
+        if req.params.stream {
+            return Err(GenError::Fatal(
+                "the rollout loop reads whole responses: stream must be false".into(),
+            ));
+        }
+        match self.api.chat(req).await {
+            Ok(crate::server::Reply::Full(c)) => Ok(c),
             Ok(crate::server::Reply::Stream(_)) => Err(GenError::Fatal("unexpected stream".into())),
             Err(e) if e.status == 503 => Err(GenError::Transient(e.message)),
-            Err(e) => Err(GenError::Fatal(format!("{} ({})", e.message, e.status))),
+            Err(e) => Err(GenError::Fatal(e.to_string())),
         }
     }
 }
@@ -307,13 +259,19 @@ impl OpenAiClient {
         Ok((status, text))
     }
 
-    /// POSTs JSON.
-    async fn post(&self, url: &str, body: &Value) -> Result<(u16, String), GenError> {
+    /// POSTs `body` as JSON.
+    async fn post<T: serde::Serialize>(
+        &self,
+        url: &str,
+        body: &T,
+    ) -> Result<(u16, String), GenError> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| GenError::Fatal(format!("serialising the request: {e}")))?;
         let req = self
             .http
             .post(url)
             .header("content-type", "application/json")
-            .body(body.to_string());
+            .body(body);
         self.send(req).await
     }
 
@@ -322,12 +280,32 @@ impl OpenAiClient {
         let (_, text) = self
             .send(self.http.get(format!("{}/models", self.base_url)))
             .await?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| GenError::Fatal(format!("GET /models: {e}: {text}")))?;
-        v["data"][0]["id"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| GenError::Fatal(format!("GET /models lists no model: {v}")))
+        let list: ModelList = openai::parse_response(&text)
+            .map_err(|e| GenError::Fatal(format!("GET /models: {e}")))?;
+        list.data
+            .into_iter()
+            .next()
+            .map(|m| m.id)
+            .ok_or_else(|| GenError::Fatal(format!("GET /models lists no model: {text}")))
+    }
+
+    /// Asks the server to load new weights from `dir` (rlhost's and vLLM-style
+    /// `POST /update_weights {"model_path": …}` next to `/v1`); returns the policy version it
+    /// reports.
+    pub async fn update_weights(&self, dir: &std::path::Path) -> Result<Option<u64>, GenError> {
+        let root = self.base_url.trim_end_matches("/v1");
+        let body = UpdateWeightsRequest {
+            model_path: dir.to_string_lossy().into_owned(),
+        };
+        let (status, text) = self.post(&format!("{root}/update_weights"), &body).await?;
+        if status != 200 {
+            return Err(GenError::Fatal(format!(
+                "POST {root}/update_weights: HTTP {status}: {text}"
+            )));
+        }
+        let r: UpdateWeightsResponse = openai::parse_response(&text)
+            .map_err(|e| GenError::Fatal(format!("POST {root}/update_weights: {e}")))?;
+        Ok(r.policy_version)
     }
 }
 
@@ -337,9 +315,9 @@ impl Generator for OpenAiClient {
         self.base_url.clone()
     }
 
-    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
+    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
         let (status, text) = self
-            .post(&format!("{}/chat/completions", self.base_url), body)
+            .post(&format!("{}/chat/completions", self.base_url), req)
             .await?;
         if status == 429 || status >= 500 {
             return Err(GenError::Transient(format!("HTTP {status}: {text}")));
@@ -347,8 +325,8 @@ impl Generator for OpenAiClient {
         if status != 200 {
             return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
         }
-        serde_json::from_str(&text)
-            .map_err(|e| GenError::Fatal(format!("unreadable response: {e}")))
+        openai::parse_response(&text)
+            .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))
     }
 }
 
@@ -385,43 +363,21 @@ impl Generator for OpenAiPool {
             .join(", ")
     }
 
-    async fn complete(&self, body: &Value) -> Result<Value, GenError> {
+    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
-        self.clients[i].complete(body).await
-    }
-}
-
-impl OpenAiClient {
-    /// Asks the server to load new weights from `dir` (rlhost's and vLLM-style
-    /// `POST /update_weights {"model_path": …}` next to `/v1`); returns the policy version it
-    /// reports.
-    pub async fn update_weights(&self, dir: &std::path::Path) -> Result<Option<u64>, GenError> {
-        let root = self.base_url.trim_end_matches("/v1");
-        let (status, text) = self
-            .post(
-                &format!("{root}/update_weights"),
-                &json!({"model_path": dir}),
-            )
-            .await?;
-        if status != 200 {
-            return Err(GenError::Fatal(format!(
-                "POST {root}/update_weights: HTTP {status}: {text}"
-            )));
-        }
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(v["policy_version"].as_u64())
+        self.clients[i].complete(req).await
     }
 }
 
 /// Calls `g`, retrying transient failures with exponential backoff (0.5 s, 1 s, 2 s, …).
 pub async fn complete_with_retries(
     g: &dyn Generator,
-    body: &Value,
+    req: &ChatRequest,
     retries: u32,
-) -> Result<Value, GenError> {
+) -> Result<ChatCompletion, GenError> {
     let mut attempt = 0;
     loop {
-        match g.complete(body).await {
+        match g.complete(req).await {
             Err(GenError::Transient(e)) if attempt < retries => {
                 let wait = Duration::from_millis(500 << attempt.min(6));
                 tracing::debug!("transient generator failure ({e}); retrying in {wait:?}");
@@ -579,7 +535,7 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             s.wrapping_add(spec.seed.wrapping_mul(1_000_003))
                 .wrapping_add(u64::from(turns))
         });
-        let mut body = request(spec.model, &messages, &tools, spec.sampling, seed);
+        let mut req = request(spec.model, &messages, &tools, spec.sampling, seed);
         let previous = rec
             .turns
             .last()
@@ -589,9 +545,9 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
         {
             let mut ids = prev.prompt_ids.clone();
             ids.extend(&prev.completion_ids);
-            body["history_token_ids"] = json!(ids);
+            req.history_token_ids = Some(ids);
         }
-        let v = complete_with_retries(spec.generator, &body, spec.retries)
+        let v = complete_with_retries(spec.generator, &req, spec.retries)
             .await
             .map_err(|e| format!("model turn {}: {e}", turns + 1))?;
         let turn = parse_turn(&v).map_err(|e| e.to_string())?;

@@ -9,7 +9,7 @@
 //! must complete a call. Every choice carries the policy version of its weights. Bad requests
 //! get a 400 naming the problem; a full queue a 503.
 
-pub mod openai;
+pub mod request;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,13 +20,19 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::Serialize;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::engine::{Completion, Engine, EngineError, Event, FinishReason, SamplingParams};
+use crate::engine::{Completion, Engine, EngineError, Event, FinishReason};
 use crate::model::tool_parsers::{self, ParseOutcome, ToolCallParser};
-use openai::{ApiError, Sampling, ToolChoice};
+use crate::openai::{
+    self, ApiError, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs,
+    ChatRequest, CompletionRequest, Delta, GenerationParams, ModelCard, ModelList, Prompt,
+    ResponseMessage, TextChoice, TextChunkChoice, TextCompletion, TextCompletionChunk,
+    TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, TopLogprobMap,
+    UpdateWeightsRequest, UpdateWeightsResponse, Usage,
+};
+use request::ToolChoice;
 
 /// How the server presents the engine.
 #[derive(Debug, Clone)]
@@ -50,11 +56,11 @@ pub struct Api {
 
 type AppState = Api;
 
-/// A response body: one JSON document, or server-sent events.
-pub enum Reply {
+/// A response: the whole body, or server-sent events.
+pub enum Reply<T> {
     /// A complete response.
-    Json(Value),
-    /// Event payloads, `[DONE]` last.
+    Full(T),
+    /// Event payloads (serialised chunks), `[DONE]` last.
     Stream(tmpsc::Receiver<String>),
 }
 
@@ -83,10 +89,28 @@ impl Api {
         &self.cfg.served_name
     }
 
-    /// `POST /v1/chat/completions` with `body` (JSON bytes).
-    pub async fn chat(self: &Arc<Self>, body: &[u8]) -> Result<Reply, ApiError> {
-        chat_impl(self.clone(), body).await
+    /// `POST /v1/chat/completions`.
+    pub async fn chat(
+        self: &Arc<Self>,
+        req: &ChatRequest,
+    ) -> Result<Reply<ChatCompletion>, ApiError> {
+        chat_impl(self.clone(), req).await
     }
+
+    /// `POST /v1/completions`.
+    pub async fn completions(
+        self: &Arc<Self>,
+        req: &CompletionRequest,
+    ) -> Result<Reply<TextCompletion>, ApiError> {
+        completions_impl(self.clone(), req).await
+    }
+}
+
+/// Parses a chat or text completion request body. The shared generation fields are read on
+/// their own first, so a type error there names its field (serde loses paths inside `flatten`).
+fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    openai::parse::<GenerationParams>(body)?;
+    openai::parse(body)
 }
 
 /// The API's routes over `engine`.
@@ -216,9 +240,9 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
     r
 }
 
-fn reply(r: Result<Reply, ApiError>) -> Response {
+fn reply<T: Serialize>(r: Result<Reply<T>, ApiError>) -> Response {
     match r {
-        Ok(Reply::Json(v)) => axum::Json(v).into_response(),
+        Ok(Reply::Full(v)) => axum::Json(v).into_response(),
         Ok(Reply::Stream(rx)) => sse(rx),
         Err(e) => error(e),
     }
@@ -284,25 +308,23 @@ fn random_id(prefix: &str) -> String {
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [{
-        "id": st.cfg.served_name,
-        "object": "model",
-        "created": st.created,
-        "owned_by": "rlhost",
-        "root": st.cfg.served_name,
-        "max_model_len": st.engine.info().config.max_model_len,
-        "policy_version": st.engine.info().version(),
-    }]}))
+    axum::Json(ModelList {
+        object: "list".into(),
+        data: vec![ModelCard {
+            id: st.cfg.served_name.clone(),
+            object: "model".into(),
+            created: st.created,
+            owned_by: "rlhost".into(),
+            root: Some(st.cfg.served_name.clone()),
+            max_model_len: Some(st.engine.info().config.max_model_len),
+            policy_version: Some(st.engine.info().version()),
+        }],
+    })
     .into_response()
 }
 
-#[derive(Deserialize)]
-struct UpdateWeights {
-    model_path: String,
-}
-
 async fn update_weights(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req: UpdateWeights = match openai::parse(&body) {
+    let req: UpdateWeightsRequest = match openai::parse(&body) {
         Ok(r) => r,
         Err(e) => return error(e),
     };
@@ -318,7 +340,11 @@ async fn update_weights(State(st): State<Arc<AppState>>, body: Bytes) -> Respons
         .update_weights(crate::engine::WeightSource::Dir(dir))
         .await
     {
-        Ok(v) => axum::Json(json!({"status": "ok", "policy_version": v})).into_response(),
+        Ok(v) => axum::Json(UpdateWeightsResponse {
+            status: "ok".into(),
+            policy_version: Some(v),
+        })
+        .into_response(),
         Err(e) => error(engine_error(e, "model_path")),
     }
 }
@@ -344,28 +370,6 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     }
 }
 
-#[derive(Deserialize)]
-struct ChatRequest {
-    #[serde(skip)]
-    sampling: Sampling,
-    messages: Option<Value>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    #[serde(default)]
-    logprobs: bool,
-    top_logprobs: Option<usize>,
-    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
-    add_generation_prompt: Option<bool>,
-    /// rlhost extension: the token ids of the conversation up to and including its last
-    /// assistant message exactly as the model produced them (the previous turn's prompt and
-    /// completion ids). The prompt is then these ids + the rendered messages after that
-    /// assistant message, instead of a re-render of the whole history (which templates rewrite:
-    /// Qwen3 drops earlier reasoning, tool calls re-serialise, text re-tokenises). Multi-turn
-    /// rollouts stay one growing token stream: the prefix cache reuses every earlier turn and
-    /// the trainer can merge the turns into one sample.
-    history_token_ids: Option<Vec<u32>>,
-}
-
 /// How a chat request's output is read.
 struct ToolPlan {
     /// Parse calls at all.
@@ -376,18 +380,21 @@ struct ToolPlan {
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    reply(chat_impl(st, &body).await)
+    match parse_request::<ChatRequest>(&body) {
+        Ok(req) => reply(chat_impl(st, &req).await),
+        Err(e) => error(e),
+    }
 }
 
-async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
-    // Two passes, so a type error names its field (serde loses paths inside `flatten`).
-    let mut req: ChatRequest = openai::parse(body)?;
-    req.sampling = openai::parse(body)?;
-    check_model(&st, &req.sampling.model)?;
-    let messages = openai::messages(req.messages.as_ref())?;
-    let (tools_json, tools) = openai::tools(req.tools.as_ref())?;
-    let choice = openai::tool_choice(req.tool_choice.as_ref())?;
-    let explicit_auto = req.tool_choice.as_ref().is_some_and(|v| v == "auto");
+async fn chat_impl(
+    st: Arc<AppState>,
+    req: &ChatRequest,
+) -> Result<Reply<ChatCompletion>, ApiError> {
+    check_model(&st, &req.params.model)?;
+    let messages = request::template_messages(&req.messages)?;
+    let (tools_json, tools) = request::tools(req.tools.as_deref())?;
+    let choice = request::tool_choice(req.tool_choice.as_ref())?;
+    let explicit_auto = choice == ToolChoice::Auto && req.tool_choice.is_some();
     if explicit_auto && tools_json.is_some() && !st.cfg.enable_auto_tool_choice {
         return Err(ApiError::bad(
             Some("tool_choice".into()),
@@ -473,62 +480,54 @@ async fn chat_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
         }
         (false, _) => 0,
     };
-    let params = req.sampling.params(top)?;
-    let n = req.sampling.n()?;
+    let params = request::sampling_params(&req.params, top)?;
+    let n = request::samples(&req.params)?;
     let prompt_tokens = ids.len();
     let rx = st
         .engine
-        .submit(ids.clone(), params.clone(), n)
+        .submit(ids.clone(), params, n)
         .map_err(|e| engine_error(e, "messages"))?;
-    let meta = Meta {
-        id: random_id("chatcmpl"),
-        created: now(),
-        model: st.cfg.served_name.clone(),
-        prompt_ids: ids,
-        logprobs: req.logprobs,
-        as_ids: req.sampling.return_tokens_as_token_ids,
-        return_ids: req.sampling.return_token_ids,
-        include_usage: req
-            .sampling
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
-    };
-    if req.sampling.stream {
-        return Ok(Reply::Stream(chat_stream(st, rx, n, plan, meta, params)));
+    let meta = Meta::new(&st, "chatcmpl", ids, req.logprobs, &req.params);
+    if req.params.stream {
+        return Ok(Reply::Stream(chat_stream(st, rx, n, plan, meta)));
     }
     let mut rx = rx;
     let done = crate::engine::collect(&mut rx, n, prompt_tokens)
         .await
         .map_err(|e| engine_error(e, "messages"))?;
-    let choices: Vec<Value> = done
+    let choices: Vec<ChatChoice> = done
         .iter()
         .map(|c| {
             let (message, finish, parse_error) = chat_message(&st, &plan, c);
-            let mut choice = json!({
-                "index": c.index,
-                "message": message,
-                "logprobs": if meta.logprobs { json!({"content": logprob_items(&st, c, meta.as_ids)}) } else { Value::Null },
-                "finish_reason": finish,
-                "stop_reason": Value::Null,
-                "policy_version": c.versions.last().copied().unwrap_or(st.engine.info().version()),
-            });
-            if let Some(e) = parse_error {
-                choice["tool_call_error"] = e.into();
+            ChatChoice {
+                index: c.index,
+                message,
+                logprobs: meta.logprobs.then(|| ChatLogprobs {
+                    content: logprob_items(&st, c, meta.as_ids),
+                }),
+                finish_reason: finish.to_string(),
+                stop_reason: None,
+                policy_version: Some(
+                    c.versions
+                        .last()
+                        .copied()
+                        .unwrap_or(st.engine.info().version()),
+                ),
+                tool_call_error: parse_error,
+                token_ids: meta.return_ids.then(|| c.token_ids.clone()),
             }
-            if meta.return_ids {
-                choice["token_ids"] = json!(c.token_ids);
-            }
-            choice
         })
         .collect();
-    Ok(Reply::Json(response_body(
-        &st,
-        &meta,
-        "chat.completion",
+    Ok(Reply::Full(ChatCompletion {
+        id: meta.id.clone(),
+        object: "chat.completion".into(),
+        created: meta.created,
+        model: meta.model.clone(),
         choices,
-        &done,
-    )))
+        usage: Some(usage(meta.prompt_ids.len(), &done)),
+        policy_version: Some(policy_version(&st, &done)),
+        prompt_token_ids: meta.return_ids.then(|| meta.prompt_ids.clone()),
+    }))
 }
 
 /// The prompt of a conversation whose history is given as tokens (`history_token_ids`): those
@@ -540,9 +539,9 @@ fn continue_history(
     info: &crate::engine::EngineInfo,
     template: &crate::model::ChatTemplate,
     history: &[u32],
-    messages: &Value,
-    tools: Option<&Value>,
-    kwargs: &serde_json::Map<String, Value>,
+    messages: &serde_json::Value,
+    tools: Option<&serde_json::Value>,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
     forced: &str,
 ) -> Result<Vec<u32>, ApiError> {
     let param = || Some("history_token_ids".to_string());
@@ -610,6 +609,27 @@ struct Meta {
     include_usage: bool,
 }
 
+impl Meta {
+    fn new(
+        st: &AppState,
+        id_prefix: &str,
+        prompt_ids: Vec<u32>,
+        logprobs: bool,
+        p: &GenerationParams,
+    ) -> Self {
+        Self {
+            id: random_id(id_prefix),
+            created: now(),
+            model: st.cfg.served_name.clone(),
+            prompt_ids,
+            logprobs,
+            as_ids: p.return_tokens_as_token_ids,
+            return_ids: p.return_token_ids,
+            include_usage: p.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        }
+    }
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -618,41 +638,22 @@ fn now() -> u64 {
 
 /// Token usage; `prompt_tokens_details.cached_tokens` counts each request's prompt tokens that
 /// came from the prefix cache (once per request, as its samples share one prefill).
-fn usage(prompt: usize, done: &[Completion]) -> Value {
+fn usage(prompt: usize, done: &[Completion]) -> Usage {
     let completion: usize = done.iter().map(|c| c.token_ids.len()).sum();
     let cached: usize = done
         .iter()
         .filter(|c| c.index == 0)
         .map(|c| c.cached_tokens)
         .sum();
-    usage_json(prompt, completion, cached)
+    Usage::new(prompt as u64, completion as u64, cached as u64)
 }
 
-fn usage_json(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": cached}})
-}
-
-fn response_body(
-    st: &AppState,
-    meta: &Meta,
-    object: &str,
-    choices: Vec<Value>,
-    done: &[Completion],
-) -> Value {
-    let mut body = json!({
-        "id": meta.id,
-        "object": object,
-        "created": meta.created,
-        "model": meta.model,
-        "choices": choices,
-        "usage": usage(meta.prompt_ids.len(), done),
-        "policy_version": done.iter().filter_map(|c| c.versions.last().copied()).max().unwrap_or(st.engine.info().version()),
-    });
-    if meta.return_ids {
-        body["prompt_token_ids"] = json!(meta.prompt_ids);
-    }
-    body
+/// The newest policy version among finished choices (the engine's current one if none says).
+fn policy_version(st: &AppState, done: &[Completion]) -> u64 {
+    done.iter()
+        .filter_map(|c| c.versions.last().copied())
+        .max()
+        .unwrap_or(st.engine.info().version())
 }
 
 /// The assistant message of a finished choice: content and tool calls, the finish reason, and
@@ -661,14 +662,16 @@ fn chat_message(
     st: &AppState,
     plan: &ToolPlan,
     c: &Completion,
-) -> (Value, &'static str, Option<String>) {
+) -> (ResponseMessage, &'static str, Option<String>) {
+    let message = |content: Option<String>, tool_calls: Vec<ToolCall>| ResponseMessage {
+        role: "assistant".into(),
+        content,
+        tool_calls,
+        reasoning_content: None,
+    };
     let finish = c.finish_reason.as_str();
     if !plan.parse {
-        return (
-            json!({"role": "assistant", "content": c.text, "tool_calls": []}),
-            finish,
-            None,
-        );
+        return (message(Some(c.text.clone()), Vec::new()), finish, None);
     }
     let text = format!("{}{}", plan.forced, c.text);
     let out: ParseOutcome = st.parser.parse(&text, &plan.tools);
@@ -678,30 +681,19 @@ fn chat_message(
         } else {
             text
         };
-        return (
-            json!({"role": "assistant", "content": content, "tool_calls": []}),
-            finish,
-            out.error,
-        );
+        return (message(Some(content), Vec::new()), finish, out.error);
     }
-    let calls: Vec<Value> = out
+    let calls: Vec<ToolCall> = out
         .calls
         .iter()
-        .map(|call| {
-            json!({"id": random_id("call"), "type": "function",
-                   "function": {"name": call.name, "arguments": call.arguments}})
-        })
+        .map(|call| ToolCall::function(&random_id("call"), &call.name, &call.arguments))
         .collect();
     let finish = if c.finish_reason == FinishReason::Stop {
         "tool_calls"
     } else {
         finish
     };
-    (
-        json!({"role": "assistant", "content": out.content, "tool_calls": calls}),
-        finish,
-        out.error,
-    )
+    (message(out.content, calls), finish, out.error)
 }
 
 fn token_text(st: &AppState, id: u32, as_ids: bool) -> String {
@@ -716,20 +708,27 @@ fn token_text(st: &AppState, id: u32, as_ids: bool) -> String {
     }
 }
 
-fn logprob_item(st: &AppState, id: u32, lp: f32, top: &[(u32, f32)], as_ids: bool) -> Value {
-    let tok = token_text(st, id, as_ids);
-    json!({
-        "token": tok,
-        "logprob": lp,
-        "bytes": tok.as_bytes(),
-        "top_logprobs": top.iter().map(|&(t, l)| {
-            let s = token_text(st, t, as_ids);
-            json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
-        }).collect::<Vec<_>>(),
-    })
+fn logprob_item(st: &AppState, id: u32, lp: f32, top: &[(u32, f32)], as_ids: bool) -> TokenLogprob {
+    let token = token_text(st, id, as_ids);
+    TokenLogprob {
+        bytes: Some(token.as_bytes().to_vec()),
+        token,
+        logprob: lp,
+        top_logprobs: top
+            .iter()
+            .map(|&(t, l)| {
+                let token = token_text(st, t, as_ids);
+                TopLogprob {
+                    bytes: Some(token.as_bytes().to_vec()),
+                    token,
+                    logprob: l,
+                }
+            })
+            .collect(),
+    }
 }
 
-fn logprob_items(st: &AppState, c: &Completion, as_ids: bool) -> Vec<Value> {
+fn logprob_items(st: &AppState, c: &Completion, as_ids: bool) -> Vec<TokenLogprob> {
     c.token_ids
         .iter()
         .zip(&c.logprobs)
@@ -756,6 +755,11 @@ fn sse(rx: Chunks) -> Response {
         .expect("a valid response")
 }
 
+/// A stream chunk as its event payload.
+fn payload<T: Serialize>(chunk: &T) -> String {
+    serde_json::to_string(chunk).expect("chunks serialise")
+}
+
 /// Streams a chat completion: a role chunk per choice, content deltas as tokens arrive
 /// (text that may start a tool call held back when calls are parsed), tool calls and the finish
 /// reason at the end, usage if asked, then `[DONE]`.
@@ -765,14 +769,26 @@ fn chat_stream(
     n: usize,
     plan: ToolPlan,
     meta: Meta,
-    _params: SamplingParams,
 ) -> Chunks {
     let (tx, out) = tmpsc::channel(64);
     tokio::spawn(async move {
-        let chunk = |choice: Value| {
-            json!({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
-                   "model": meta.model, "choices": [choice]})
-            .to_string()
+        let chunk = |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| {
+            payload(&ChatCompletionChunk {
+                id: meta.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                choices,
+                usage,
+            })
+        };
+        let choice = |index: usize, delta: Delta| ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+            policy_version: None,
+            tool_call_error: None,
         };
         let marker = "<tool_call>";
         let mut texts = vec![String::new(); n];
@@ -782,11 +798,16 @@ fn chat_stream(
             .map(|index| Completion::empty(index, meta.prompt_ids.len()))
             .collect();
         for index in 0..n {
-            let c = chunk(
-                json!({"index": index, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": null, "finish_reason": null}),
-            );
-            if tx.send(c).await.is_err() {
+            let delta = Delta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+                ..Default::default()
+            };
+            if tx
+                .send(chunk(vec![choice(index, delta)], None))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -820,18 +841,19 @@ fn chat_stream(
                     };
                     let ready = ready.max(shown[index]);
                     let delta = &t[shown[index]..ready];
-                    let lp = meta.logprobs.then(
-                        || json!({"content": [logprob_item(&st, id, logprob, &top, meta.as_ids)]}),
-                    );
+                    let lp = meta.logprobs.then(|| ChatLogprobs {
+                        content: vec![logprob_item(&st, id, logprob, &top, meta.as_ids)],
+                    });
                     if !delta.is_empty() || lp.is_some() {
-                        let mut d = json!({"content": delta});
-                        if meta.return_ids {
-                            d["token_ids"] = json!([id]);
-                        }
-                        let c = chunk(json!({"index": index, "delta": d,
-                                             "logprobs": lp, "finish_reason": null}));
+                        let d = Delta {
+                            content: Some(delta.to_string()),
+                            token_ids: meta.return_ids.then(|| vec![id]),
+                            ..Default::default()
+                        };
+                        let mut c = choice(index, d);
+                        c.logprobs = lp;
                         shown[index] = ready;
-                        if tx.send(c).await.is_err() {
+                        if tx.send(chunk(vec![c], None)).await.is_err() {
                             return;
                         }
                     }
@@ -849,34 +871,33 @@ fn chat_stream(
                     c.finish_reason = reason;
                     c.cached_tokens = cached_tokens;
                     let (message, finish, parse_error) = chat_message(&st, &plan, &c);
-                    let mut delta = json!({});
-                    let content = message["content"].as_str().unwrap_or_default();
+                    let mut delta = Delta::default();
+                    let content = message.content.as_deref().unwrap_or_default();
                     if content.len() > shown[index]
                         && content.starts_with(&texts[index][..shown[index]])
                     {
-                        delta["content"] = content[shown[index]..].into();
+                        delta.content = Some(content[shown[index]..].to_string());
                     }
-                    let calls = message["tool_calls"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default();
-                    if !calls.is_empty() {
-                        delta["tool_calls"] = calls
-                            .into_iter()
-                            .enumerate()
-                            .map(|(i, mut call)| {
-                                call["index"] = i.into();
-                                call
-                            })
-                            .collect();
+                    if !message.tool_calls.is_empty() {
+                        delta.tool_calls = Some(
+                            message
+                                .tool_calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, call)| ToolCallChunk {
+                                    index: i,
+                                    id: Some(call.id),
+                                    kind: Some(call.kind),
+                                    function: call.function,
+                                })
+                                .collect(),
+                        );
                     }
-                    let mut choice = json!({"index": index, "delta": delta, "logprobs": null,
-                                            "finish_reason": finish,
-                                            "policy_version": c.versions.last().copied()});
-                    if let Some(e) = parse_error {
-                        choice["tool_call_error"] = e.into();
-                    }
-                    if tx.send(chunk(choice)).await.is_err() {
+                    let mut last = choice(index, delta);
+                    last.finish_reason = Some(finish.to_string());
+                    last.policy_version = c.versions.last().copied();
+                    last.tool_call_error = parse_error;
+                    if tx.send(chunk(vec![last], None)).await.is_err() {
                         return;
                     }
                     done.push(c);
@@ -884,47 +905,26 @@ fn chat_stream(
             }
         }
         if meta.include_usage {
-            let u = json!({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
-                           "model": meta.model, "choices": [], "usage": usage(meta.prompt_ids.len(), &done)});
-            let _ = tx.send(u.to_string()).await;
+            let u = usage(meta.prompt_ids.len(), &done);
+            let _ = tx.send(chunk(Vec::new(), Some(u))).await;
         }
         let _ = tx.send("[DONE]".to_string()).await;
     });
     out
 }
 
-/// `prompt`: text, token ids, or a list of either.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Ids(Vec<u32>),
-    Texts(Vec<String>),
-    IdLists(Vec<Vec<u32>>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    #[serde(skip)]
-    sampling: Sampling,
-    prompt: Option<Prompt>,
-    /// Legacy completions: the number of top tokens listed with each sampled token's log-prob
-    /// (0 lists the sampled token alone); absent, no log-probs.
-    logprobs: Option<usize>,
-    /// Chat's field; present here it is refused rather than silently ignored.
-    top_logprobs: Option<Value>,
-    #[serde(default)]
-    echo: bool,
-}
-
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    reply(completions_impl(st, &body).await)
+    match parse_request::<CompletionRequest>(&body) {
+        Ok(req) => reply(completions_impl(st, &req).await),
+        Err(e) => error(e),
+    }
 }
 
-async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiError> {
-    let mut req: CompletionRequest = openai::parse(body)?;
-    req.sampling = openai::parse(body)?;
-    check_model(&st, &req.sampling.model)?;
+async fn completions_impl(
+    st: Arc<AppState>,
+    req: &CompletionRequest,
+) -> Result<Reply<TextCompletion>, ApiError> {
+    check_model(&st, &req.params.model)?;
     if req.echo {
         return Err(ApiError::bad(Some("echo".into()), "echo is not supported"));
     }
@@ -963,22 +963,15 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiEr
             ),
         ));
     }
-    let params = req.sampling.params(top)?;
-    let n = req.sampling.n()?;
-    let meta = Meta {
-        id: random_id("cmpl"),
-        created: now(),
-        model: st.cfg.served_name.clone(),
-        prompt_ids: prompts.concat(),
-        logprobs: req.logprobs.is_some(),
-        as_ids: req.sampling.return_tokens_as_token_ids,
-        return_ids: req.sampling.return_token_ids,
-        include_usage: req
-            .sampling
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
-    };
+    let params = request::sampling_params(&req.params, top)?;
+    let n = request::samples(&req.params)?;
+    let meta = Meta::new(
+        &st,
+        "cmpl",
+        prompts.concat(),
+        req.logprobs.is_some(),
+        &req.params,
+    );
     let mut rxs = Vec::new();
     for p in &prompts {
         rxs.push(
@@ -987,7 +980,7 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiEr
                 .map_err(|e| engine_error(e, "prompt"))?,
         );
     }
-    if req.sampling.stream {
+    if req.params.stream {
         return Ok(Reply::Stream(completion_stream(st, rxs, n, meta)));
     }
     let mut choices = Vec::new();
@@ -997,33 +990,42 @@ async fn completions_impl(st: Arc<AppState>, body: &[u8]) -> Result<Reply, ApiEr
             .await
             .map_err(|e| engine_error(e, "prompt"))?;
         for c in &done {
-            let mut choice = json!({
-                "index": k * n + c.index,
-                "text": c.text,
-                "logprobs": if meta.logprobs { text_logprobs(&st, c, meta.as_ids) } else { Value::Null },
-                "finish_reason": c.finish_reason.as_str(),
-                "stop_reason": Value::Null,
-                "policy_version": c.versions.last().copied(),
+            choices.push(TextChoice {
+                index: k * n + c.index,
+                text: c.text.clone(),
+                logprobs: meta.logprobs.then(|| text_logprobs(&st, c, meta.as_ids)),
+                finish_reason: c.finish_reason.as_str().to_string(),
+                stop_reason: None,
+                policy_version: c.versions.last().copied(),
+                token_ids: meta.return_ids.then(|| c.token_ids.clone()),
+                prompt_token_ids: meta.return_ids.then(|| p.clone()),
             });
-            if meta.return_ids {
-                choice["token_ids"] = json!(c.token_ids);
-                choice["prompt_token_ids"] = json!(p);
-            }
-            choices.push(choice);
         }
         all.extend(done);
     }
-    Ok(Reply::Json(response_body(
-        &st,
-        &meta,
-        "text_completion",
+    Ok(Reply::Full(TextCompletion {
+        id: meta.id.clone(),
+        object: "text_completion".into(),
+        created: meta.created,
+        model: meta.model.clone(),
         choices,
-        &all,
-    )))
+        usage: Some(usage(meta.prompt_ids.len(), &all)),
+        policy_version: Some(policy_version(&st, &all)),
+        prompt_token_ids: meta.return_ids.then(|| meta.prompt_ids.clone()),
+    }))
+}
+
+/// The alternatives at one position as a text completion lists them.
+fn top_map(st: &AppState, top: &[(u32, f32)], as_ids: bool) -> TopLogprobMap {
+    TopLogprobMap(
+        top.iter()
+            .map(|&(t, l)| (token_text(st, t, as_ids), l))
+            .collect(),
+    )
 }
 
 /// Legacy completions log-probs: parallel lists.
-fn text_logprobs(st: &AppState, c: &Completion, as_ids: bool) -> Value {
+fn text_logprobs(st: &AppState, c: &Completion, as_ids: bool) -> TextLogprobs {
     let tokens: Vec<String> = c
         .token_ids
         .iter()
@@ -1038,18 +1040,16 @@ fn text_logprobs(st: &AppState, c: &Completion, as_ids: bool) -> Value {
             o
         })
         .collect();
-    let tops: Vec<Value> = c
-        .top_logprobs
-        .iter()
-        .map(|top| {
-            let m: serde_json::Map<String, Value> = top
-                .iter()
-                .map(|&(t, l)| (token_text(st, t, as_ids), json!(l)))
-                .collect();
-            Value::Object(m)
-        })
-        .collect();
-    json!({"tokens": tokens, "token_logprobs": c.logprobs, "top_logprobs": tops, "text_offset": offsets})
+    TextLogprobs {
+        tokens,
+        token_logprobs: c.logprobs.clone(),
+        top_logprobs: c
+            .top_logprobs
+            .iter()
+            .map(|top| top_map(st, top, as_ids))
+            .collect(),
+        text_offset: Some(offsets),
+    }
 }
 
 fn completion_stream(
@@ -1060,6 +1060,16 @@ fn completion_stream(
 ) -> Chunks {
     let (tx, out) = tmpsc::channel(64);
     tokio::spawn(async move {
+        let chunk = |choices: Vec<TextChunkChoice>, usage: Option<Usage>| {
+            payload(&TextCompletionChunk {
+                id: meta.id.clone(),
+                object: "text_completion".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                choices,
+                usage,
+            })
+        };
         let mut completion_tokens = 0usize;
         let mut cached = 0usize;
         for (k, mut rx) in rxs.into_iter().enumerate() {
@@ -1076,15 +1086,13 @@ fn completion_stream(
                         ..
                     } => {
                         completion_tokens += 1;
-                        let lp = meta.logprobs.then(|| {
-                            let tok = token_text(&st, id, meta.as_ids);
-                            let m: serde_json::Map<String, Value> = top
-                                .iter()
-                                .map(|&(t, l)| (token_text(&st, t, meta.as_ids), json!(l)))
-                                .collect();
-                            json!({"tokens": [tok], "token_logprobs": [logprob], "top_logprobs": [m]})
+                        let lp = meta.logprobs.then(|| TextLogprobs {
+                            tokens: vec![token_text(&st, id, meta.as_ids)],
+                            token_logprobs: vec![logprob],
+                            top_logprobs: vec![top_map(&st, &top, meta.as_ids)],
+                            text_offset: None,
                         });
-                        (index, text, Value::Null, lp)
+                        (index, text, None, lp)
                     }
                     Event::Finished {
                         index,
@@ -1097,27 +1105,30 @@ fn completion_stream(
                         if index == 0 {
                             cached += cached_tokens;
                         }
-                        (index, text, json!(reason.as_str()), None)
+                        (index, text, Some(reason.as_str().to_string()), None)
                     }
                 };
-                if text.is_empty() && finish.is_null() && lp.is_none() {
+                if text.is_empty() && finish.is_none() && lp.is_none() {
                     continue;
                 }
-                let c = json!({"id": meta.id, "object": "text_completion", "created": meta.created,
-                               "model": meta.model,
-                               "choices": [{"index": k * n + index, "text": text,
-                                            "logprobs": lp, "finish_reason": finish}]});
-                if tx.send(c.to_string()).await.is_err() {
+                let c = TextChunkChoice {
+                    index: k * n + index,
+                    text,
+                    logprobs: lp,
+                    finish_reason: finish,
+                };
+                if tx.send(chunk(vec![c], None)).await.is_err() {
                     return;
                 }
             }
         }
         if meta.include_usage {
-            let p = meta.prompt_ids.len();
-            let u = json!({"id": meta.id, "object": "text_completion", "created": meta.created,
-                           "model": meta.model, "choices": [],
-                           "usage": usage_json(p, completion_tokens, cached)});
-            let _ = tx.send(u.to_string()).await;
+            let u = Usage::new(
+                meta.prompt_ids.len() as u64,
+                completion_tokens as u64,
+                cached as u64,
+            );
+            let _ = tx.send(chunk(Vec::new(), Some(u))).await;
         }
         let _ = tx.send("[DONE]".to_string()).await;
     });

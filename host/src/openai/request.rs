@@ -1,0 +1,388 @@
+//! Request bodies: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /update_weights`.
+//! Only the fields a request sets are written; reading ignores fields this server does not know
+//! (as OpenAI and vLLM do), so the server validates what it honours and refuses what it cannot
+//! honour by name.
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::response::ToolCall;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with token usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields chat and text completions share: the model, sampling, limits, streaming and
+/// vLLM's token-level extensions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationParams {
+    /// Served model name (checked against the server's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Samples per prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<usize>,
+    /// Temperature (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus mass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// vLLM: top-k (-1 off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    /// vLLM: min-p.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    /// vLLM: repetition penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f64>,
+    /// Not supported unless 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    /// Not supported unless 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// Most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// Same, newer name (wins over `max_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<i64>,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// vLLM: stop token ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM: generate past end-of-sequence.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ignore_eos: bool,
+    /// vLLM: leave special tokens out of the text (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_special_tokens: Option<bool>,
+    /// Seed for reproducible sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Server-sent events.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stream: bool,
+    /// Streaming options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// vLLM: log-prob tokens as `token_id:N`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub return_tokens_as_token_ids: bool,
+    /// vLLM: `prompt_token_ids` and per-choice `token_ids` in the response.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub return_token_ids: bool,
+    /// vLLM: log-probs of the prompt's tokens. Not supported by rlhost's server: refused when
+    /// set, so a client never reads a response that silently lacks what it asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Value>,
+}
+
+/// Who speaks a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// OpenAI's newer name for system instructions (read as `system`).
+    Developer,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+impl Role {
+    /// The name chat templates know (`developer` is `system`).
+    pub fn template_name(self) -> &'static str {
+        match self {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One part of a message's content (`{"type": "text", "text": …}`; other kinds are read so
+/// they can be refused by name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    /// `text`, `image_url`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a text part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A message's content: a string or a list of parts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Content parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageContent;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element()? {
+                    parts.push(p);
+                }
+                Ok(MessageContent::Parts(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A chat message in a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who speaks.
+    pub role: Role,
+    /// The text (`null` for an assistant message that only calls tools).
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// The calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a tool message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A speaker's name (tool messages: the function's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant message's reasoning, kept apart from its content (vLLM's field, which
+    /// reasoning models' chat templates read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with text content.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: Some(MessageContent::Text(content.into())),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
+    }
+}
+
+impl From<&rlhost_sdk::types::Message> for ChatMessage {
+    fn from(m: &rlhost_sdk::types::Message) -> Self {
+        use rlhost_sdk::types::Role as R;
+        let role = match m.role {
+            R::System => Role::System,
+            R::User => Role::User,
+            R::Assistant => Role::Assistant,
+            R::Tool => Role::Tool,
+        };
+        let mut out = ChatMessage::text(role, m.content.clone());
+        if !m.tool_calls.is_empty() {
+            out.tool_calls = Some(
+                m.tool_calls
+                    .iter()
+                    .map(|c| ToolCall::function(&c.id, &c.name, &c.arguments))
+                    .collect(),
+            );
+        }
+        out.tool_call_id = m.tool_call_id.clone();
+        out
+    }
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDef {
+    /// The function's name.
+    pub name: String,
+    /// What it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Its arguments as a JSON schema object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// OpenAI's strict schema adherence flag (templates may read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// A tool in a request (`{"type": "function", "function": {…}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionDef,
+}
+
+impl From<&rlhost_sdk::types::Tool> for ToolDef {
+    /// An environment's tool; parameters that are not JSON become an empty object schema.
+    fn from(t: &rlhost_sdk::types::Tool) -> Self {
+        let params: Value = serde_json::from_str(&t.parameters)
+            .unwrap_or_else(|_| serde_json::json!({"type": "object", "properties": {}}));
+        ToolDef {
+            kind: "function".into(),
+            function: FunctionDef {
+                name: t.name.clone(),
+                description: Some(t.description.clone()),
+                parameters: Some(params),
+                strict: None,
+            },
+        }
+    }
+}
+
+/// A function named in `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionName {
+    /// The function's name.
+    pub name: String,
+}
+
+/// `tool_choice: {"type": "function", "function": {"name": …}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamedToolChoice {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function the model must call.
+    pub function: FunctionName,
+}
+
+/// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceParam {
+    /// A mode by name.
+    Mode(String),
+    /// A call to this function is forced.
+    Named(NamedToolChoice),
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation.
+    #[serde(default)]
+    pub messages: Vec<ChatMessage>,
+    /// Model, sampling, limits and streaming.
+    #[serde(flatten)]
+    pub params: GenerationParams,
+    /// Functions the model may call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolDef>>,
+    /// Whether and which tool must be called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoiceParam>,
+    /// Return the sampled tokens' log-probs.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub logprobs: bool,
+    /// With `logprobs`, this many alternatives per token (at most 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<usize>,
+    /// Extra chat-template variables (`enable_thinking`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// End the prompt with the assistant's opening (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_generation_prompt: Option<bool>,
+    /// rlhost extension: the token ids of the conversation up to and including its last
+    /// assistant message exactly as the model produced them (the previous turn's prompt and
+    /// completion ids). The prompt is then these ids + the rendered messages after that
+    /// assistant message, instead of a re-render of the whole history (which templates rewrite:
+    /// Qwen3 drops earlier reasoning, tool calls re-serialise, text re-tokenises). Multi-turn
+    /// rollouts stay one growing token stream: the prefix cache reuses every earlier turn and
+    /// the trainer can merge the turns into one sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_token_ids: Option<Vec<u32>>,
+}
+
+/// `prompt`: text, token ids, or a list of either.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text.
+    Text(String),
+    /// One prompt as token ids.
+    Ids(Vec<u32>),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// Several prompts as token ids.
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt(s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<Prompt>,
+    /// Model, sampling, limits and streaming.
+    #[serde(flatten)]
+    pub params: GenerationParams,
+    /// Legacy completions: the number of top tokens listed with each sampled token's log-prob
+    /// (0 lists the sampled token alone); absent, no log-probs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<usize>,
+    /// Chat's field; present here it is refused rather than silently ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Value>,
+    /// Echo the prompt (not supported: refused).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub echo: bool,
+}
+
+/// `POST /update_weights`: load new weights from a folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightsRequest {
+    /// A folder with `config.json` and safetensors.
+    pub model_path: String,
+}
