@@ -9,7 +9,7 @@ values, a changed digit, reordered tuples, a dropped element). Every pair is jud
 math-verify under two conventions:
 
   math-rubric  verifiers' MathRubric: verify(parse("\\boxed{gold}"), parse("\\boxed{pred}"))
-  seed         the seed's math-python rubric: verify(parse(pred), parse(gold))
+  seed         verifiers' math_python rubric (Aug 2025): verify(parse(pred), parse(gold))
 
 Writes one JSON object per line: {"id", "kind", "gold", "pred", "math_rubric", "seed"} and a
 last line {"timing": {...}} with verdicts per second measured in this process.

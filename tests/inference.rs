@@ -829,7 +829,7 @@ fn config_files_and_missing_models_fail_fast_with_the_culprit_named() {
             "{file}: {stderr}"
         );
     }
-    // The seed's model, offline with an empty cache: where it looked.
+    // The math-python run's model (Qwen/Qwen3-8B), offline with an empty cache: where it looked.
     let out = common::run(
         common::host(home)
             .env("HF_HUB_OFFLINE", "1")

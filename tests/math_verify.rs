@@ -1,7 +1,7 @@
-//! End-to-end: rlhost's math-verify reward plugin against Python math-verify (the reference the
-//! seeds score with), through `host bench math-verify` as a user runs it: every MATH-500 and MATH
-//! test gold answer against itself, its solution's boxed answer, equivalent rewrites and
-//! near-misses, judged by both under both answer conventions.
+//! End-to-end: rlhost's math-verify reward plugin against Python math-verify (the reference
+//! verifiers' math environments score with), through `host bench math-verify` as a user runs it:
+//! every MATH-500 and MATH test gold answer against itself, its solution's boxed answer, equivalent
+//! rewrites and near-misses, judged by both under both answer conventions.
 
 mod common;
 

@@ -193,7 +193,7 @@ async fn datasets_have_the_expected_rows_and_first_prompts_render_as_the_referen
 async fn scripted_completions_score_right_and_wrong() {
     for (name, split, ..) in ENVS {
         let env = env(name).await;
-        // An integer answer, which the seed's convention also extracts from bare text.
+        // An integer answer, which the `seed` convention also extracts from bare text.
         let page = env.dataset(split, 0, 50).await.unwrap();
         let example = page
             .examples
@@ -216,15 +216,15 @@ async fn scripted_completions_score_right_and_wrong() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answer_conventions_follow_the_seed_and_math_rubric() {
-    // math500's first answer is bare LaTeX: the seed's convention does not extract it at all,
-    // MathRubric's does, and accepts an equivalent rewrite.
+    // math500's first answer is bare LaTeX: the `seed` convention (verifiers' `math_python`: bare
+    // answers) does not extract it at all, MathRubric's does, and accepts an equivalent rewrite.
     let env = env("math500").await;
     let example = first_example(env.as_ref(), "test").await;
     assert_eq!(example.answer, "\\left( 3, \\frac{\\pi}{2} \\right)");
     let rewrite = assistant("\\boxed{(3, \\dfrac{\\pi}{2})}");
     let (_, m) = play(env.as_ref(), &example, "{}", vec![rewrite.clone()]).await;
     assert_eq!(value(&m, "correct"), 1.0);
-    // Under the seed's convention bare LaTeX is extracted only where a number stands alone:
+    // Under the `seed` convention bare LaTeX is extracted only where a number stands alone:
     // `\left( 3, … \right)` reads as 3 on both sides (so it matches), `\frac{\sqrt{3}}{2}`
     // reads as nothing (so even the exact answer scores 0), as Python math-verify does.
     let exact = assistant(format!("\\boxed{{{}}}", example.answer));
@@ -240,7 +240,7 @@ async fn answer_conventions_follow_the_seed_and_math_rubric() {
     assert_eq!(
         value(&m, "correct"),
         0.0,
-        "the seed's convention misses bare LaTeX"
+        "the `seed` convention misses bare LaTeX"
     );
     let (_, m) = play(env.as_ref(), &surd, "{}", vec![exact]).await;
     assert_eq!(value(&m, "correct"), 1.0);
@@ -321,7 +321,7 @@ async fn math_python_tool_follows_the_seeds_rules_through_the_real_sandbox() {
     assert_eq!(tool("2"), "42", "a trailing expression is printed");
     assert_eq!(tool("3"), "forty-two", "printed with print(), not repr()");
     let tb = tool("4");
-    // Line 2: the cell became "\n_ = 1 / 0\nif _ is not None: print(_)", as in the seed.
+    // Line 2: the cell became "\n_ = 1 / 0\nif _ is not None: print(_)", as verifiers' tool does.
     assert!(
         tb.starts_with(
             "Traceback (most recent call last):\n  File \"<string>\", line 2, in <module>\n"
@@ -418,7 +418,7 @@ async fn math_verify_reward_plugin_scores_with_both_conventions() {
     assert_eq!(
         value(&m, "correct"),
         0.0,
-        "bare LaTeX is not extracted under the seed's convention"
+        "bare LaTeX is not extracted under the `seed` convention"
     );
     let m = score("x = 3", "3", r#"{"extract":"none"}"#).await.unwrap();
     assert_eq!(value(&m, "correct"), 1.0);

@@ -66,7 +66,7 @@ pub struct Pair {
     pub pred: String,
     /// Python's verdict under verifiers' MathRubric convention.
     pub math_rubric: bool,
-    /// Python's verdict under the seed's convention.
+    /// Python's verdict under the `seed` convention (verifiers' `math_python`, bare answers).
     pub seed: bool,
 }
 
@@ -162,7 +162,7 @@ pub fn run_reference(
 pub struct Verdicts {
     /// Under MathRubric.
     pub math_rubric: bool,
-    /// Under the seed's convention.
+    /// Under the `seed` convention.
     pub seed: bool,
     /// The step budget ran out on either.
     pub timed_out: bool,
@@ -281,7 +281,7 @@ pub struct MathVerifyReport {
     pub pairs: usize,
     /// Agreement under verifiers' MathRubric convention.
     pub math_rubric: Agreement,
-    /// Agreement under the seed's convention.
+    /// Agreement under the `seed` convention (verifiers' `math_python`, bare answers).
     pub seed: Agreement,
     /// MathRubric agreement per candidate kind.
     pub by_kind: BTreeMap<String, Agreement>,

@@ -1,4 +1,4 @@
-//! `host inference`: serve a model over the OpenAI API, with the seed's flags
+//! `host inference`: serve a model over the OpenAI API, with prime-rl's `inference` flags
 //! (`--model.name`, `--enable-auto-tool-choice`, `--tool-call-parser`, …) or `@ infer.toml`.
 
 use std::process::ExitCode;

@@ -353,7 +353,8 @@ pub fn summarize(
     }
 }
 
-/// The seed's display names for the math-python rubric.
+/// Display names of the math-python rubric's metrics, as prime-rl's math-python example reports
+/// them (`Correct`, `#Turns`, `#Tool calls`, `Errors`).
 fn display(name: &str) -> String {
     match name {
         "correct" => "Correct".into(),

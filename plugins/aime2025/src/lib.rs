@@ -1,7 +1,8 @@
 //! `aime2025`: AIME 2025 (I and II), 30 problems with integer answers. Single-turn: the system prompt asks for step-by-step reasoning and the final
 //! answer in `\boxed{}`, the user message is the problem, and `correct` is math-verify under
 //! verifiers' `MathRubric` convention. `{"tools": "python"}` turns it into the tool-using
-//! variant (the seed's "with tool use": the python tool, 3 turns).
+//! variant (the "w/ tool use" evals of prime-rl's math-python example: the python tool, 3
+//! turns).
 
 use rlhost_math_env::{BOXED_SYSTEM_PROMPT, Spec, math_environment};
 use rlhost_math_verify::Convention;

@@ -1,6 +1,6 @@
 //! `arith`: multi-digit arithmetic for tiny models and the CPU demo. The python tool makes it
 //! easy; mental arithmetic makes it hard. Same tool contract as `will/math-python` (a fresh
-//! interpreter per call, 10 s, the seed's output rules) and the same rubric metrics, scored by
+//! interpreter per call, 10 s, verifiers' output rules) and the same rubric metrics, scored by
 //! math-verify.
 //!
 //! The dataset is generated, not shipped: row `i` of a split is fixed forever (a hash of the

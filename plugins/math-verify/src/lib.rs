@@ -6,7 +6,7 @@
 //! `verify_timeout = 1`.
 //!
 //! `info` (JSON object, all optional): `"convention"`: `"math-rubric"` (default; gold first,
-//! both wrapped in `\boxed{}`) or `"seed"` (the seed's math-python: bare answers, prediction
+//! both wrapped in `\boxed{}`) or `"seed"` (verifiers' `math_python`: bare answers, prediction
 //! first); `"extract"`: `"first-boxed"` (default) or `"none"` (the completion is the answer);
 //! `"use_think"`: only what follows the last `</think>` counts.
 

@@ -1,12 +1,12 @@
 //! What rlhost's math environments (`math-python`, `math500`, `aime2024`, `aime2025`,
 //! `deepscaler`, `arith`) share, so each plugin is a short [`Spec`]:
 //!
-//! - the seed's `python` tool contract ([`tool`]), fresh interpreter per call by default;
-//! - scoring with [`rlhost_math_verify`] under either answer convention (the seed's or verifiers'
-//!   `MathRubric`), on the first `\boxed{}` of the last assistant message (verifiers'
-//!   `extract_boxed_answer`: the whole message when there is none);
-//! - the seed's rubric metrics: `correct`, `num_turns` (assistant messages), `num_tool_calls`
-//!   (tool messages), `num_errors` (tool messages containing "error", any case);
+//! - verifiers' `python` tool contract ([`tool`]), fresh interpreter per call by default;
+//! - scoring with [`rlhost_math_verify`] under either answer convention (`seed`: verifiers'
+//!   `math_python`, bare answers; or verifiers' `MathRubric`), on the first `\boxed{}` of the last
+//!   assistant message (verifiers' `extract_boxed_answer`: the whole message when there is none);
+//! - the rubric metrics of verifiers' `math_python`: `correct`, `num_turns` (assistant messages),
+//!   `num_tool_calls` (tool messages), `num_errors` (tool messages containing "error", any case);
 //! - environment arguments, validated, carried in the episode state.
 
 pub mod tool;
@@ -41,7 +41,7 @@ pub struct Spec {
     pub max_turns: u32,
     /// Default answer convention.
     pub convention: Convention,
-    /// Weight of `num_errors` in the reward (the seed's math-python: −0.1).
+    /// Weight of `num_errors` in the reward (verifiers' `math_python`: −0.1).
     pub error_weight: f64,
 }
 
@@ -76,7 +76,7 @@ pub struct Resolved {
     pub tools: bool,
     /// Variables persist across calls in a rollout.
     pub persistent: bool,
-    /// `true` for the seed convention, `false` for MathRubric.
+    /// `true` for the `seed` convention (verifiers' `math_python`), `false` for MathRubric.
     pub seed_convention: bool,
     /// The system prompt used.
     pub system_prompt: String,
@@ -314,7 +314,7 @@ impl Spec {
     }
 }
 
-/// The seed's metrics of a conversation.
+/// The metrics of a conversation, as verifiers' `math_python` rubric counts them.
 pub fn conversation_metrics(messages: &[Message], correct: bool, timed_out: bool) -> Vec<Metric> {
     let assistant = messages
         .iter()

@@ -1,4 +1,4 @@
-//! The `python` tool of the seed's math-python environment (verifiers' `python` tool, Aug 2025):
+//! verifiers' `python` tool as its `math_python` environment uses it (Aug 2025):
 //! the cell runs like a Jupyter cell in a fresh interpreter (a trailing expression's value is
 //! printed with `print`, i.e. `str()`), with a 10 s timeout, and the result is the first 1000
 //! characters of the stripped stderr if there is any stderr, else of the stripped stdout.
@@ -6,7 +6,7 @@
 //! The cell is rewritten exactly as verifiers does (`ast` parse, trailing expression to
 //! `_ = …; if _ is not None: print(_)`) by a small Python driver run inside rlhost's sandbox, so
 //! line numbers in tracebacks match; a syntax error becomes the message of the `SyntaxError`
-//! (what the seed's tool raised and its environment returned).
+//! (what verifiers' tool raised and its environment returned).
 
 use rlhost_sdk::types::PythonLimits;
 
@@ -69,7 +69,7 @@ pub fn program(code: &str, prior: &[String]) -> String {
     DRIVER.replace("PRIOR, SRC", &format!("{prior}, {src}"))
 }
 
-/// Limits of one call: the seed's 10 s.
+/// Limits of one call: verifiers' 10 s.
 pub fn limits() -> PythonLimits {
     PythonLimits {
         timeout_ms: 10_000,

@@ -1,6 +1,7 @@
-//! Math answer verification in pure Rust, after HF `math-verify` (which rlhost's seeds score
-//! with): find the answer in a text, normalise its LaTeX, parse it into an expression, set,
-//! interval, tuple, relation or matrix, and decide whether it equals the gold answer.
+//! Math answer verification in pure Rust, after HF `math-verify` (which verifiers' math
+//! environments score with): find the answer in a text, normalise its LaTeX, parse it into an
+//! expression, set, interval, tuple, relation or matrix, and decide whether it equals the gold
+//! answer.
 //!
 //! ```
 //! use rlhost_math_verify::{Convention, check};
@@ -79,8 +80,9 @@ pub enum Convention {
     /// `verify(parse("\boxed{gold}"), parse("\boxed{pred}"))`.
     #[default]
     MathRubric,
-    /// The seed's math-python rubric (verifiers, Aug 2025): the bare answers, prediction
-    /// first: `verify(parse(pred), parse(gold))`. Bare LaTeX without `$…$` is often not
+    /// verifiers' `math_python` rubric (Aug 2025): the bare answers, prediction first:
+    /// `verify(parse(pred), parse(gold))`. Named `seed` because prime-rl's math-python example,
+    /// the setup rlhost first reproduced, trains with it. Bare LaTeX without `$…$` is often not
     /// extracted at all under this convention, which is why it rejects many correct answers.
     Seed,
 }
