@@ -1,5 +1,8 @@
 //! Extism plugins: core WebAssembly modules built with any Extism PDK, speaking the JSON ABI of
 //! `sdk/extism.md` ([`rlhost_sdk::extism`]), behind the same traits and limits as components.
+//! `ExtismPlugin` is a JSON transport: the environment and reward function over it are the ones
+//! native plugins share (`plugin/json_transport.rs`); this module only opens, calls and tells
+//! failures apart.
 //!
 //! - The module is compiled once per load (Extism keeps its own wasmtime engine; the crate graph
 //!   still holds one wasmtime). Every rollout, and every reward call, gets a fresh instance, so
@@ -16,25 +19,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use extism::{CompiledPlugin, CurrentPlugin, Function, PTR, Plugin, PluginBuilder, UserData, Val};
+use extism::{CompiledPlugin, CurrentPlugin, PTR, Plugin, PluginBuilder, UserData, Val};
 use rlhost_sdk::extism as abi_extism;
 use rlhost_sdk::extism::Outcome;
 use rlhost_sdk::native::requests;
-use rlhost_sdk::types::{
-    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric,
-    PluginError as GuestError, PythonOutput, RewardInfo, Rollout,
-};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use tokio::sync::Mutex;
+use rlhost_sdk::types::{PluginError as GuestError, PythonOutput};
 
 use super::abi::{self, ExportedWorld};
-use super::component::{HostClock, with_deadline};
+use super::deadline::{HostClock, with_deadline};
 use super::host_api::HostContext;
-use super::{
-    EnvSession, Environment, HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId,
-    PluginLimits, RewardFn, validate,
-};
+use super::json_transport::{Function, JsonTransport, Reply};
+use super::{HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId, PluginLimits};
 
 /// What the host functions of one call act on (Extism's per-call host context).
 struct CallCtx {
@@ -117,7 +112,8 @@ fn host_rollout_seed(
     Ok(())
 }
 
-fn host_functions() -> Vec<Function> {
+fn host_functions() -> Vec<extism::Function> {
+    use extism::Function;
     let ns = abi_extism::HOST_NAMESPACE;
     vec![
         Function::new("rlhost_log", [PTR], [], UserData::new(()), host_log).with_namespace(ns),
@@ -153,28 +149,83 @@ fn host_functions() -> Vec<Function> {
 const CANCEL_RETRY: Duration = Duration::from_millis(50);
 
 /// A loaded Extism module and what its calls need.
-struct Shared {
+pub(crate) struct ExtismPlugin {
     compiled: CompiledPlugin,
     host: Arc<HostContext>,
     limits: PluginLimits,
 }
 
-impl Shared {
-    /// Compiles the module in `folder` and checks that it implements `want` at a supported ABI
-    /// version, reading the ABI export before anything else; returns the instance it asked.
-    async fn load(
+#[async_trait]
+impl JsonTransport for ExtismPlugin {
+    /// `None` once a call failed in a way that may have broken it.
+    type Instance = Option<Plugin>;
+
+    const STATEFUL: bool = true;
+
+    /// Compiles the module and reads its ABI export before anything else; the instance that
+    /// answered is returned (it serves `info`, and for environments `dataset`).
+    async fn open(
         folder: &PluginFolder,
         parts: HostParts,
-        want: ExportedWorld,
-    ) -> Result<(Arc<Self>, Option<Plugin>), PluginError> {
+        world: ExportedWorld,
+    ) -> Result<(Self, Option<Plugin>), PluginError> {
+        let plugin = Self::compile(folder, parts).await?;
+        let mut first = plugin.instance()?;
+        plugin
+            .check_abi(folder, world, &mut first)
+            .await
+            .map_err(|k| k.of(&folder.id))?;
+        Ok((plugin, first))
+    }
+
+    fn id(&self) -> &PluginId {
+        &self.host.plugin
+    }
+
+    fn instance(&self) -> Result<Option<Plugin>, PluginError> {
+        Plugin::new_from_compiled(&self.compiled)
+            .map(Some)
+            .map_err(|e| PluginErrorKind::backend("cannot instantiate", e).of(self.id()))
+    }
+
+    fn usable(instance: &Option<Plugin>) -> bool {
+        instance.is_some()
+    }
+
+    /// Calls the export named like the WIT function (`-` written `_`); functions that return a
+    /// WIT `result` answer with an [`Outcome`].
+    async fn call(
+        &self,
+        instance: &mut Option<Plugin>,
+        function: Function,
+        input: Option<Vec<u8>>,
+        seed: u64,
+    ) -> Result<Reply, PluginErrorKind> {
+        let export = match function {
+            Function::EnvInfo | Function::RewardInfo => "info",
+            Function::Dataset => "dataset",
+            Function::InitialPrompt => "initial_prompt",
+            Function::EnvResponse => "env_response",
+            Function::EnvScore | Function::RewardScore => "score",
+        };
+        let out = self
+            .call_export(instance, function.wit_name(), export, input, seed)
+            .await?
+            .into_bytes();
+        Ok(if function.returns_result() {
+            Reply::Outcome(out)
+        } else {
+            Reply::Value(out)
+        })
+    }
+}
+
+impl ExtismPlugin {
+    /// Compiles the module in `folder`, with the memory cap, fuel and host functions, and no
+    /// access to anything outside.
+    async fn compile(folder: &PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
         let id = &folder.id;
-        let bytes = std::fs::read(&folder.artifact).map_err(|e| {
-            PluginErrorKind::Io {
-                path: folder.artifact.clone(),
-                message: e.to_string(),
-            }
-            .of(id)
-        })?;
+        let bytes = folder.read_artifact()?;
         if bytes.get(..8) != Some(b"\0asm\x01\0\0\0".as_slice()) {
             return Err(PluginErrorKind::Malformed(format!(
                 "{}: not a core WebAssembly module (an Extism plugin is one; a component needs \
@@ -203,58 +254,50 @@ impl Shared {
                 message: e.to_string(),
             })
             .and_then(|r| {
-                r.map_err(|e| {
-                    PluginErrorKind::Malformed(format!("cannot load the Extism plugin: {e:#}"))
-                })
+                r.map_err(|e| PluginErrorKind::backend("cannot load the Extism plugin", e))
             })
             .map_err(|k| k.of(id))?;
-        let shared = Arc::new(Self {
+        Ok(Self {
             compiled,
             host: Arc::new(parts.context(folder)),
             limits,
-        });
-        let mut first = shared.instance()?;
-        let declared = shared
-            .call_raw(
-                &mut first,
-                "abi-version",
-                abi_extism::ABI_VERSION_EXPORT,
-                None,
-                0,
-            )
-            .await
-            .map_err(|k| k.of(id))?;
+        })
+    }
+
+    /// Asks `instance` which interface it implements (the first call it gets) and checks that
+    /// it is `want`, at a version this host supports and `plugin.toml` declares, with every
+    /// export that interface needs.
+    async fn check_abi(
+        &self,
+        folder: &PluginFolder,
+        want: ExportedWorld,
+        instance: &mut Option<Plugin>,
+    ) -> Result<(), PluginErrorKind> {
+        let export = abi_extism::ABI_VERSION_EXPORT;
+        let declared = self
+            .call_export(instance, "abi-version", export, None, 0)
+            .await?;
         let (world, version) = abi::parse_export_name(declared.trim())
-            .map_err(|m| PluginErrorKind::Malformed(m).of(id))?
+            .map_err(|source| PluginErrorKind::Artifact {
+                path: folder.artifact.clone(),
+                source,
+            })?
             .ok_or_else(|| {
                 PluginErrorKind::Malformed(format!(
-                    "`{}` returned {declared:?}, not an rlhost:env interface name such as \
-                     \"rlhost:env/env@{}\"",
-                    abi_extism::ABI_VERSION_EXPORT,
+                    "`{export}` returned {declared:?}, not an rlhost:env interface name such \
+                         as \"rlhost:env/env@{}\"",
                     rlhost_sdk::ABI_VERSION
                 ))
-                .of(id)
             })?;
-        if abi::supported_for(&version).is_none() {
-            return Err(PluginErrorKind::AbiMismatch {
-                found: version,
-                supported: abi::supported_description(),
-            }
-            .of(id));
-        }
+        abi::check_reported(
+            version,
+            &folder.manifest.abi_version(),
+            "the plugin implements",
+        )?;
         if world != want {
             return Err(PluginErrorKind::Malformed(format!(
                 "plugin.toml says {want} but the plugin implements {world}"
-            ))
-            .of(id));
-        }
-        let declared_in_manifest = folder.manifest.abi_version();
-        if !abi::compatible(&declared_in_manifest, &version) {
-            return Err(PluginErrorKind::Malformed(format!(
-                "plugin.toml says rlhost:env@{declared_in_manifest} but the plugin implements \
-                 rlhost:env@{version}"
-            ))
-            .of(id));
+            )));
         }
         let exports = match want {
             ExportedWorld::Environment => abi_extism::ENVIRONMENT_EXPORTS,
@@ -262,41 +305,28 @@ impl Shared {
         };
         if let Some(missing) = exports
             .iter()
-            .find(|name| !first.as_ref().is_some_and(|p| p.function_exists(name)))
+            .find(|name| !instance.as_ref().is_some_and(|p| p.function_exists(name)))
         {
             return Err(PluginErrorKind::Malformed(format!(
                 "implements {world} but does not export `{missing}`"
-            ))
-            .of(id));
+            )));
         }
-        Ok((shared, first))
+        Ok(())
     }
 
-    fn id(&self) -> &PluginId {
-        &self.host.plugin
-    }
-
-    /// A fresh instance.
-    fn instance(&self) -> Result<Option<Plugin>, PluginError> {
-        Plugin::new_from_compiled(&self.compiled)
-            .map(Some)
-            .map_err(|e| {
-                PluginErrorKind::Malformed(format!("cannot instantiate: {e:#}")).of(self.id())
-            })
-    }
-
-    /// Calls `export` on `plugin` (taken out while the call runs; left `None` if the call failed
-    /// in a way that may have broken the instance) with the deadline, and returns its output.
-    async fn call_raw(
+    /// Calls `export` on `instance` (taken out while the call runs; left `None` if the call
+    /// failed in a way that may have broken the instance) with the deadline, and returns its
+    /// output.
+    async fn call_export(
         &self,
-        plugin: &mut Option<Plugin>,
+        instance: &mut Option<Plugin>,
         call: &'static str,
         export: &'static str,
         input: Option<Vec<u8>>,
         seed: u64,
     ) -> Result<String, PluginErrorKind> {
-        let mut instance = plugin.take().ok_or(PluginErrorKind::Poisoned)?;
-        let cancel = instance.cancel_handle();
+        let mut plugin = instance.take().ok_or(PluginErrorKind::Poisoned)?;
+        let cancel = plugin.cancel_handle();
         let clock = Arc::new(HostClock::default());
         let ctx = CallCtx {
             host: self.host.clone(),
@@ -306,34 +336,30 @@ impl Shared {
         };
         let mut task = tokio::task::spawn_blocking(move || {
             let input = input.unwrap_or_default();
-            let out = instance
+            let out = plugin
                 .call_with_host_context::<&[u8], &[u8], CallCtx>(export, input.as_slice(), ctx)
                 .map(<[u8]>::to_vec);
-            (instance, out)
+            (plugin, out)
         });
         let limit = self.limits.call_timeout;
-        let timed_out = match with_deadline(limit, &clock, &mut task).await {
-            Ok(joined) => {
-                return match joined {
-                    Err(join) => Err(PluginErrorKind::Crash {
+        if let Ok(joined) = with_deadline(limit, &clock, &mut task).await {
+            return match joined {
+                Err(join) => Err(PluginErrorKind::Crash {
+                    call,
+                    message: join.to_string(),
+                }),
+                Ok((plugin, Ok(out))) => {
+                    *instance = Some(plugin);
+                    String::from_utf8(out).map_err(|e| PluginErrorKind::Undecodable {
                         call,
-                        message: join.to_string(),
-                    }),
-                    Ok((instance, Ok(out))) => {
-                        *plugin = Some(instance);
-                        String::from_utf8(out).map_err(|e| PluginErrorKind::InvalidReturn {
-                            call,
-                            message: format!("not UTF-8: {e}"),
-                        })
-                    }
-                    // The instance is dropped: after a trap it cannot be trusted.
-                    Ok((_, Err(e))) => Err(self.classify(call, &e)),
-                };
-            }
-            Err(_) => true,
-        };
-        debug_assert!(timed_out);
-        // Interrupt the guest and wait for its thread to come back.
+                        source: e.into(),
+                    })
+                }
+                // The instance is dropped: after a trap it cannot be trusted.
+                Ok((_, Err(e))) => Err(self.classify(call, &e)),
+            };
+        }
+        // Past the deadline: interrupt the guest and wait for its thread to come back.
         loop {
             let _ = cancel.cancel();
             if tokio::time::timeout(CANCEL_RETRY, &mut task).await.is_ok() {
@@ -374,218 +400,5 @@ impl Shared {
                 error: GuestError::Internal(message),
             }
         }
-    }
-
-    /// One JSON call: encodes `input`, decodes the output as `O`.
-    async fn call<O: DeserializeOwned>(
-        &self,
-        plugin: &mut Option<Plugin>,
-        call: &'static str,
-        export: &'static str,
-        input: Option<&impl Serialize>,
-        seed: u64,
-    ) -> Result<O, PluginError> {
-        let input = input.map(serde_json::to_vec).transpose().map_err(|e| {
-            PluginErrorKind::Malformed(format!("cannot encode the request: {e}")).of(self.id())
-        })?;
-        let out = self
-            .call_raw(plugin, call, export, input, seed)
-            .await
-            .map_err(|k| k.of(self.id()))?;
-        serde_json::from_str(&out).map_err(|e| {
-            PluginErrorKind::InvalidReturn {
-                call,
-                message: e.to_string(),
-            }
-            .of(self.id())
-        })
-    }
-
-    /// A call whose WIT return type is `result<T, plugin-error>`.
-    async fn call_result<O: DeserializeOwned>(
-        &self,
-        plugin: &mut Option<Plugin>,
-        call: &'static str,
-        export: &'static str,
-        input: &impl Serialize,
-        seed: u64,
-    ) -> Result<O, PluginError> {
-        let outcome: Outcome<O> = self.call(plugin, call, export, Some(input), seed).await?;
-        Result::from(outcome).map_err(|error| PluginErrorKind::Guest { call, error }.of(self.id()))
-    }
-}
-
-/// An Extism environment, loaded.
-pub(crate) struct ExtismEnvironment {
-    shared: Arc<Shared>,
-    info: EnvInfo,
-    /// The instance that serves `dataset` (replaced after a failure).
-    dataset_instance: Mutex<Option<Plugin>>,
-}
-
-impl ExtismEnvironment {
-    pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        // The instance that answered the ABI check serves `info` (and, for environments, `dataset`).
-        let (shared, mut instance) =
-            Shared::load(&folder, parts, ExportedWorld::Environment).await?;
-        let info: EnvInfo = shared
-            .call(&mut instance, "info", "info", None::<&()>, 0)
-            .await?;
-        let info = validate::checked(&folder.id, "info", info, validate::env_info)?;
-        Ok(Self {
-            shared,
-            info,
-            dataset_instance: Mutex::new(instance),
-        })
-    }
-}
-
-#[async_trait]
-impl Environment for ExtismEnvironment {
-    fn id(&self) -> &PluginId {
-        self.shared.id()
-    }
-
-    fn info(&self) -> &EnvInfo {
-        &self.info
-    }
-
-    async fn dataset(
-        &self,
-        split: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<DatasetPage, PluginError> {
-        let mut slot = self.dataset_instance.lock().await;
-        if slot.is_none() {
-            *slot = self.shared.instance()?;
-        }
-        let req = requests::Dataset {
-            split: split.to_owned(),
-            offset,
-            limit,
-        };
-        self.shared
-            .call_result(&mut slot, "dataset", "dataset", &req, 0)
-            .await
-    }
-
-    async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
-        Ok(Box::new(ExtismEnvSession {
-            plugin: self.shared.instance()?,
-            shared: self.shared.clone(),
-            seed,
-        }))
-    }
-}
-
-/// One rollout's instance of an Extism environment.
-struct ExtismEnvSession {
-    shared: Arc<Shared>,
-    /// `None` once a call broke it.
-    plugin: Option<Plugin>,
-    seed: u64,
-}
-
-#[async_trait]
-impl EnvSession for ExtismEnvSession {
-    async fn initial_prompt(
-        &mut self,
-        example: &Example,
-        env_args: &str,
-    ) -> Result<EpisodeStart, PluginError> {
-        let req = requests::InitialPrompt {
-            example: example.clone(),
-            env_args: env_args.to_owned(),
-        };
-        self.shared
-            .call_result(
-                &mut self.plugin,
-                "initial-prompt",
-                "initial_prompt",
-                &req,
-                self.seed,
-            )
-            .await
-    }
-
-    async fn env_response(
-        &mut self,
-        conversation: &[Message],
-        state: &str,
-    ) -> Result<EnvStep, PluginError> {
-        let req = requests::EnvResponse {
-            conversation: conversation.to_vec(),
-            state: state.to_owned(),
-        };
-        self.shared
-            .call_result(
-                &mut self.plugin,
-                "env-response",
-                "env_response",
-                &req,
-                self.seed,
-            )
-            .await
-    }
-
-    async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError> {
-        let req = requests::Score {
-            rollout: rollout.clone(),
-        };
-        let metrics: Vec<Metric> = self
-            .shared
-            .call_result(&mut self.plugin, "score", "score", &req, self.seed)
-            .await?;
-        validate::checked(self.shared.id(), "score", metrics, |m| validate::metrics(m))
-    }
-}
-
-/// An Extism reward function, loaded.
-pub(crate) struct ExtismReward {
-    shared: Arc<Shared>,
-    info: RewardInfo,
-}
-
-impl ExtismReward {
-    pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        // The instance that answered the ABI check serves `info` (and, for environments, `dataset`).
-        let (shared, mut instance) = Shared::load(&folder, parts, ExportedWorld::Reward).await?;
-        let info: RewardInfo = shared
-            .call(&mut instance, "info", "info", None::<&()>, 0)
-            .await?;
-        let info = validate::checked(&folder.id, "info", info, validate::reward_info)?;
-        Ok(Self { shared, info })
-    }
-}
-
-#[async_trait]
-impl RewardFn for ExtismReward {
-    fn id(&self) -> &PluginId {
-        self.shared.id()
-    }
-
-    fn info(&self) -> &RewardInfo {
-        &self.info
-    }
-
-    async fn score(
-        &self,
-        completion: &str,
-        answer: &str,
-        info: &str,
-        seed: u64,
-    ) -> Result<Vec<Metric>, PluginError> {
-        let req = requests::RewardScore {
-            completion: completion.to_owned(),
-            answer: answer.to_owned(),
-            info: info.to_owned(),
-        };
-        let mut instance = self.shared.instance()?;
-        let metrics: Vec<Metric> = self
-            .shared
-            .call_result(&mut instance, "score", "score", &req, seed)
-            .await?;
-        validate::checked(self.shared.id(), "score", metrics, |m| validate::metrics(m))
     }
 }

@@ -8,6 +8,12 @@
 //! - [`native`]: C-ABI shared libraries for trusted, speed-critical code; **not** sandboxed, so
 //!   loaded only when the host is told `allow_native`.
 //!
+//! One environment and one reward function (`loaded.rs`) serve every backend: the identity, the
+//! `info` checked at load, the checks on metrics; a backend provides only its calls. Components
+//! dispatch on the ABI version inside them ([`abi::AbiVersion`]) to the module of that version.
+//! Extism and native plugins exchange the same JSON documents, so one JSON backend
+//! (`json_transport.rs`) serves both, each providing only how a call reaches the plugin.
+//!
 //! A plugin folder holds `plugin.toml` (see [`rlhost_registry::manifest`]), the artifact and an
 //! optional `data/` folder. Every failure names the plugin and its version, and a failure in one
 //! rollout fails that rollout only: each rollout gets its own [`EnvSession`] (for components, a
@@ -18,10 +24,13 @@
 pub mod abi;
 pub mod capability;
 pub mod component;
+mod deadline;
 pub mod extism;
 mod host_api;
 pub mod install;
+mod json_transport;
 pub mod limits;
+mod loaded;
 pub mod native;
 pub mod python;
 pub mod template;
@@ -40,6 +49,9 @@ use rlhost_sdk::types::{
 pub use capability::Grants;
 pub use limits::PluginLimits;
 
+use self::extism::ExtismPlugin;
+use self::json_transport::{JsonEnvironment, JsonReward};
+use self::native::NativePlugin;
 use crate::sandbox::Sandbox;
 
 /// A plugin's identity in messages: `owner/name v1.2.3`.
@@ -69,15 +81,40 @@ pub struct PluginError {
 }
 
 /// What went wrong with a plugin.
+///
+/// A variant caused by another error keeps it, typed, as its `#[source]` (reach it with
+/// `std::error::Error::source(&*err.kind)`), and its message also shows that cause's chain:
+/// [`PluginError`]'s one line is what users see, and it reports no source of its own, so a chain
+/// printer (`{:#}`) shows each cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginErrorKind {
     /// A file of the plugin cannot be read.
-    #[error("cannot read {path}: {message}")]
+    #[error("cannot read {path}: {source}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        message: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The artifact is not what its `runtime` needs (checked before it is compiled).
+    #[error("{path}: {source}")]
+    Artifact {
+        /// The artifact.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: abi::AbiReadError,
+    },
+    /// The engine behind the plugin (wasmtime, Extism, the dynamic loader) refused to set it up:
+    /// compile, link, instantiate, load.
+    #[error("{doing}: {}", Chain(&**source))]
+    Backend {
+        /// What was being done: "cannot link".
+        doing: String,
+        /// The engine's error.
+        #[source]
+        source: BoxError,
     },
     /// `plugin.toml` is invalid.
     #[error("{0}")]
@@ -141,6 +178,24 @@ pub enum PluginErrorKind {
         /// What was wrong.
         message: String,
     },
+    /// The plugin returned a document that does not decode (JSON transports).
+    #[error("`{call}` returned invalid data: {source}")]
+    Undecodable {
+        /// The call.
+        call: &'static str,
+        /// Why it does not decode.
+        #[source]
+        source: DecodeError,
+    },
+    /// A request could not be encoded for the plugin (JSON transports).
+    #[error("cannot encode the `{call}` request: {source}")]
+    Encode {
+        /// The call.
+        call: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A native plugin was found but native plugins are not allowed.
     #[error("is a native plugin, which is not sandboxed; allow native plugins to load it")]
     NativeNotAllowed,
@@ -149,7 +204,45 @@ pub enum PluginErrorKind {
     Poisoned,
 }
 
+/// An engine's error, with its chain of causes.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a plugin's reply does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// It is not UTF-8 text.
+    #[error("not UTF-8: {0}")]
+    Utf8(#[from] std::string::FromUtf8Error),
+    /// It is not the JSON the function returns.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Shows an error and its causes on one line, `error: cause: cause` (as `{:#}` does for
+/// `anyhow`), for kinds whose cause is an engine's layered error.
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
 impl PluginErrorKind {
+    /// A [`PluginErrorKind::Backend`] failure: `doing` ("cannot link") failed with `source`.
+    pub(crate) fn backend(doing: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        PluginErrorKind::Backend {
+            doing: doing.into(),
+            source: source.into(),
+        }
+    }
+
     /// Attaches the plugin's identity.
     pub fn of(self, plugin: &PluginId) -> PluginError {
         PluginError {
@@ -251,51 +344,27 @@ impl PluginLoader {
     /// Loads the environment in `dir`.
     pub async fn load_environment(&self, dir: &Path) -> Result<Arc<dyn Environment>, PluginError> {
         let folder = self.read_folder(dir, PluginKind::Environment)?;
-        match folder.manifest.plugin.runtime {
-            Runtime::Wasm => Ok(Arc::new(
-                self.runtime
-                    .load_environment(folder, self.host_context_parts())
-                    .await?,
-            )),
-            Runtime::Extism => Ok(Arc::new(
-                extism::ExtismEnvironment::load(folder, self.host_context_parts()).await?,
-            )),
-            Runtime::Native => {
-                self.check_native(&folder)?;
-                Ok(Arc::new(
-                    native::NativeEnvironment::load(folder, self.host_context_parts()).await?,
-                ))
+        let parts = self.host_context_parts();
+        Ok(match folder.manifest.plugin.runtime {
+            Runtime::Wasm => Arc::new(self.runtime.load_environment(folder, parts).await?),
+            Runtime::Extism => {
+                Arc::new(JsonEnvironment::<ExtismPlugin>::load(folder, parts).await?)
             }
-        }
+            Runtime::Native => {
+                Arc::new(JsonEnvironment::<NativePlugin>::load(folder, parts).await?)
+            }
+        })
     }
 
     /// Loads the reward function in `dir`.
     pub async fn load_reward(&self, dir: &Path) -> Result<Arc<dyn RewardFn>, PluginError> {
         let folder = self.read_folder(dir, PluginKind::Reward)?;
-        match folder.manifest.plugin.runtime {
-            Runtime::Wasm => Ok(Arc::new(
-                self.runtime
-                    .load_reward(folder, self.host_context_parts())
-                    .await?,
-            )),
-            Runtime::Extism => Ok(Arc::new(
-                extism::ExtismReward::load(folder, self.host_context_parts()).await?,
-            )),
-            Runtime::Native => {
-                self.check_native(&folder)?;
-                Ok(Arc::new(
-                    native::NativeReward::load(folder, self.host_context_parts()).await?,
-                ))
-            }
-        }
-    }
-
-    fn check_native(&self, folder: &PluginFolder) -> Result<(), PluginError> {
-        if self.options.allow_native {
-            Ok(())
-        } else {
-            Err(PluginErrorKind::NativeNotAllowed.of(&folder.id))
-        }
+        let parts = self.host_context_parts();
+        Ok(match folder.manifest.plugin.runtime {
+            Runtime::Wasm => Arc::new(self.runtime.load_reward(folder, parts).await?),
+            Runtime::Extism => Arc::new(JsonReward::<ExtismPlugin>::load(folder, parts).await?),
+            Runtime::Native => Arc::new(JsonReward::<NativePlugin>::load(folder, parts).await?),
+        })
     }
 
     fn host_context_parts(&self) -> HostParts {
@@ -306,6 +375,8 @@ impl PluginLoader {
         }
     }
 
+    /// Reads `plugin.toml` in `dir` and checks what can be checked before the artifact is opened:
+    /// the kind, the declared ABI, and that a native plugin is allowed.
     fn read_folder(&self, dir: &Path, want: PluginKind) -> Result<PluginFolder, PluginError> {
         // Before the manifest is read, the folder is the best identity there is.
         let provisional = PluginId {
@@ -337,16 +408,19 @@ impl PluginLoader {
         let artifact = dir.join(manifest.artifact());
         let data_path = dir.join(manifest.data_dir());
         let data = if data_path.is_dir() {
-            Some(capability::DataDir::new(&data_path).map_err(|e| {
+            Some(capability::DataDir::new(&data_path).map_err(|source| {
                 PluginErrorKind::Io {
                     path: data_path.clone(),
-                    message: e.to_string(),
+                    source,
                 }
                 .of(&id)
             })?)
         } else {
             None
         };
+        if manifest.plugin.runtime == Runtime::Native && !self.options.allow_native {
+            return Err(PluginErrorKind::NativeNotAllowed.of(&id));
+        }
         Ok(PluginFolder {
             manifest,
             id,
@@ -360,6 +434,19 @@ fn kind_words(kind: PluginKind) -> &'static str {
     match kind {
         PluginKind::Environment => "an environment",
         PluginKind::Reward => "a reward function",
+    }
+}
+
+impl PluginFolder {
+    /// The artifact's bytes.
+    pub(crate) fn read_artifact(&self) -> Result<Vec<u8>, PluginError> {
+        std::fs::read(&self.artifact).map_err(|source| {
+            PluginErrorKind::Io {
+                path: self.artifact.clone(),
+                source,
+            }
+            .of(&self.id)
+        })
     }
 }
 
@@ -380,5 +467,69 @@ impl HostParts {
             python_granted: effective.iter().any(|c| c == "sandbox.python"),
             sandbox: self.sandbox.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_engine_error_keeps_its_chain_as_source_and_in_the_message() {
+        let engine = wasmtime::Error::msg("no export `env`").context("component imports");
+        let kind = PluginErrorKind::backend("cannot link", engine);
+        assert_eq!(
+            kind.to_string(),
+            "cannot link: component imports: no export `env`"
+        );
+        let cause = kind.source().expect("the engine's error is the source");
+        assert_eq!(cause.to_string(), "component imports");
+        let root = cause.source().expect("its cause is kept");
+        assert_eq!(root.to_string(), "no export `env`");
+
+        let id = PluginId {
+            name: "test/x".into(),
+            version: semver::Version::new(0, 1, 0),
+        };
+        let err = kind.of(&id);
+        assert_eq!(
+            err.to_string(),
+            "plugin test/x v0.1.0: cannot link: component imports: no export `env`"
+        );
+        // The kind's message already holds the chain: the error reports no source to repeat.
+        assert!(err.source().is_none());
+    }
+
+    #[test]
+    fn an_unreadable_artifact_keeps_the_io_error() {
+        let id = PluginId {
+            name: "test/x".into(),
+            version: semver::Version::new(0, 1, 0),
+        };
+        let manifest = Manifest::parse(
+            "[plugin]\nowner = \"test\"\nname = \"x\"\nversion = \"0.1.0\"\n\
+             kind = \"environment\"\nabi = \"rlhost:env@0.1.0\"\nruntime = \"wasm\"\n\
+             capabilities = []\n",
+            "plugin.toml",
+        )
+        .unwrap();
+        let folder = PluginFolder {
+            manifest,
+            id,
+            artifact: PathBuf::from("/nonexistent/plugin.wasm"),
+            data: None,
+        };
+        let err = folder.read_artifact().unwrap_err();
+        let PluginErrorKind::Io { source, .. } = &*err.kind else {
+            panic!("{err}");
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        assert!(
+            err.to_string()
+                .starts_with("plugin test/x v0.1.0: cannot read /nonexistent/plugin.wasm: "),
+            "{err}"
+        );
     }
 }

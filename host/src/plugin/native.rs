@@ -6,6 +6,9 @@
 //! else is called, then the versioned vtable (with its `struct_size`) is fetched, and every call
 //! exchanges JSON in plugin-owned buffers. Calls run on blocking threads; a call past its deadline
 //! is reported as a timeout, but its thread cannot be stopped and finishes in the background.
+//! `NativePlugin` is a JSON transport: the environment and reward function over it are the ones
+//! Extism plugins share (`plugin/json_transport.rs`); this module only opens, calls and tells
+//! failures apart.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -16,19 +19,13 @@ use libloading::Library;
 use rlhost_sdk::native::{
     self as abi_native, Buffer, EnvMethod, HostVtable, PluginVtable, RewardMethod, requests,
 };
-use rlhost_sdk::types::{
-    DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, LogLevel, Message, Metric,
-    PluginError as GuestError, RewardInfo, Rollout,
-};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use rlhost_sdk::types::{LogLevel, PluginError as GuestError};
 
-use super::abi;
+use super::abi::{self, ExportedWorld};
+use super::deadline::{HostClock, with_deadline};
 use super::host_api::HostContext;
-use super::{
-    EnvSession, Environment, HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId,
-    PluginLimits, RewardFn, validate,
-};
+use super::json_transport::{Function, JsonTransport, Reply};
+use super::{HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId, PluginLimits};
 
 /// A loaded library and its vtable (which points into the library, so both live together).
 struct NativeLib {
@@ -57,8 +54,9 @@ impl NativeLib {
         let bad = |m: String| PluginErrorKind::Malformed(m).of(id);
         // SAFETY: loading runs the library's initialisers: that is why native plugins must be
         // explicitly allowed (trusted code only).
-        let lib = unsafe { Library::new(path) }
-            .map_err(|e| bad(format!("cannot load {}: {e}", path.display())))?;
+        let lib = unsafe { Library::new(path) }.map_err(|e| {
+            PluginErrorKind::backend(format!("cannot load {}", path.display()), e).of(id)
+        })?;
 
         // SAFETY: the symbol's type is fixed by the native ABI.
         let version_fn = unsafe {
@@ -79,21 +77,20 @@ impl NativeLib {
         let text = unsafe { CStr::from_ptr(ptr) }
             .to_str()
             .map_err(|_| bad("`rlhost_abi_version` is not UTF-8".into()))?;
-        let version = semver::Version::parse(text)
-            .map_err(|e| bad(format!("`rlhost_abi_version` is {text:?}: {e}")))?;
-        if abi::supported_for(&version).is_none() {
-            return Err(PluginErrorKind::AbiMismatch {
-                found: version,
-                supported: abi::supported_description(),
-            }
-            .of(id));
-        }
-        let declared = folder.manifest.abi_version();
-        if !abi::compatible(&declared, &version) {
-            return Err(bad(format!(
-                "plugin.toml says rlhost:env@{declared} but the library reports {version}"
-            )));
-        }
+        let version = semver::Version::parse(text).map_err(|source| {
+            let source = abi::AbiReadError::NativeVersion {
+                text: text.to_owned(),
+                source,
+            };
+            let path = path.clone();
+            PluginErrorKind::Artifact { path, source }.of(id)
+        })?;
+        abi::check_reported(
+            version,
+            &folder.manifest.abi_version(),
+            "the library reports",
+        )
+        .map_err(|k| k.of(id))?;
 
         let entry_name = String::from_utf8_lossy(&entry[..entry.len() - 1]).into_owned();
         // SAFETY: the symbol's type is fixed by the native ABI.
@@ -123,7 +120,7 @@ struct CallCtx {
     seed: u64,
     runtime: tokio::runtime::Handle,
     /// Time spent in the Python sandbox during this call (not counted against its timeout).
-    clock: Arc<super::component::HostClock>,
+    clock: Arc<HostClock>,
 }
 
 fn ctx<'a>(p: *mut c_void) -> &'a CallCtx {
@@ -207,33 +204,80 @@ unsafe extern "C" fn host_rollout_seed(c: *mut c_void) -> u64 {
     ctx(c).seed
 }
 
-/// What every native plugin kind shares: the library, host context and limits.
-struct NativeShared {
-    lib: NativeLib,
+/// A loaded native library and what its calls need.
+pub(crate) struct NativePlugin {
+    lib: Arc<NativeLib>,
     host: Arc<HostContext>,
     limits: PluginLimits,
 }
 
-impl NativeShared {
-    /// One call on a blocking thread, under the deadline; decodes the JSON result.
-    async fn call<I: Serialize, O: DeserializeOwned + Send + 'static>(
-        self: &Arc<Self>,
-        call: &'static str,
-        method: u32,
-        input: &I,
+#[async_trait]
+impl JsonTransport for NativePlugin {
+    /// Nothing: a native plugin's state travels in the JSON.
+    type Instance = ();
+
+    const STATEFUL: bool = false;
+
+    async fn open(
+        folder: &PluginFolder,
+        parts: HostParts,
+        world: ExportedWorld,
+    ) -> Result<(Self, ()), PluginError> {
+        let entry = match world {
+            ExportedWorld::Environment => abi_native::ENVIRONMENT_ENTRY_SYMBOL,
+            ExportedWorld::Reward => abi_native::REWARD_ENTRY_SYMBOL,
+        };
+        let lib = NativeLib::open(folder, entry)?;
+        let plugin = Self {
+            lib: Arc::new(lib),
+            host: Arc::new(parts.context(folder)),
+            limits: parts.limits,
+        };
+        Ok((plugin, ()))
+    }
+
+    fn id(&self) -> &PluginId {
+        &self.host.plugin
+    }
+
+    fn instance(&self) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn usable(_: &()) -> bool {
+        true
+    }
+
+    /// One call through the vtable on a blocking thread, under the deadline (a call past it is
+    /// reported, but its thread cannot be stopped and finishes in the background). The status
+    /// tells a value from the plugin's error, a panic and a refused request.
+    async fn call(
+        &self,
+        _: &mut (),
+        function: Function,
+        input: Option<Vec<u8>>,
         seed: u64,
-    ) -> Result<O, PluginError> {
-        let id = self.host.plugin.clone();
-        let input = serde_json::to_vec(input).map_err(|e| {
-            PluginErrorKind::Malformed(format!("cannot encode the request: {e}")).of(&id)
-        })?;
-        let me = self.clone();
+    ) -> Result<Reply, PluginErrorKind> {
+        let call = function.wit_name();
+        let method = match function {
+            Function::EnvInfo => EnvMethod::Info as u32,
+            Function::Dataset => EnvMethod::Dataset as u32,
+            Function::InitialPrompt => EnvMethod::InitialPrompt as u32,
+            Function::EnvResponse => EnvMethod::EnvResponse as u32,
+            Function::EnvScore => EnvMethod::Score as u32,
+            Function::RewardInfo => RewardMethod::Info as u32,
+            Function::RewardScore => RewardMethod::Score as u32,
+        };
+        // `info` takes `null` in the native ABI.
+        let input = input.unwrap_or_else(|| b"null".to_vec());
+        let lib = self.lib.clone();
+        let host = self.host.clone();
         let runtime = tokio::runtime::Handle::current();
-        let clock = Arc::new(super::component::HostClock::default());
+        let clock = Arc::new(HostClock::default());
         let in_call = clock.clone();
         let task = tokio::task::spawn_blocking(move || {
             let cx = CallCtx {
-                host: me.host.clone(),
+                host,
                 seed,
                 runtime,
                 clock: in_call,
@@ -247,7 +291,7 @@ impl NativeShared {
                 rollout_seed: host_rollout_seed,
                 free_buffer: abi_native::free_buffer,
             };
-            let vt = me.lib.vtable();
+            let vt = lib.vtable();
             let mut out = Buffer::empty();
             // SAFETY: valid host vtable and buffers for the duration of the call; the plugin's
             // ABI version was checked at load.
@@ -258,221 +302,37 @@ impl NativeShared {
             unsafe { (vt.free_buffer)(out) };
             (status, data)
         });
-        let timed = super::component::with_deadline(self.limits.call_timeout, &clock, task);
-        let (status, data) = match timed.await {
-            Err(_) => {
-                return Err(PluginErrorKind::Timeout {
-                    call,
-                    limit: self.limits.call_timeout,
-                }
-                .of(&id));
-            }
+        let limit = self.limits.call_timeout;
+        let (status, data) = match with_deadline(limit, &clock, task).await {
+            Err(_) => return Err(PluginErrorKind::Timeout { call, limit }),
             Ok(Err(join)) => {
                 return Err(PluginErrorKind::Crash {
                     call,
                     message: join.to_string(),
-                }
-                .of(&id));
+                });
             }
             Ok(Ok(r)) => r,
         };
         let text = || String::from_utf8_lossy(&data).into_owned();
         match status {
-            abi_native::STATUS_OK => serde_json::from_slice(&data).map_err(|e| {
-                PluginErrorKind::InvalidReturn {
-                    call,
-                    message: e.to_string(),
-                }
-                .of(&id)
-            }),
+            abi_native::STATUS_OK => Ok(Reply::Value(data)),
             abi_native::STATUS_PLUGIN_ERROR => {
                 let error = serde_json::from_slice::<GuestError>(&data)
                     .unwrap_or_else(|_| GuestError::Internal(text()));
-                Err(PluginErrorKind::Guest { call, error }.of(&id))
+                Err(PluginErrorKind::Guest { call, error })
             }
             abi_native::STATUS_PANIC => Err(PluginErrorKind::Crash {
                 call,
                 message: format!("panicked: {}", text()),
-            }
-            .of(&id)),
+            }),
             abi_native::STATUS_BAD_REQUEST => Err(PluginErrorKind::Malformed(format!(
                 "refused the `{call}` request: {}",
                 text()
-            ))
-            .of(&id)),
+            ))),
             other => Err(PluginErrorKind::InvalidReturn {
                 call,
                 message: format!("unknown status {other}"),
-            }
-            .of(&id)),
+            }),
         }
-    }
-}
-
-/// A native environment, loaded.
-pub(crate) struct NativeEnvironment {
-    shared: Arc<NativeShared>,
-    info: EnvInfo,
-}
-
-impl NativeEnvironment {
-    pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        let lib = NativeLib::open(&folder, abi_native::ENVIRONMENT_ENTRY_SYMBOL)?;
-        let shared = Arc::new(NativeShared {
-            lib,
-            host: Arc::new(parts.context(&folder)),
-            limits: parts.limits,
-        });
-        let info: EnvInfo = shared.call("info", EnvMethod::Info as u32, &(), 0).await?;
-        let info = validate::checked(&folder.id, "info", info, validate::env_info)?;
-        Ok(Self { shared, info })
-    }
-}
-
-#[async_trait]
-impl Environment for NativeEnvironment {
-    fn id(&self) -> &PluginId {
-        &self.shared.host.plugin
-    }
-
-    fn info(&self) -> &EnvInfo {
-        &self.info
-    }
-
-    async fn dataset(
-        &self,
-        split: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<DatasetPage, PluginError> {
-        let req = requests::Dataset {
-            split: split.to_owned(),
-            offset,
-            limit,
-        };
-        self.shared
-            .call("dataset", EnvMethod::Dataset as u32, &req, 0)
-            .await
-    }
-
-    async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
-        Ok(Box::new(NativeEnvSession {
-            shared: self.shared.clone(),
-            seed,
-        }))
-    }
-}
-
-/// One rollout of a native environment (its state travels in the JSON `state`).
-struct NativeEnvSession {
-    shared: Arc<NativeShared>,
-    seed: u64,
-}
-
-#[async_trait]
-impl EnvSession for NativeEnvSession {
-    async fn initial_prompt(
-        &mut self,
-        example: &Example,
-        env_args: &str,
-    ) -> Result<EpisodeStart, PluginError> {
-        let req = requests::InitialPrompt {
-            example: example.clone(),
-            env_args: env_args.to_owned(),
-        };
-        self.shared
-            .call(
-                "initial-prompt",
-                EnvMethod::InitialPrompt as u32,
-                &req,
-                self.seed,
-            )
-            .await
-    }
-
-    async fn env_response(
-        &mut self,
-        conversation: &[Message],
-        state: &str,
-    ) -> Result<EnvStep, PluginError> {
-        let req = requests::EnvResponse {
-            conversation: conversation.to_vec(),
-            state: state.to_owned(),
-        };
-        self.shared
-            .call(
-                "env-response",
-                EnvMethod::EnvResponse as u32,
-                &req,
-                self.seed,
-            )
-            .await
-    }
-
-    async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError> {
-        let req = requests::Score {
-            rollout: rollout.clone(),
-        };
-        let metrics: Vec<Metric> = self
-            .shared
-            .call("score", EnvMethod::Score as u32, &req, self.seed)
-            .await?;
-        validate::checked(&self.shared.host.plugin, "score", metrics, |m| {
-            validate::metrics(m)
-        })
-    }
-}
-
-/// A native reward function, loaded.
-pub(crate) struct NativeReward {
-    shared: Arc<NativeShared>,
-    info: RewardInfo,
-}
-
-impl NativeReward {
-    pub(crate) async fn load(folder: PluginFolder, parts: HostParts) -> Result<Self, PluginError> {
-        let lib = NativeLib::open(&folder, abi_native::REWARD_ENTRY_SYMBOL)?;
-        let shared = Arc::new(NativeShared {
-            lib,
-            host: Arc::new(parts.context(&folder)),
-            limits: parts.limits,
-        });
-        let info: RewardInfo = shared
-            .call("info", RewardMethod::Info as u32, &(), 0)
-            .await?;
-        let info = validate::checked(&folder.id, "info", info, validate::reward_info)?;
-        Ok(Self { shared, info })
-    }
-}
-
-#[async_trait]
-impl RewardFn for NativeReward {
-    fn id(&self) -> &PluginId {
-        &self.shared.host.plugin
-    }
-
-    fn info(&self) -> &RewardInfo {
-        &self.info
-    }
-
-    async fn score(
-        &self,
-        completion: &str,
-        answer: &str,
-        info: &str,
-        seed: u64,
-    ) -> Result<Vec<Metric>, PluginError> {
-        let req = requests::RewardScore {
-            completion: completion.to_owned(),
-            answer: answer.to_owned(),
-            info: info.to_owned(),
-        };
-        let metrics: Vec<Metric> = self
-            .shared
-            .call("score", RewardMethod::Score as u32, &req, seed)
-            .await?;
-        validate::checked(&self.shared.host.plugin, "score", metrics, |m| {
-            validate::metrics(m)
-        })
     }
 }

@@ -1,8 +1,12 @@
 //! WebAssembly component plugins, run by wasmtime.
 //!
-//! - One [`ComponentRuntime`] per process: the engine, a linker with WASI p2 (nothing granted
-//!   but the plugin's data folder, read-only, at `/data`) and the `host` imports, and an epoch
-//!   ticker thread that lets calls yield and be interrupted.
+//! - One [`ComponentRuntime`] per process: the engine, one linker per supported ABI version
+//!   (WASI p2 with nothing granted but the plugin's data folder, read-only, at `/data`, and that
+//!   version's `host` imports), and an epoch ticker thread that lets calls yield and be
+//!   interrupted.
+//! - The ABI version is read from the component before it is compiled; `versions.rs` maps it to
+//!   the module of that version (`v0_1_0`), which owns its bindings, host imports and
+//!   conversions. Everything else here speaks the SDK's types.
 //! - Components are compiled once and cached on disk (`<cache>/components/*.cwasm`, keyed by
 //!   the content hash and the engine's compatibility hash), then pre-instantiated
 //!   (`InstancePre`); each rollout instantiates into a fresh `Store`, so rollouts never share
@@ -13,12 +17,16 @@
 //! - Determinism: clocks are frozen and WASI randomness is derived from the rollout seed.
 
 mod v0_1_0;
+#[cfg(test)]
+mod v0_2_0_fixture;
+mod versions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use rlhost_registry::manifest::PluginKind;
+use rlhost_sdk::native::requests;
 use rlhost_sdk::types::{
     DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, RewardInfo, Rollout,
 };
@@ -28,11 +36,14 @@ use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::abi::{self, ExportedWorld};
+use self::versions::{EnvExports, EnvPre, GuestResult, RewardExports, RewardPre};
+use super::abi::{self, AbiVersion, ExportedWorld};
+use super::deadline::{HostClock, TimedOut, with_deadline};
 use super::host_api::HostContext;
+use super::loaded::{EnvBackend, LoadedEnvironment, LoadedReward, RewardBackend, checked_metrics};
 use super::{
-    EnvSession, Environment, HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId,
-    PluginLimits, RewardFn, validate,
+    BoxError, EnvSession, HostParts, PluginError, PluginErrorKind, PluginFolder, PluginId,
+    PluginLimits,
 };
 
 /// Guest stderr kept for error messages (a panic message lands here).
@@ -57,84 +68,6 @@ impl GuestState {
     }
 }
 
-/// Time a plugin call spends in slow host imports, and whether one is running now.
-#[derive(Debug, Default)]
-pub(crate) struct HostClock {
-    spent_ns: std::sync::atomic::AtomicU64,
-    inflight: std::sync::atomic::AtomicU64,
-}
-
-/// Counts one host import while alive.
-pub(crate) struct HostClockGuard<'a> {
-    clock: &'a HostClock,
-    started: std::time::Instant,
-}
-
-impl HostClock {
-    /// Starts a new call.
-    pub(crate) fn reset(&self) {
-        self.spent_ns.store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Marks a host import as running until the guard drops.
-    pub(crate) fn enter(&self) -> HostClockGuard<'_> {
-        self.inflight
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        HostClockGuard {
-            clock: self,
-            started: std::time::Instant::now(),
-        }
-    }
-
-    fn spent(&self) -> std::time::Duration {
-        std::time::Duration::from_nanos(self.spent_ns.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn busy(&self) -> bool {
-        self.inflight.load(std::sync::atomic::Ordering::Relaxed) > 0
-    }
-}
-
-impl Drop for HostClockGuard<'_> {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        let ns = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.clock.spent_ns.fetch_add(ns, Ordering::Relaxed);
-        self.clock.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A guest call ran past its deadline.
-pub(crate) struct TimedOut;
-
-/// Runs `call` with `limit` of the guest's own time: time spent in slow host imports (see
-/// [`HostClock`]; the caller resets it first) extends the deadline, and a deadline that falls
-/// while such an import is running waits for it.
-pub(crate) async fn with_deadline<F: std::future::Future>(
-    limit: std::time::Duration,
-    clock: &HostClock,
-    call: F,
-) -> Result<F::Output, TimedOut> {
-    let start = tokio::time::Instant::now();
-    tokio::pin!(call);
-    loop {
-        let mut deadline = start + limit + clock.spent();
-        if clock.busy() {
-            deadline =
-                deadline.max(tokio::time::Instant::now() + std::time::Duration::from_millis(20));
-        }
-        match tokio::time::timeout_at(deadline, &mut call).await {
-            Ok(out) => return Ok(out),
-            Err(_)
-                if clock.busy() || start + limit + clock.spent() > tokio::time::Instant::now() =>
-            {
-                continue;
-            }
-            Err(_) => return Err(TimedOut),
-        }
-    }
-}
-
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
@@ -144,10 +77,11 @@ impl WasiView for GuestState {
     }
 }
 
-/// The engine, linker and compile cache shared by all component plugins.
+/// The engine, linkers and compile cache shared by all component plugins.
 pub struct ComponentRuntime {
     engine: Engine,
-    linker: Arc<Linker<GuestState>>,
+    /// One per supported ABI version, in the order of [`AbiVersion::ALL`].
+    linkers: Vec<Linker<GuestState>>,
     cache_dir: Option<PathBuf>,
     _ticker: crate::wasm::EpochTicker,
 }
@@ -163,9 +97,7 @@ impl ComponentRuntime {
     /// Builds the engine for `limits` (fuel metering is compiled in only when asked for) and
     /// caches compiled components in `cache_dir`.
     pub fn new(limits: &PluginLimits, cache_dir: Option<PathBuf>) -> Result<Self, PluginError> {
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            PluginErrorKind::Malformed(format!("{what}: {e}")).of(&runtime_id())
-        };
+        let fail = |what: &str, e: BoxError| PluginErrorKind::backend(what, e).of(&runtime_id());
         let mut config = Config::new();
         config
             .epoch_interruption(true)
@@ -189,33 +121,42 @@ impl ComponentRuntime {
             .table_keep_resident(64 << 10)
             .async_stack_keep_resident(256 << 10);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| fail("cannot create the engine", &e))?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| fail("cannot link WASI", &e))?;
-        v0_1_0::add_to_linker(&mut linker).map_err(|e| fail("cannot link the host API", &e))?;
+        let engine =
+            Engine::new(&config).map_err(|e| fail("cannot create the engine", e.into()))?;
+        let linkers = AbiVersion::ALL
+            .iter()
+            .map(|&abi| versions::linker(&engine, abi))
+            .collect::<wasmtime::Result<_>>()
+            .map_err(|e| fail("cannot link WASI and the host API", e.into()))?;
         let ticker = crate::wasm::EpochTicker::start(engine.clone())
-            .map_err(|e| fail("cannot start the epoch thread", &e))?;
+            .map_err(|e| fail("cannot start the epoch thread", e.into()))?;
         Ok(Self {
             engine,
-            linker: Arc::new(linker),
+            linkers,
             cache_dir,
             _ticker: ticker,
         })
     }
 
-    /// Reads, checks and compiles (or loads from cache) a plugin's component.
-    fn compile(&self, folder: &PluginFolder) -> Result<Component, PluginError> {
+    /// Links `component`, of ABI `abi`, with that version's linker.
+    fn instantiate_pre(
+        &self,
+        abi: AbiVersion,
+        component: &Component,
+    ) -> wasmtime::Result<wasmtime::component::InstancePre<GuestState>> {
+        let at = AbiVersion::ALL.iter().position(|&a| a == abi);
+        let linker = &self.linkers[at.expect("every version has a linker")];
+        linker.instantiate_pre(component)
+    }
+
+    /// Reads, checks and compiles (or loads from cache) a plugin's component; returns it with
+    /// the ABI version it was built against.
+    fn compile(&self, folder: &PluginFolder) -> Result<(Component, AbiVersion), PluginError> {
         let id = &folder.id;
-        let bytes = std::fs::read(&folder.artifact).map_err(|e| {
-            PluginErrorKind::Io {
-                path: folder.artifact.clone(),
-                message: e.to_string(),
-            }
-            .of(id)
-        })?;
-        let (world, version) = abi::read_component_abi(&bytes).map_err(|m| {
-            PluginErrorKind::Malformed(format!("{}: {m}", folder.artifact.display())).of(id)
+        let bytes = folder.read_artifact()?;
+        let (world, version) = abi::read_component_abi(&bytes).map_err(|source| {
+            let path = folder.artifact.clone();
+            PluginErrorKind::Artifact { path, source }.of(id)
         })?;
         let want = match folder.manifest.plugin.kind {
             PluginKind::Environment => ExportedWorld::Environment,
@@ -227,23 +168,13 @@ impl ComponentRuntime {
             ))
             .of(id));
         }
-        if abi::supported_for(&version).is_none() {
-            return Err(PluginErrorKind::AbiMismatch {
-                found: version,
-                supported: abi::supported_description(),
-            }
-            .of(id));
-        }
         let declared = folder.manifest.abi_version();
-        if !abi::compatible(&declared, &version) {
-            return Err(PluginErrorKind::Malformed(format!(
-                "plugin.toml says rlhost:env@{declared} but the component exports rlhost:env@{version}"
-            ))
-            .of(id));
-        }
-        crate::wasm::compile_cached(&self.engine, &bytes, self.cache_dir.as_deref()).map_err(|e| {
-            PluginErrorKind::Malformed(format!("cannot compile the component: {e:#}")).of(id)
-        })
+        let abi = abi::check_reported(version, &declared, "the component exports")
+            .map_err(|k| k.of(id))?;
+        let cache = self.cache_dir.as_deref();
+        let component = crate::wasm::compile_cached(&self.engine, &bytes, cache)
+            .map_err(|e| PluginErrorKind::backend("cannot compile the component", e).of(id))?;
+        Ok((component, abi))
     }
 
     /// Loads an environment component.
@@ -251,14 +182,12 @@ impl ComponentRuntime {
         &self,
         folder: PluginFolder,
         parts: HostParts,
-    ) -> Result<ComponentEnvironment, PluginError> {
-        let component = self.compile(&folder)?;
-        let id = folder.id.clone();
+    ) -> Result<LoadedEnvironment<ComponentEnvironment>, PluginError> {
+        let (component, abi) = self.compile(&folder)?;
         let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(v0_1_0::env_world::EnvironmentPre::new)
-            .map_err(|e| PluginErrorKind::Malformed(format!("cannot link: {e:#}")).of(&id))?;
+            .instantiate_pre(abi, &component)
+            .and_then(|pre| EnvPre::new(abi, pre))
+            .map_err(|e| cannot_link(&folder, e))?;
         let shared = Arc::new(EnvShared {
             host: Arc::new(parts.context(&folder)),
             limits: parts.limits,
@@ -267,11 +196,11 @@ impl ComponentRuntime {
         });
         let mut first = ComponentEnvSession::start(&shared, 0).await?;
         let info = first.info().await?;
-        Ok(ComponentEnvironment {
+        let backend = ComponentEnvironment {
             shared,
-            info,
             dataset_session: Mutex::new(Some(first)),
-        })
+        };
+        LoadedEnvironment::new(backend, info)
     }
 
     /// Loads a reward-function component.
@@ -279,28 +208,20 @@ impl ComponentRuntime {
         &self,
         folder: PluginFolder,
         parts: HostParts,
-    ) -> Result<ComponentReward, PluginError> {
-        let component = self.compile(&folder)?;
-        let id = folder.id.clone();
+    ) -> Result<LoadedReward<ComponentReward>, PluginError> {
+        let (component, abi) = self.compile(&folder)?;
         let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .and_then(v0_1_0::reward_world::RewardPre::new)
-            .map_err(|e| PluginErrorKind::Malformed(format!("cannot link: {e:#}")).of(&id))?;
-        let mut reward = ComponentReward {
+            .instantiate_pre(abi, &component)
+            .and_then(|pre| RewardPre::new(abi, pre))
+            .map_err(|e| cannot_link(&folder, e))?;
+        let reward = ComponentReward {
             host: Arc::new(parts.context(&folder)),
             limits: parts.limits,
             pre,
             runtime: self.handle(),
-            info: RewardInfo {
-                name: String::new(),
-                version: String::new(),
-                description: String::new(),
-                metrics: Vec::new(),
-            },
         };
-        reward.info = reward.read_info().await?;
-        Ok(reward)
+        let info = reward.read_info().await?;
+        LoadedReward::new(reward, info)
     }
 
     fn handle(&self) -> RuntimeHandle {
@@ -308,6 +229,10 @@ impl ComponentRuntime {
             engine: self.engine.clone(),
         }
     }
+}
+
+fn cannot_link(folder: &PluginFolder, e: wasmtime::Error) -> PluginError {
+    PluginErrorKind::backend("cannot link", e).of(&folder.id)
 }
 
 /// What sessions need of the runtime (the engine; the ticker lives as long as the runtime).
@@ -343,11 +268,8 @@ impl RuntimeHandle {
         if let Some(data) = &host.data {
             wasi.preopened_dir(data.root(), "/data", wasmtime_wasi::FsPerms::ReadOnly)
                 .map_err(|e| {
-                    PluginErrorKind::Io {
-                        path: data.root().to_owned(),
-                        message: e.to_string(),
-                    }
-                    .of(&host.plugin)
+                    let doing = format!("cannot read {}", data.root().display());
+                    PluginErrorKind::backend(doing, e).of(&host.plugin)
                 })?;
         }
         let state = GuestState {
@@ -363,9 +285,9 @@ impl RuntimeHandle {
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
         if let Some(fuel) = limits.fuel {
-            store.set_fuel(fuel).map_err(|e| {
-                PluginErrorKind::Malformed(format!("cannot set fuel: {e}")).of(&host.plugin)
-            })?;
+            store
+                .set_fuel(fuel)
+                .map_err(|e| PluginErrorKind::backend("cannot set fuel", e).of(&host.plugin))?;
         }
         Ok(store)
     }
@@ -429,55 +351,14 @@ fn settle<R>(
     }
 }
 
-/// Runs one guest call with the session's deadline and fuel, settles it, and poisons the
-/// session if the instance may be broken (anything but a clean return).
-macro_rules! guest_call {
-    ($session:expr, $exports:ident, $call:literal, |$e:ident, $store:ident| $body:expr) => {{
-        let session = &mut *$session;
-        if session.poisoned {
-            return Err(PluginErrorKind::Poisoned.of(&session.host.plugin));
-        }
-        if let Some(fuel) = session.limits.fuel {
-            session.store.set_fuel(fuel).map_err(|e| {
-                PluginErrorKind::Malformed(format!("cannot set fuel: {e}")).of(&session.host.plugin)
-            })?;
-        }
-        let limit = session.limits.call_timeout;
-        let host_clock = session.store.data().host_clock();
-        host_clock.reset();
-        let outcome = {
-            let $e = session.bindings.$exports();
-            let $store = &mut session.store;
-            with_deadline(limit, &host_clock, $body).await
-        };
-        let settled = settle(
-            &session.store,
-            &session.stderr,
-            &session.limits,
-            $call,
-            outcome,
-        );
-        if settled.is_err() {
-            session.poisoned = true;
-        }
-        let guest_result = settled.map_err(|k| k.of(&session.host.plugin))?;
-        guest_result.map_err(|error| {
-            PluginErrorKind::Guest {
-                call: $call,
-                error: v0_1_0::error_out(error),
-            }
-            .of(&session.host.plugin)
-        })
-    }};
-}
-
 /// One instance of a component in its own store: a rollout's environment, or one reward call.
+/// `B` is its exports, of whichever ABI version it was built against.
 pub(crate) struct Instance<B> {
     host: Arc<HostContext>,
     limits: PluginLimits,
     store: Store<GuestState>,
     stderr: MemoryOutputPipe,
-    bindings: B,
+    exports: B,
     /// A call failed in a way that may have left the instance broken (trap, timeout).
     poisoned: bool,
 }
@@ -496,28 +377,57 @@ impl<B> Instance<B> {
         let outcome = tokio::time::timeout(limits.call_timeout, make(&mut store))
             .await
             .map_err(|_| TimedOut);
-        let bindings = settle(&store, &stderr, limits, "instantiate", outcome)
+        let exports = settle(&store, &stderr, limits, "instantiate", outcome)
             .map_err(|k| k.of(&host.plugin))?;
         Ok(Self {
             host: host.clone(),
             limits: limits.clone(),
             store,
             stderr,
-            bindings,
+            exports,
             poisoned: false,
         })
+    }
+
+    /// Runs one guest call with the deadline and fuel, settles it, and poisons the instance if
+    /// it may be broken: anything but a return, the plugin reporting an error being a return.
+    async fn call<T>(
+        &mut self,
+        call: &'static str,
+        guest: impl AsyncFnOnce(&B, &mut Store<GuestState>) -> GuestResult<T>,
+    ) -> Result<T, PluginError> {
+        let plugin = &self.host.plugin;
+        if self.poisoned {
+            return Err(PluginErrorKind::Poisoned.of(plugin));
+        }
+        if let Some(fuel) = self.limits.fuel {
+            self.store
+                .set_fuel(fuel)
+                .map_err(|e| PluginErrorKind::backend("cannot set fuel", e).of(plugin))?;
+        }
+        let host_clock = self.store.data().host_clock();
+        host_clock.reset();
+        let running = guest(&self.exports, &mut self.store);
+        let outcome = with_deadline(self.limits.call_timeout, &host_clock, running).await;
+        let settled = settle(&self.store, &self.stderr, &self.limits, call, outcome);
+        if settled.is_err() {
+            self.poisoned = true;
+        }
+        settled
+            .map_err(|kind| kind.of(plugin))?
+            .map_err(|error| PluginErrorKind::Guest { call, error }.of(plugin))
     }
 }
 
 struct EnvShared {
     host: Arc<HostContext>,
     limits: PluginLimits,
-    pre: v0_1_0::env_world::EnvironmentPre<GuestState>,
+    pre: EnvPre,
     runtime: RuntimeHandle,
 }
 
 /// One rollout's instance of an environment component.
-pub(crate) type ComponentEnvSession = Instance<v0_1_0::env_world::Environment>;
+type ComponentEnvSession = Instance<EnvExports>;
 
 impl ComponentEnvSession {
     async fn start(shared: &EnvShared, seed: u64) -> Result<Self, PluginError> {
@@ -527,30 +437,26 @@ impl ComponentEnvSession {
             &shared.host,
             &shared.limits,
             seed,
-            async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
+            async move |store: &mut Store<GuestState>| pre.instantiate(store).await,
         )
         .await
     }
 
+    /// `info`, as the plugin answers it.
     async fn info(&mut self) -> Result<EnvInfo, PluginError> {
-        let info = guest_call!(self, rlhost_env_env, "info", |e, s| async {
-            e.call_info(s)
-                .await
-                .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
-        })?;
-        let info = v0_1_0::env_info_out(info);
-        validate::checked(&self.host.plugin, "info", info, validate::env_info)
+        self.call("info", async |e, s| e.info(s).await).await
     }
 
-    async fn dataset(
-        &mut self,
-        split: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<DatasetPage, PluginError> {
-        let page = guest_call!(self, rlhost_env_env, "dataset", |e, s| e
-            .call_dataset(s, split, offset, limit))?;
-        Ok(v0_1_0::page_out(page))
+    async fn dataset(&mut self, request: &requests::Dataset) -> Result<DatasetPage, PluginError> {
+        let requests::Dataset {
+            split,
+            offset,
+            limit,
+        } = request;
+        self.call("dataset", async |e, s| {
+            e.dataset(s, split, *offset, *limit).await
+        })
+        .await
     }
 }
 
@@ -561,10 +467,10 @@ impl EnvSession for ComponentEnvSession {
         example: &Example,
         env_args: &str,
     ) -> Result<EpisodeStart, PluginError> {
-        let example = v0_1_0::example_in(example);
-        let start = guest_call!(self, rlhost_env_env, "initial-prompt", |e, s| e
-            .call_initial_prompt(s, &example, env_args))?;
-        Ok(v0_1_0::episode_start_out(start))
+        self.call("initial-prompt", async |e, s| {
+            e.initial_prompt(s, example, env_args).await
+        })
+        .await
     }
 
     async fn env_response(
@@ -572,53 +478,40 @@ impl EnvSession for ComponentEnvSession {
         conversation: &[Message],
         state: &str,
     ) -> Result<EnvStep, PluginError> {
-        let conversation: Vec<_> = conversation.iter().map(v0_1_0::message_in).collect();
-        let step = guest_call!(self, rlhost_env_env, "env-response", |e, s| e
-            .call_env_response(s, &conversation, state))?;
-        Ok(v0_1_0::env_step_out(step))
+        self.call("env-response", async |e, s| {
+            e.env_response(s, conversation, state).await
+        })
+        .await
     }
 
     async fn score(&mut self, rollout: &Rollout) -> Result<Vec<Metric>, PluginError> {
-        let rollout = v0_1_0::rollout_in(rollout);
-        let metrics = guest_call!(self, rlhost_env_env, "score", |e, s| e
-            .call_score(s, &rollout))?;
-        let metrics = v0_1_0::metrics_out(metrics);
-        validate::checked(&self.host.plugin, "score", metrics, |v| {
-            validate::metrics(v)
-        })
+        let metrics = self
+            .call("score", async |e, s| e.score(s, rollout).await)
+            .await?;
+        checked_metrics(&self.host.plugin, metrics)
     }
 }
 
-/// An environment component, loaded.
+/// An environment component: its instances.
 pub(crate) struct ComponentEnvironment {
     shared: Arc<EnvShared>,
-    info: EnvInfo,
     /// Dataset pages are served by one long-lived instance, so a plugin parses its data once.
     dataset_session: Mutex<Option<ComponentEnvSession>>,
 }
 
 #[async_trait]
-impl Environment for ComponentEnvironment {
+impl EnvBackend for ComponentEnvironment {
     fn id(&self) -> &PluginId {
         &self.shared.host.plugin
     }
 
-    fn info(&self) -> &EnvInfo {
-        &self.info
-    }
-
-    async fn dataset(
-        &self,
-        split: &str,
-        offset: u64,
-        limit: u32,
-    ) -> Result<DatasetPage, PluginError> {
+    async fn dataset(&self, request: &requests::Dataset) -> Result<DatasetPage, PluginError> {
         let mut slot = self.dataset_session.lock().await;
         if slot.as_ref().is_none_or(|s| s.poisoned) {
             *slot = Some(ComponentEnvSession::start(&self.shared, 0).await?);
         }
         let session = slot.as_mut().expect("filled above");
-        session.dataset(split, offset, limit).await
+        session.dataset(request).await
     }
 
     async fn start(&self, seed: u64) -> Result<Box<dyn EnvSession>, PluginError> {
@@ -628,97 +521,55 @@ impl Environment for ComponentEnvironment {
     }
 }
 
-/// A reward-function component, loaded. Every `score` runs in a fresh instance.
+/// A reward-function component. Every `score` runs in a fresh instance.
 pub(crate) struct ComponentReward {
     host: Arc<HostContext>,
     limits: PluginLimits,
-    pre: v0_1_0::reward_world::RewardPre<GuestState>,
+    pre: RewardPre,
     runtime: RuntimeHandle,
-    info: RewardInfo,
 }
 
 impl ComponentReward {
-    async fn instance(
-        &self,
-        seed: u64,
-    ) -> Result<Instance<v0_1_0::reward_world::Reward>, PluginError> {
+    async fn instance(&self, seed: u64) -> Result<Instance<RewardExports>, PluginError> {
         let pre = self.pre.clone();
         Instance::new(
             &self.runtime,
             &self.host,
             &self.limits,
             seed,
-            async move |store: &mut Store<GuestState>| pre.instantiate_async(store).await,
+            async move |store: &mut Store<GuestState>| pre.instantiate(store).await,
         )
         .await
     }
 
+    /// `info`, as the plugin answers it.
     async fn read_info(&self) -> Result<RewardInfo, PluginError> {
-        let mut inst = self.instance(0).await?;
-        let info = guest_call!(&mut inst, rlhost_env_reward_fn, "info", |e, s| async {
-            e.call_info(s)
-                .await
-                .map(Ok::<_, v0_1_0::env_world::rlhost::env::types::PluginError>)
-        })?;
-        let info = v0_1_0::reward_info_out(info);
-        validate::checked(&self.host.plugin, "info", info, |v| {
-            validate::reward_info(v)
-        })
+        let mut instance = self.instance(0).await?;
+        instance.call("info", async |e, s| e.info(s).await).await
     }
 }
 
 #[async_trait]
-impl RewardFn for ComponentReward {
+impl RewardBackend for ComponentReward {
     fn id(&self) -> &PluginId {
         &self.host.plugin
     }
 
-    fn info(&self) -> &RewardInfo {
-        &self.info
-    }
-
     async fn score(
         &self,
-        completion: &str,
-        answer: &str,
-        info: &str,
+        request: &requests::RewardScore,
         seed: u64,
     ) -> Result<Vec<Metric>, PluginError> {
-        let mut inst = self.instance(seed).await?;
-        let metrics = guest_call!(&mut inst, rlhost_env_reward_fn, "score", |e, s| e
-            .call_score(s, completion, answer, info))?;
-        let metrics = v0_1_0::metrics_out(metrics);
-        validate::checked(&self.host.plugin, "score", metrics, |v| {
-            validate::metrics(v)
-        })
-    }
-}
-
-#[cfg(test)]
-mod deadline_tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[tokio::test]
-    async fn time_in_host_imports_does_not_count() {
-        let clock = HostClock::default();
-        let limit = Duration::from_millis(50);
-        // 200 ms inside a host import, 20 ms of its own: within a 50 ms limit.
-        let slow_import = async {
-            {
-                let _running = clock.enter();
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            7
-        };
-        assert!(matches!(
-            with_deadline(limit, &clock, slow_import).await,
-            Ok(7)
-        ));
-        // 200 ms of its own: past the limit.
-        clock.reset();
-        let slow_guest = tokio::time::sleep(Duration::from_millis(200));
-        assert!(with_deadline(limit, &clock, slow_guest).await.is_err());
+        let requests::RewardScore {
+            completion,
+            answer,
+            info,
+        } = request;
+        let mut instance = self.instance(seed).await?;
+        instance
+            .call("score", async |e, s| {
+                e.score(s, completion, answer, info).await
+            })
+            .await
     }
 }

@@ -40,6 +40,18 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<GuestState>) -> wa
     whost::add_to_linker::<GuestState, HasSelf<GuestState>>(linker, |s| s)
 }
 
+/// The `env` interface an environment component exports.
+pub(super) fn env(world: &env_world::Environment) -> &env_world::exports::rlhost::env::env::Guest {
+    world.rlhost_env_env()
+}
+
+/// The `reward-fn` interface a reward component exports.
+pub(super) fn reward_fn(
+    world: &reward_world::Reward,
+) -> &reward_world::exports::rlhost::env::reward_fn::Guest {
+    world.rlhost_env_reward_fn()
+}
+
 impl w::Host for GuestState {}
 
 impl whost::Host for GuestState {
