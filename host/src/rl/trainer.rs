@@ -11,7 +11,7 @@
 //! non-finite loss or gradient skips the step (logged); too many in a row is an error.
 //!
 //! Sharing and merging never change the objective: loss, gradients and updated weights equal
-//! those of running every per-turn sample in full (tested in `tests/rl.rs`).
+//! those of running every per-turn sample in full (tested in `host/tests/lib/rl.rs`).
 
 use std::collections::BTreeMap;
 
@@ -300,7 +300,7 @@ impl Trainer {
         let state = serde_json::json!({"step": self.step, "adam_steps": self.opt.steps,
                                        "bad_in_a_row": self.bad_in_a_row});
         let path = dir.join("trainer_state.json");
-        rlhost_registry::fs::write_atomically(&path, state.to_string().as_bytes()).map_err(|e| {
+        rlhost_fs::write_atomically(&path, state.to_string().as_bytes()).map_err(|e| {
             crate::model::ModelError::Io {
                 path,
                 message: e.to_string(),

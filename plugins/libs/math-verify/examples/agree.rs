@@ -1,6 +1,6 @@
 //! Development aid: the library's verdicts against a reference file written by
 //! `scripts/math-verify-reference.py`, natively and without the host (the agreement check that
-//! gates CI runs through the plugin: `host bench math-verify`, `tests/math_verify.rs`).
+//! gates CI runs through the plugin: `host bench math-verify`, `host/tests/e2e/math_verify.rs`).
 //!
 //! `cargo run --release --target <host triple> -p rlhost-math-verify --example agree -- FILE [math_rubric|seed]`
 

@@ -12,17 +12,13 @@ use rlhost::rl::loss::{AdvantageKind, LossConfig, NormType, advantages};
 use rlhost::rl::trainer::{Objective, OptimConfig, Sample, StepStats, Trainer};
 use tch::{Device, Kind};
 
+use crate::common;
+
 /// A tiny Qwen3 with random weights from `seed`, saved as a model folder.
 fn save_tiny(dir: &std::path::Path, seed: u64) {
-    Qwen3::new(
-        Qwen3Config::preset(Preset::Tiny),
-        Device::Cpu,
-        Kind::Float,
-        seed,
-    )
-    .unwrap()
-    .save(dir)
-    .unwrap();
+    common::seeded_model(Qwen3Config::preset(Preset::Tiny), seed)
+        .save(dir)
+        .unwrap();
 }
 
 /// A 10-step trainer of the model in `dir` with the default loss.
@@ -54,9 +50,24 @@ fn load_trainer_with(
     .unwrap()
 }
 
+/// AdamW at lr 1e-3, no warm-up: the optimiser of the exactness tests.
+fn optim() -> OptimConfig {
+    OptimConfig {
+        lr: 1e-3,
+        ..Default::default()
+    }
+}
+
+/// A trainer of the model in `dir` (temperature 0.8, micro-batches of `budget` tokens) that runs
+/// the prompt prefix its rows share once (`share`) or every row in full.
+fn prefix_trainer(dir: &std::path::Path, budget: usize, share: bool) -> Trainer {
+    let mut t = load_trainer(dir, optim(), 0.8, budget);
+    t.share_prefix = share;
+    t
+}
+
 #[test]
 fn grpo_learns_a_trivial_task_and_sampler_and_trainer_agree() {
-    tch::manual_seed(0);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     save_tiny(dir, 5);
@@ -215,19 +226,7 @@ fn shared_prefix_training_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 8);
-    let trainer = |share: bool| {
-        let mut t = load_trainer(
-            &dir,
-            OptimConfig {
-                lr: 1e-3,
-                ..Default::default()
-            },
-            0.8,
-            4096,
-        );
-        t.share_prefix = share;
-        t
-    };
+    let trainer = |share: bool| prefix_trainer(&dir, 4096, share);
     let head: Vec<u32> = (0..48).map(|i| (i * 13 + 5) % 500).collect();
     let mut samples: Vec<Sample> = (0..7u32)
         .map(|k| {
@@ -305,15 +304,7 @@ fn a_batch_without_trained_tokens_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 9);
-    let mut t = load_trainer(
-        &dir,
-        OptimConfig {
-            lr: 1e-3,
-            ..Default::default()
-        },
-        1.0,
-        4096,
-    );
+    let mut t = load_trainer(&dir, optim(), 1.0, 4096);
     let sample = |trained: bool| Sample {
         ids: (0..12).map(|i| (i * 17 + 3) % 500).collect(),
         mask: (0..12).map(|i| trained && i >= 6).collect(),
@@ -445,10 +436,7 @@ fn merged_turns_train_exactly_as_per_turn_samples() {
             let trainer = || {
                 let mut t = load_trainer_with(
                     &dir,
-                    OptimConfig {
-                        lr: 1e-3,
-                        ..Default::default()
-                    },
+                    optim(),
                     LossConfig {
                         norm_type,
                         ..Default::default()
@@ -554,19 +542,7 @@ fn per_group_shared_prompts_are_exact() {
         (4096, Objective::Likelihood),
         (100, Objective::Policy),
     ] {
-        let trainer = |share: bool| {
-            let mut t = load_trainer(
-                &dir,
-                OptimConfig {
-                    lr: 1e-3,
-                    ..Default::default()
-                },
-                0.8,
-                budget,
-            );
-            t.share_prefix = share;
-            t
-        };
+        let trainer = |share: bool| prefix_trainer(&dir, budget, share);
         let what = format!("{objective:?}, budget {budget}");
         let (mut full, mut shared) = (trainer(false), trainer(true));
         let a = full.step_with(&samples, objective).unwrap();

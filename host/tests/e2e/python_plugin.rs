@@ -3,12 +3,10 @@
 //! `host env pack` (which builds it with componentize-py), publishing to a folder registry,
 //! `host env install`, and `host eval` against a scripted OpenAI-compatible server.
 
-mod common;
-
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use common::{host, repo_root, run, texts};
-use serde_json::{Value, json};
+use crate::common::{self, host, repo_root};
 
 /// The code block of `sdk/python/README.md` whose first line is `first_line`.
 fn readme_block(first_line: &str) -> String {
@@ -25,29 +23,33 @@ fn componentize_py() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"));
-    let exe = cache.join("rlhost/componentize-py-0.25.1/bin/componentize-py");
-    assert!(
-        exe.is_file(),
-        "{} is missing: run `make plugins` first",
-        exe.display()
-    );
-    exe
+    common::built(
+        cache.join("rlhost/componentize-py-0.25.1/bin/componentize-py"),
+        "plugins",
+    )
 }
 
+/// `host` in `home`, building Python plugins with that componentize-py.
+fn host_py(home: &Path) -> Command {
+    let mut cmd = host(home);
+    cmd.env("RLHOST_COMPONENTIZE_PY", componentize_py());
+    cmd
+}
+
+/// `host ARGS` in `home`, which must succeed: its stdout.
 fn ok(home: &Path, args: &[&str]) -> String {
-    let out = run(host(home)
-        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
-        .args(args));
-    let (stdout, stderr) = texts(&out);
-    assert!(out.status.success(), "host {args:?}:\n{stdout}{stderr}");
-    stdout
+    common::run_ok(host_py(home).args(args))
+}
+
+/// A path as a command-line argument.
+fn arg(path: &Path) -> String {
+    path.to_str().unwrap().to_owned()
 }
 
 #[test]
 fn a_verifiers_module_becomes_an_installed_plugin() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
-    let s = |p: &Path| p.to_str().unwrap().to_owned();
     let project = tmp.path().join("capitals");
 
     // 1. The project.
@@ -61,7 +63,7 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
             "--owner",
             "alice",
             "--dir",
-            &s(&project),
+            &arg(&project),
         ],
     );
     assert!(out.contains("host env build"), "{out}");
@@ -72,9 +74,9 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
 
     // 3. Build and pack; packing again is a cached build.
     let pkg = tmp.path().join("capitals.rlpkg");
-    let out = ok(&home, &["env", "pack", &s(&project), "-o", &s(&pkg)]);
+    let out = ok(&home, &["env", "pack", &arg(&project), "-o", &arg(&pkg)]);
     assert!(out.contains("packed alice/capitals@0.1.0"), "{out}");
-    let out = ok(&home, &["env", "pack", &s(&project), "-o", &s(&pkg)]);
+    let out = ok(&home, &["env", "pack", &arg(&project), "-o", &arg(&pkg)]);
     assert!(out.contains("(cached)"), "{out}");
 
     // A broken module fails the build with its traceback, and leaves the last good build.
@@ -84,11 +86,7 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
         module.replace("name=\"capitals\",", "name=\"capitals\", colour=\"blue\","),
     )
     .unwrap();
-    let out = run(host(&home)
-        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
-        .args(["env", "build", &s(&project)]));
-    let (_, stderr) = texts(&out);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = common::run_err(host_py(&home).args(["env", "build", &arg(&project)]));
     assert!(
         stderr.contains("unexpected keyword argument 'colour'"),
         "{stderr}"
@@ -104,19 +102,19 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
     let reg = tmp.path().join("registry");
     let key = tmp.path().join("alice.key");
     let url = format!("file://{}", reg.display());
-    ok(&home, &["registry", "init", "--root", &s(&reg)]);
-    ok(&home, &["registry", "keygen", "--out", &s(&key)]);
+    ok(&home, &["registry", "init", "--root", &arg(&reg)]);
+    ok(&home, &["registry", "keygen", "--out", &arg(&key)]);
     ok(
         &home,
         &[
             "registry",
             "add-key",
             "--root",
-            &s(&reg),
+            &arg(&reg),
             "--owner",
             "alice",
             "--key-file",
-            &s(&key),
+            &arg(&key),
         ],
     );
     ok(
@@ -124,9 +122,9 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
         &[
             "env",
             "publish",
-            &s(&pkg),
+            &arg(&pkg),
             "--key",
-            &s(&key),
+            &arg(&key),
             "--registry",
             &url,
         ],
@@ -139,15 +137,7 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
 
     // 5. Evaluate: the scripted model answers the first test question right in the asked
     // format, the second wrong and without tags.
-    let (port, stop) = common::serve_http(120, |req| {
-        if req.path.ends_with("/models") {
-            return (
-                200,
-                vec![],
-                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
-            );
-        }
-        let body: Value = serde_json::from_slice(&req.body).unwrap();
+    let (url, stop) = common::scripted_openai(120, |body| {
         let msgs = body["messages"].as_array().unwrap();
         assert_eq!(
             msgs[0]["content"], "Think, then give the answer inside <answer> tags.",
@@ -159,28 +149,12 @@ fn a_verifiers_module_becomes_an_installed_plugin() {
         } else {
             "It is 100."
         };
-        let completion = json!({
-            "id": "chatcmpl-scripted", "object": "chat.completion", "created": 0,
-            "model": "scripted",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": reply}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        });
-        (200, vec![], completion.to_string().into_bytes())
+        (200, common::chat_completion(Some(reply), vec![]))
     });
     let out = ok(
         &home,
         &[
-            "eval",
-            "capitals",
-            "--split",
-            "test",
-            "-n",
-            "-1",
-            "-r",
-            "2",
-            "-b",
-            &format!("http://127.0.0.1:{port}/v1"),
+            "eval", "capitals", "--split", "test", "-n", "-1", "-r", "2", "-b", &url,
         ],
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -208,12 +182,13 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
 "#
     );
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let out = run(std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(path)
-        .arg(source));
-    assert!(out.status.success(), "{}", texts(&out).1);
+    common::run_ok(
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(path)
+            .arg(source),
+    );
 }
 
 /// `[python] dependencies` are installed for the component's CPython and snapshotted in; a
@@ -222,11 +197,17 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
 fn pure_python_dependencies_are_snapshotted_and_native_ones_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
-    let s = |p: &Path| p.to_str().unwrap().to_owned();
     let project = tmp.path().join("greeter");
     ok(
         &home,
-        &["env", "init", "greeter", "--python", "--dir", &s(&project)],
+        &[
+            "env",
+            "init",
+            "greeter",
+            "--python",
+            "--dir",
+            &arg(&project),
+        ],
     );
     wheel(
         &project.join("wheels/shout-1.0-py3-none-any.whl"),
@@ -254,7 +235,7 @@ fn pure_python_dependencies_are_snapshotted_and_native_ones_refused() {
             ),
     )
     .unwrap();
-    ok(&home, &["env", "build", &s(&project)]);
+    ok(&home, &["env", "build", &arg(&project)]);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let info = rt.block_on(async {
@@ -278,11 +259,7 @@ fn pure_python_dependencies_are_snapshotted_and_native_ones_refused() {
         ),
     )
     .unwrap();
-    let out = run(host(&home)
-        .env("RLHOST_COMPONENTIZE_PY", componentize_py())
-        .args(["env", "build", &s(&project)]));
-    let (_, stderr) = texts(&out);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = common::run_err(host_py(&home).args(["env", "build", &arg(&project)]));
     assert!(stderr.contains("pure-Python wheels only"), "{stderr}");
     assert!(
         stderr.contains("fast-1.0-cp311"),

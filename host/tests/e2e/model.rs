@@ -3,20 +3,18 @@
 //! ids, served from a local HF cache or downloaded from a hub (a real HTTP server on loopback that
 //! speaks the hub's `resolve` protocol).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::{host, run, texts};
+use crate::common::{self, host, run, run_err, texts};
 
 fn init_tiny(home: &Path, out: &Path) {
-    let res = run(host(home)
-        .args(["model", "init", "--preset", "tiny", "--seed", "3", "--out"])
-        .arg(out));
-    let (stdout, stderr) = texts(&res);
-    assert!(res.status.success(), "{stderr}");
+    let stdout = common::run_ok(
+        host(home)
+            .args(["model", "init", "--preset", "tiny", "--seed", "3", "--out"])
+            .arg(out),
+    );
     assert!(stdout.contains("512-token byte-level BPE"), "{stdout}");
 }
 
@@ -53,11 +51,12 @@ fn tiny_models_come_with_a_tokenizer_and_chat_template() {
 
     // A second init into the same folder loses nothing.
     let before = std::fs::read(dir.join("model.safetensors")).unwrap();
-    let again = run(host(home.path())
-        .args(["model", "init", "--seed", "4", "--out"])
-        .arg(&dir));
-    assert_eq!(again.status.code(), Some(1));
-    assert!(texts(&again).1.contains("already holds a model"));
+    let stderr = run_err(
+        host(home.path())
+            .args(["model", "init", "--seed", "4", "--out"])
+            .arg(&dir),
+    );
+    assert!(stderr.contains("already holds a model"));
     assert_eq!(
         std::fs::read(dir.join("model.safetensors")).unwrap(),
         before
@@ -68,11 +67,11 @@ fn tiny_models_come_with_a_tokenizer_and_chat_template() {
 fn real_sizes_need_a_real_tokenizer() {
     let home = tempfile::tempdir().unwrap();
     let out_dir = home.path().join("big");
-    let out = run(host(home.path())
-        .args(["model", "init", "--preset", "0.6b", "--out"])
-        .arg(&out_dir));
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = texts(&out).1;
+    let stderr = run_err(
+        host(home.path())
+            .args(["model", "init", "--preset", "0.6b", "--out"])
+            .arg(&out_dir),
+    );
     assert!(
         stderr.contains("0.6b preset needs Qwen3's tokenizer: pass --tokenizer DIR"),
         "{stderr}"
@@ -82,12 +81,13 @@ fn real_sizes_need_a_real_tokenizer() {
     // A tiny model with Qwen3's own tokenizer: the vocabulary grows to fit it.
     let qwen3 = common::repo_root().join("../shared/models/qwen3");
     let dir = home.path().join("tiny-qwen3-vocab");
-    let out = run(host(home.path())
-        .args(["model", "init", "--tokenizer"])
-        .arg(&qwen3)
-        .arg("--out")
-        .arg(&dir));
-    assert!(out.status.success(), "{}", texts(&out).1);
+    common::run_ok(
+        host(home.path())
+            .args(["model", "init", "--tokenizer"])
+            .arg(&qwen3)
+            .arg("--out")
+            .arg(&dir),
+    );
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["vocab_size"], 151_669);
@@ -135,21 +135,22 @@ fn hub_ids_resolve_from_the_local_cache() {
     assert!(stdout.contains("every tensor present"), "{stdout}");
 
     // HF_HUB_CACHE wins over HF_HOME.
-    let out = run(host(home.path())
-        .env("HF_HOME", home.path().join("elsewhere"))
-        .env("HF_HUB_CACHE", hf_home.join("hub"))
-        .env("HF_HUB_OFFLINE", "1")
-        .args(["model", "info", "acme/Tiny-1M"]));
-    assert!(out.status.success(), "{}", texts(&out).1);
+    common::run_ok(
+        host(home.path())
+            .env("HF_HOME", home.path().join("elsewhere"))
+            .env("HF_HUB_CACHE", hf_home.join("hub"))
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["model", "info", "acme/Tiny-1M"]),
+    );
 
     // A snapshot without weights is not a model; offline, the error lists where it looked.
     std::fs::remove_file(snap.join("model.safetensors")).unwrap();
-    let out = run(host(home.path())
-        .env("HF_HOME", &hf_home)
-        .env("HF_HUB_OFFLINE", "1")
-        .args(["model", "info", "acme/Tiny-1M"]));
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = texts(&out).1;
+    let stderr = run_err(
+        host(home.path())
+            .env("HF_HOME", &hf_home)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["model", "info", "acme/Tiny-1M"]),
+    );
     assert!(
         stderr.contains("cannot find model `acme/Tiny-1M`"),
         "{stderr}"
@@ -249,22 +250,23 @@ fn hub_ids_download_into_the_cache_then_work_offline() {
 
     // The hub gone, the cache serves.
     stop.store(true, Ordering::Relaxed);
-    let out = run(host(home.path())
-        .env("HF_HOME", &hf_home)
-        .env("HF_HUB_OFFLINE", "1")
-        .args(["model", "info", "acme/Tiny-1M", "--check"]));
-    assert!(out.status.success(), "{}", texts(&out).1);
+    common::run_ok(
+        host(home.path())
+            .env("HF_HOME", &hf_home)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["model", "info", "acme/Tiny-1M", "--check"]),
+    );
 
     // A repository the hub does not have: the error says what failed, where.
     let (port, stop) = serve_hub("acme/Other", model.clone(), hits.clone());
-    let out = run(host(home.path())
-        .env("HF_HOME", &hf_home)
-        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env_remove("HF_HUB_OFFLINE")
-        .args(["model", "info", "acme/Missing"]));
+    let stderr = run_err(
+        host(home.path())
+            .env("HF_HOME", &hf_home)
+            .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+            .env_remove("HF_HUB_OFFLINE")
+            .args(["model", "info", "acme/Missing"]),
+    );
     stop.store(true, Ordering::Relaxed);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = texts(&out).1;
     assert!(
         stderr.contains(&format!(
             "downloading config.json from http://127.0.0.1:{port} failed"

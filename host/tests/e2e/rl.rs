@@ -4,10 +4,10 @@
 //! step count with a valid checkpoint, and its metrics.jsonl has each step once; bad
 //! configuration fails fast naming the key.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use crate::common;
 
 fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<String> {
     [
@@ -54,10 +54,7 @@ fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<
 
 #[test]
 fn steps_checkpoints_and_resume_after_a_kill() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["arith"]);
-    let model = tmp.path().join("tiny");
-    common::tiny_model(&model, 2);
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 2);
     let run_dir = tmp.path().join("run");
     let steps = 12;
     // Start, wait for the first checkpoint, kill hard.
@@ -82,13 +79,11 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     child.kill().unwrap();
     child.wait().unwrap();
     // Resume to the end.
-    let out = common::run(
+    let stdout = common::run_ok(
         common::host(&home)
             .args(rl_args(&model, &run_dir, steps))
             .arg("--resume"),
     );
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains(&format!("step   {steps} |")), "{stdout}");
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
@@ -117,13 +112,12 @@ fn steps_checkpoints_and_resume_after_a_kill() {
         ckpts.iter().filter(|c| c.starts_with("step_")).count() <= 2,
         "{ckpts:?}"
     );
-    let info = common::run(
+    common::run_ok(
         common::host(&home)
             .args(["model", "info", "--check"])
             .arg(run_dir.join(format!("checkpoints/step_{steps}"))),
     );
-    assert!(info.status.success(), "{}", common::texts(&info).1);
-    let eval = common::run(
+    common::run_ok(
         common::host(&home)
             .args([
                 "eval",
@@ -140,7 +134,6 @@ fn steps_checkpoints_and_resume_after_a_kill() {
             ])
             .arg(run_dir.join("final")),
     );
-    assert!(eval.status.success(), "{}", common::texts(&eval).1);
 }
 
 /// A crash after the newest checkpoint leaves metrics.jsonl lines of steps the resumed run
@@ -148,10 +141,7 @@ fn steps_checkpoints_and_resume_after_a_kill() {
 /// curves.png drawn from it) has each step once, in order.
 #[test]
 fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["arith"]);
-    let model = tmp.path().join("tiny");
-    common::tiny_model(&model, 4);
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 4);
     let run_dir = tmp.path().join("run");
     let steps_of = || -> Vec<u64> {
         std::fs::read_to_string(run_dir.join("metrics.jsonl"))
@@ -219,15 +209,13 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
 #[test]
 fn bad_configuration_fails_fast() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = common::run(common::host(tmp.path()).args([
+    let stderr = common::run_err(common::host(tmp.path()).args([
         "rl",
         "--plugin",
         "arith",
         "--trainer.optim.lrr",
         "1",
     ]));
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = common::texts(&out).1;
     assert!(
         stderr.contains("lrr") && stderr.contains("trainer.optim"),
         "{stderr}"
@@ -241,10 +229,7 @@ fn bad_configuration_fails_fast() {
 /// increases with the steps.
 #[test]
 fn remote_servers_generate_and_receive_weights() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["arith"]);
-    let model = tmp.path().join("tiny");
-    common::tiny_model(&model, 3);
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 3);
     let server = common::InferenceServer::start(&model, &[]);
     let url = server.url.clone();
     let run_dir = tmp.path().join("remote");

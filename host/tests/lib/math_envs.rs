@@ -2,33 +2,21 @@
 //! `make plugins` assembles (datasets packed from the offline data folder), run through the real
 //! runtime and, for the python tool, the real sandbox.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use rlhost::plugin::{Environment, LoadOptions, PluginLoader, RewardFn};
-use rlhost::sandbox::{Sandbox, SandboxPolicy, WasmSandbox};
+use rlhost::sandbox::Sandbox;
 use rlhost_sdk::messages::{assistant, assistant_with_calls, system, user};
 use rlhost_sdk::types::{Example, Message, Metric, PluginError as GuestError, Rollout, ToolCall};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn dist(name: &str) -> PathBuf {
-    let dir = root().join("plugins/target/dist").join(name);
-    assert!(
-        dir.join("plugin.toml").is_file(),
-        "{} is missing: run `make plugins` first",
-        dir.display()
-    );
-    dir
-}
+use crate::common::{self, dist};
 
 /// The offline data folder the plugins were packed from.
 fn data_dir() -> PathBuf {
     std::env::var_os("RLHOST_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("../shared/data"))
+        .unwrap_or_else(|| common::repo_root().join("../shared/data"))
 }
 
 fn first_row(file: &str) -> serde_json::Value {
@@ -37,15 +25,7 @@ fn first_row(file: &str) -> serde_json::Value {
 }
 
 fn sandbox() -> Arc<dyn Sandbox> {
-    static SANDBOX: OnceLock<Arc<WasmSandbox>> = OnceLock::new();
-    SANDBOX
-        .get_or_init(|| {
-            let component = root().join("sandbox/target/python-sandbox.wasm");
-            assert!(component.is_file(), "run `make sandbox` first");
-            let cache = root().join("sandbox/target/cache");
-            Arc::new(WasmSandbox::load(&component, Some(&cache), SandboxPolicy::default()).unwrap())
-        })
-        .clone()
+    common::python_sandbox().clone()
 }
 
 fn loader() -> PluginLoader {

@@ -4,12 +4,12 @@
 //! calls; flaky server errors are retried; a missing plugin prints the install command; and
 //! `host inference` + `host eval -b` agree with `host eval -m` (in-process) under greedy decoding.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
+
+use crate::common::{self, chat_completion};
 
 /// The first `n` MATH train rows: (problem, answer), the order math-python serves them in.
 fn math_rows(n: usize) -> Vec<(String, String)> {
@@ -34,39 +34,21 @@ fn call(id: &str, code: &str) -> Value {
     json!({"id": id, "type": "function", "function": {"name": "python", "arguments": json!({"code": code}).to_string()}})
 }
 
-fn completion(content: Option<String>, calls: Vec<Value>) -> Value {
-    let finish = if calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
-    json!({
-        "id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": "scripted",
-        "choices": [{"index": 0, "finish_reason": finish,
-                     "message": {"role": "assistant", "content": content, "tool_calls": calls}}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    })
-}
-
 /// Turn `turn` of the scripted conversation for example `i` (answer `answer`).
 fn scripted(i: usize, turn: usize, answer: &str) -> Value {
-    let boxed = |a: &str| {
-        Some(format!(
-            "<think>\nchecked\n</think>\nThe answer is $\\boxed{{{a}}}$."
-        ))
-    };
+    let boxed = |a: &str| format!("<think>\nchecked\n</think>\nThe answer is $\\boxed{{{a}}}$.");
     match (i, turn) {
         // A tool call, then the right answer.
-        (0, 0) => completion(None, vec![call("c0", "print(6 * 7)")]),
-        (0, _) => completion(boxed(answer), vec![]),
+        (0, 0) => chat_completion(None, vec![call("c0", "print(6 * 7)")]),
+        (0, _) => chat_completion(Some(&boxed(answer)), vec![]),
         // A wrong answer at once.
-        (1, _) => completion(boxed("123456789"), vec![]),
+        (1, _) => chat_completion(Some(&boxed("123456789")), vec![]),
         // A tool call that raises, then the right answer.
-        (2, 0) => completion(Some("Let me compute.".into()), vec![call("c2", "1/0")]),
-        (2, _) => completion(boxed(answer), vec![]),
+        (2, 0) => chat_completion(Some("Let me compute."), vec![call("c2", "1/0")]),
+        (2, _) => chat_completion(Some(&boxed(answer)), vec![]),
         // Two tool calls in one turn, then the right answer.
-        (3, 0) => completion(None, vec![call("c3a", "print(1)"), call("c3b", "print(2)")]),
-        (_, _) => completion(boxed(answer), vec![]),
+        (3, 0) => chat_completion(None, vec![call("c3a", "print(1)"), call("c3b", "print(2)")]),
+        (_, _) => chat_completion(Some(&boxed(answer)), vec![]),
     }
 }
 
@@ -77,20 +59,12 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
     let rows = math_rows(4);
     let requests = Arc::new(AtomicUsize::new(0));
     let seen = requests.clone();
-    let (port, stop) = common::serve_http(120, move |req| {
-        if req.path.ends_with("/models") {
-            return (
-                200,
-                vec![],
-                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
-            );
-        }
+    let (url, stop) = common::scripted_openai(120, move |body| {
         let n = seen.fetch_add(1, Ordering::SeqCst);
         // Every fifth request fails once with a 503: the client must retry.
         if n % 5 == 4 {
-            return (503, vec![], br#"{"error":{"message":"busy"}}"#.to_vec());
+            return (503, json!({"error": {"message": "busy"}}));
         }
-        let body: Value = serde_json::from_slice(&req.body).unwrap();
         let msgs = body["messages"].as_array().unwrap();
         let user = msgs.iter().find(|m| m["role"] == "user").unwrap()["content"]
             .as_str()
@@ -105,11 +79,7 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
             body["tools"][0]["function"]["name"], "python",
             "the tool is offered"
         );
-        (
-            200,
-            vec![],
-            scripted(i, turn, &rows[i].1).to_string().into_bytes(),
-        )
+        (200, scripted(i, turn, &rows[i].1))
     });
     let save = tmp.path().join("results");
     let out = common::run(
@@ -126,7 +96,7 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
                 "--split",
                 "train",
             ])
-            .args(["-b", &format!("http://127.0.0.1:{port}/v1"), "-s"])
+            .args(["-b", &url, "-s"])
             .arg(&save),
     );
     stop.store(true, Ordering::Relaxed);
@@ -186,23 +156,22 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
 #[test]
 fn a_missing_plugin_names_the_install_command() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = common::run(common::host(tmp.path()).args([
+    let stderr = common::run_err(common::host(tmp.path()).args([
         "eval",
         "aime2024",
         "-b",
         "http://127.0.0.1:9/v1",
     ]));
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = common::texts(&out).1;
     assert!(stderr.contains("host env install aime2024"), "{stderr}");
 }
 
 #[test]
 fn served_and_in_process_evals_agree_under_greedy_decoding() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["math500"]);
-    let model = tmp.path().join("tiny");
-    common::tiny_model(&model, 9);
+    let common::Workspace {
+        tmp: _tmp,
+        home,
+        model,
+    } = common::workspace(&["math500"], 9);
     let args = [
         "eval",
         "math500",
@@ -257,15 +226,7 @@ fn the_rust_python_and_extism_arith_tools_evaluate_identically() {
     let tmp = tempfile::tempdir().unwrap();
     let flavours = ["arith-tools", "arith-tools-extism", "arith-tools-python"];
     let home = common::home_with_plugins(tmp.path(), &flavours);
-    let (port, stop) = common::serve_http(300, |req| {
-        if req.path.ends_with("/models") {
-            return (
-                200,
-                vec![],
-                br#"{"object":"list","data":[{"id":"scripted"}]}"#.to_vec(),
-            );
-        }
-        let body: Value = serde_json::from_slice(&req.body).unwrap();
+    let (url, stop) = common::scripted_openai(300, |body| {
         assert_eq!(body["tools"][0]["function"]["name"], "calculator");
         let msgs = body["messages"].as_array().unwrap();
         let question = msgs[1]["content"].as_str().unwrap();
@@ -273,29 +234,27 @@ fn the_rust_python_and_extism_arith_tools_evaluate_identically() {
             .trim_start_matches("What is ")
             .trim_end_matches('?');
         let reply = match msgs.iter().rev().find(|m| m["role"] == "tool") {
-            None if expression.ends_with('0') => completion(Some("\\boxed{0}".into()), vec![]),
-            None => completion(
+            None if expression.ends_with('0') => chat_completion(Some("\\boxed{0}"), vec![]),
+            None => chat_completion(
                 None,
                 vec![json!({"id": "c1", "type": "function", "function": {
                     "name": "calculator",
                     "arguments": json!({"expression": expression}).to_string()}})],
             ),
-            Some(tool) => completion(
-                Some(format!("\\boxed{{{}}}", tool["content"].as_str().unwrap())),
+            Some(tool) => chat_completion(
+                Some(&format!("\\boxed{{{}}}", tool["content"].as_str().unwrap())),
                 vec![],
             ),
         };
-        (200, vec![], reply.to_string().into_bytes())
+        (200, reply)
     });
     let mut lines = Vec::new();
     for flavour in flavours {
-        let out = common::run(
+        let stdout = common::run_ok(
             common::host(&home)
                 .args(["eval", flavour, "-n", "20", "-r", "1", "--split", "test"])
-                .args(["-b", &format!("http://127.0.0.1:{port}/v1")]),
+                .args(["-b", &url]),
         );
-        let (stdout, stderr) = common::texts(&out);
-        assert!(out.status.success(), "{flavour}: {stdout}{stderr}");
         let line = stdout
             .lines()
             .find(|l| l.trim_start().starts_with("Reward:"))

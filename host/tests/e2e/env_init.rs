@@ -1,14 +1,13 @@
 //! End-to-end: a plugin author's first steps. `host env init` makes a project; plain
 //! `cargo build --release` turns it into a component; the host loads it and runs a rollout.
 
-mod common;
-
 use std::process::Command;
 
-use common::{host, repo_root, run, texts};
 use rlhost::plugin::{LoadOptions, PluginLoader};
 use rlhost_sdk::messages::assistant;
 use rlhost_sdk::types::Rollout;
+
+use crate::common::{host, repo_root, run, run_err, texts};
 
 #[test]
 fn init_build_load_and_score_a_new_plugin() {
@@ -22,15 +21,12 @@ fn init_build_load_and_score_a_new_plugin() {
     assert!(stdout.contains("created"), "{stdout}");
 
     // A second init into the same folder refuses and keeps what is there.
-    let again = run(host(tmp.path())
-        .args(["env", "init", "capitals", "--dir"])
-        .arg(&project));
-    assert_eq!(again.status.code(), Some(1));
-    assert!(
-        texts(&again).1.contains("already exists"),
-        "{}",
-        texts(&again).1
+    let stderr = run_err(
+        host(tmp.path())
+            .args(["env", "init", "capitals", "--dir"])
+            .arg(&project),
     );
+    assert!(stderr.contains("already exists"), "{stderr}");
 
     // Build exactly as the README says, sharing the plugins' target folder to reuse the SDK's
     // compiled dependencies.

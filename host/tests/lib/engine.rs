@@ -13,8 +13,7 @@ use rlhost::engine::{
 use rlhost::model::Qwen3;
 use tch::{Device, Kind, Tensor};
 
-#[path = "../../tests/common.rs"]
-mod common;
+use crate::common;
 
 fn tiny(dir: &Path, seed: u64) {
     common::tiny_model(dir, seed);

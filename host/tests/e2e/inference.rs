@@ -7,8 +7,6 @@
 //! all complete with flat memory, weights change through `/update_weights` (non-finite ones
 //! are refused), and SIGTERM stops the server cleanly mid-request.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -17,6 +15,8 @@ use rlhost::model::{ChatTemplate, Preset, Qwen3, Qwen3Config, Tokenizer, tiny_to
 use serde_json::{Value, json};
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
+
+use crate::common;
 
 fn rss_kib(child: &Child) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
@@ -63,7 +63,7 @@ fn tool_conversation() -> (Value, Value) {
 /// A tiny model taught three answers by overfitting (Adam on the target tokens only).
 fn taught_model(dir: &Path) {
     let cfg = Qwen3Config::preset(Preset::Tiny);
-    let model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 11).unwrap();
+    let model = common::seeded_model(cfg, 11);
     model.save(dir).unwrap();
     tiny_tokenizer::write(dir, 512).unwrap();
     let tok = Tokenizer::load(dir).unwrap();
@@ -115,6 +115,18 @@ fn taught_model(dir: &Path) {
     model.save(dir).unwrap();
 }
 
+/// `host inference` serving a [`taught_model`] (as `tiny`, tools on), in a temporary folder.
+fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("taught");
+    taught_model(&dir);
+    let server = common::InferenceServer::start(
+        &dir,
+        &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
+    );
+    (tmp, server)
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -141,13 +153,7 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value)
 
 #[test]
 fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("taught");
-    taught_model(&dir);
-    let server = common::InferenceServer::start(
-        &dir,
-        &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
-    );
+    let (tmp, server) = taught_server();
     let Some(python) = common::reference_python("openai_client") else {
         return;
     };
@@ -160,18 +166,13 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
         .to_string(),
     )
     .unwrap();
-    let out = Command::new(python)
-        .arg(common::repo_root().join("scripts/openai-client-check.py"))
-        .args(["--base-url", &server.url, "--model", "tiny", "--case"])
-        .arg(&case)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = common::run_ok(
+        Command::new(python)
+            .arg(common::repo_root().join("scripts/openai-client-check.py"))
+            .args(["--base-url", &server.url, "--model", "tiny", "--case"])
+            .arg(&case),
     );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r: Value = serde_json::from_str(&stdout).unwrap();
     // Plain and streamed: the taught answer, the same either way.
     assert_eq!(r["plain"]["content"], "42");
     assert_eq!(r["plain"]["finish_reason"], "stop");
@@ -206,7 +207,7 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
     let output: Vec<i64> = serde_json::from_value(r["plain"]["token_ids"].clone()).unwrap();
     let lps: Vec<f32> = serde_json::from_value(r["plain"]["logprobs"].clone()).unwrap();
     assert_eq!(output.len(), lps.len());
-    let model = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let model = Qwen3::load(&tmp.path().join("taught"), Device::Cpu, Kind::Float).unwrap();
     let all: Vec<i64> = prompt.iter().chain(&output).copied().collect();
     let ids = Tensor::from_slice(&all[..all.len() - 1]).unsqueeze(0);
     let pos = Tensor::arange(all.len() as i64 - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0);
@@ -231,13 +232,7 @@ fn the_openai_client_drives_a_taught_model_through_chat_streaming_and_tools() {
 /// `/reset_prefix_cache` forgets them.
 #[test]
 fn history_token_ids_continue_a_conversation_as_produced() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("taught");
-    taught_model(&dir);
-    let server = common::InferenceServer::start(
-        &dir,
-        &["--enable-auto-tool-choice", "--served-model-name", "tiny"],
-    );
+    let (_tmp, server) = taught_server();
     let url = format!("{}/chat/completions", server.url);
     let client = reqwest::Client::new();
     let rt = rt();
@@ -379,44 +374,6 @@ fn bad_requests_get_400s_that_name_the_problem() {
     });
 }
 
-/// Sends `head` then `body` to the server at `url` (the body from another thread, write errors
-/// ignored: the server may answer and close before it has read it all) and reads the answer:
-/// status, content type, body.
-fn raw_request(url: &str, head: &str, body: Vec<u8>) -> (u16, String, String) {
-    use std::io::{Read, Write};
-    let addr = url.trim_start_matches("http://").trim_end_matches("/v1");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(head.as_bytes()).unwrap();
-    let mut w = s.try_clone().unwrap();
-    std::thread::spawn(move || {
-        let _ = w.write_all(&body);
-    });
-    let header = |head: &str, name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-        })
-    };
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    // Until the body Content-Length announces is in (the connection may stay open).
-    loop {
-        let n = s.read(&mut buf).unwrap_or(0);
-        answer.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&answer).to_string();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len = header(head, "content-length").and_then(|v| v.parse::<usize>().ok());
-            if n == 0 || len.is_some_and(|len| body.len() >= len) {
-                let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-                let ctype = header(head, "content-type").unwrap_or_default();
-                return (status, ctype, body.to_string());
-            }
-        }
-        assert!(n > 0, "the connection closed before an answer: {text:?}");
-    }
-}
-
 /// Every error this server sends is OpenAI's JSON error body, whatever produced it: the
 /// handlers, or axum before a handler runs (body over the limit, wrong method, unknown route).
 #[test]
@@ -467,7 +424,7 @@ fn every_error_is_an_openai_json_error() {
         };
         // A body over the limit (2 MiB). A raw client writes it while reading: reqwest gives up
         // on the answer when the server, done, closes before the rest is written.
-        let (st, ct, text) = raw_request(
+        let (st, ct, text) = common::raw_request(
             &server.url,
             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3145728\r\n\r\n",
             vec![b' '; 3 << 20],
@@ -567,14 +524,21 @@ fn every_error_is_an_openai_json_error() {
     });
 }
 
-/// `/update_weights` refuses a checkpoint with a NaN or an infinity (400 naming the tensor) and
-/// the server goes on with its old weights: same answers, same policy version.
-#[test]
-fn non_finite_weights_are_refused_and_the_old_ones_keep_serving() {
+/// Two tiny models in a temporary folder, `a` (seed 2) and `b` (seed 3): a server's weights
+/// and an update to them.
+fn two_models() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     common::tiny_model(&a, 2);
     common::tiny_model(&b, 3);
+    (tmp, a, b)
+}
+
+/// `/update_weights` refuses a checkpoint with a NaN or an infinity (400 naming the tensor) and
+/// the server goes on with its old weights: same answers, same policy version.
+#[test]
+fn non_finite_weights_are_refused_and_the_old_ones_keep_serving() {
+    let (tmp, a, b) = two_models();
     let name = "model.layers.0.self_attn.o_proj.weight";
     let poisoned = |value: f32| {
         let dir = tmp.path().join(format!("poisoned-{value}"));
@@ -630,10 +594,7 @@ fn non_finite_weights_are_refused_and_the_old_ones_keep_serving() {
 
 #[test]
 fn completions_n_samples_and_weight_updates() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    common::tiny_model(&a, 2);
-    common::tiny_model(&b, 3);
+    let (_tmp, a, b) = two_models();
     let server = common::InferenceServer::start(&a, &["--served-model-name", "tiny"]);
     let rt = rt();
     let client = reqwest::Client::new();
@@ -874,7 +835,7 @@ fn config_files_and_missing_models_fail_fast_with_the_culprit_named() {
 fn bench_generate_reports_every_batch_size() {
     let tmp = tempfile::tempdir().unwrap();
     common::tiny_model(tmp.path(), 6);
-    let out = common::run(
+    let stdout = common::run_ok(
         common::host(tmp.path())
             .args([
                 "bench",
@@ -897,8 +858,6 @@ fn bench_generate_reports_every_batch_size() {
             ])
             .arg(tmp.path()),
     );
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stderr}");
     let v: Value = serde_json::from_str(&stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
@@ -917,7 +876,6 @@ fn bench_generate_reports_every_batch_size() {
 /// at most `--max-connections` are open at once, and a normal client still gets served.
 #[test]
 fn stalled_connections_are_closed_and_normal_clients_still_served() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny");
     common::tiny_model(&model, 0);
@@ -932,66 +890,36 @@ fn stalled_connections_are_closed_and_normal_clients_still_served() {
             "32",
         ],
     );
-    let addr = server
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_owned();
     // 150 partial headers and 150 partial bodies: far more than the cap.
-    let mut stalled = Vec::new();
-    for i in 0..300 {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        if i % 2 == 0 {
-            s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-                .unwrap();
-        } else {
-            s.write_all(
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"model\":",
-            )
-            .unwrap();
-        }
-        stalled.push(s);
-    }
-    let t = std::time::Instant::now();
+    let stalled = common::stalled_connections(
+        &server.url,
+        300,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"model\":",
+    );
+    let t = Instant::now();
     // A declared length over the limit is a JSON 413 at once, not a wait for the body.
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .unwrap();
-    s.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999999\r\n\r\n{",
-    )
-    .unwrap();
-    let mut answer = String::new();
-    let _ = s.read_to_string(&mut answer);
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let (status, _, answer) = common::raw_request(
+        &server.url,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999999\r\n\r\n{",
+        vec![],
+    );
+    assert_eq!(status, 413, "{answer}");
     assert!(
         answer.contains("\"type\":\"invalid_request_error\""),
         "{answer}"
     );
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    // 300 stalled over 32 slots, each freed after about a second.
-    assert!(
-        t.elapsed() < std::time::Duration::from_secs(30),
-        "{:?}",
-        t.elapsed()
+    let (status, _, answer) = common::raw_request(
+        &server.url,
+        "GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        vec![],
     );
-    for (i, mut s) in stalled.into_iter().enumerate() {
-        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
-            .unwrap();
-        let mut rest = Vec::new();
-        s.read_to_end(&mut rest)
-            .expect("the server closed the stalled connection");
-        if i % 2 == 1 {
-            // A body that stalls fails its request with an answer, not silence.
-            let text = String::from_utf8_lossy(&rest);
-            assert!(text.starts_with("HTTP/1.1 4"), "{text}");
-        }
+    assert_eq!(status, 200, "{answer}");
+    // 300 stalled over 32 slots, each freed after about a second.
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    // A body that stalls fails its request with an answer, not silence.
+    for answer in common::stalled_bodies_answered(stalled, Duration::from_secs(30)) {
+        assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
     }
 }

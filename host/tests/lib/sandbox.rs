@@ -2,30 +2,14 @@
 //! `sandbox/target/python-sandbox.wasm`): correctness, and hostile code contained with the
 //! message a model should read.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-use rlhost::sandbox::{REPL_RESET_NOTE, SandboxPolicy, WasmSandbox};
+use rlhost::sandbox::{REPL_RESET_NOTE, WasmSandbox};
 use rlhost_sdk::types::{PythonLimits, PythonOutput};
 
-fn component() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sandbox/target/python-sandbox.wasm");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make sandbox` first",
-        path.display()
-    );
-    path
-}
+use crate::common;
 
-/// One sandbox for the whole test binary: compiling the component is the slow part (cached on
-/// disk next to it after the first run).
+/// The test binary's one sandbox (default policy).
 fn sandbox() -> &'static WasmSandbox {
-    static SANDBOX: OnceLock<WasmSandbox> = OnceLock::new();
-    SANDBOX.get_or_init(|| {
-        let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sandbox/target/cache");
-        WasmSandbox::load(&component(), Some(&cache), SandboxPolicy::default()).unwrap()
-    })
+    common::python_sandbox()
 }
 
 fn limits(timeout_ms: u32) -> PythonLimits {
@@ -224,13 +208,7 @@ async fn plugins_reach_the_sandbox_through_run_python() {
     use rlhost::plugin::{LoadOptions, PluginLoader};
     use std::sync::Arc;
 
-    let probe = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins/target/wasm32-wasip2/release/fixture_probe.wasm");
-    assert!(
-        probe.is_file(),
-        "{} is missing: run `make plugins`",
-        probe.display()
-    );
+    let probe = common::wasm("fixture-probe");
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(&probe, tmp.path().join("plugin.wasm")).unwrap();
     std::fs::write(

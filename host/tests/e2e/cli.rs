@@ -1,8 +1,6 @@
 //! End-to-end: the `host` command line as a user meets it.
 
-mod common;
-
-use common::{host, run, texts};
+use crate::common::{host, run, run_err, texts};
 
 const GROUPS: &[&str] = &[
     "env",
@@ -108,20 +106,10 @@ fn sandbox_run_behaves_like_the_models_python_tool() {
             .contains("Error: Code execution timed out after 0.5 seconds")
     );
 
-    let out = run(host(home.path()).args(["sandbox", "run"]));
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        texts(&out).1.contains("nothing to run"),
-        "{}",
-        texts(&out).1
-    );
+    let stderr = run_err(host(home.path()).args(["sandbox", "run"]));
+    assert!(stderr.contains("nothing to run"), "{stderr}");
 
-    let out =
-        run(host(home.path()).args(["sandbox", "run", "-c", "1", "--component", "/nope.wasm"]));
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        texts(&out).1.contains("/nope.wasm does not exist"),
-        "{}",
-        texts(&out).1
-    );
+    let stderr =
+        run_err(host(home.path()).args(["sandbox", "run", "-c", "1", "--component", "/nope.wasm"]));
+    assert!(stderr.contains("/nope.wasm does not exist"), "{stderr}");
 }

@@ -6,51 +6,27 @@
 //! plugin tests of the runtime (infinite loop, memory bomb, trap, wrong ABI) for the Python and
 //! Extism flavours. All folders are built by `make plugins`.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rlhost::plugin::{
     Environment, LoadOptions, PluginError, PluginErrorKind, PluginLimits, PluginLoader,
 };
-use rlhost::sandbox::{Sandbox, SandboxPolicy, WasmSandbox};
+use rlhost::sandbox::Sandbox;
 use rlhost_sdk::messages::{assistant, assistant_with_calls};
 use rlhost_sdk::types::{Message, Metric, PluginError as GuestError, Rollout, ToolCall};
 
-/// A plugin folder assembled by `make plugins`.
-fn dist(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../plugins/target/dist")
-        .join(name);
-    assert!(
-        dir.join("plugin.toml").is_file(),
-        "{} is missing: run `make plugins` first",
-        dir.display()
-    );
-    dir
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::common::{self, dist};
 
 /// The Python sandbox behind the `run-python` host function (`make sandbox`).
 fn sandbox() -> Arc<dyn Sandbox> {
-    static SANDBOX: OnceLock<Arc<WasmSandbox>> = OnceLock::new();
-    SANDBOX
-        .get_or_init(|| {
-            let component = root().join("sandbox/target/python-sandbox.wasm");
-            assert!(component.is_file(), "run `make sandbox` first");
-            let cache = root().join("sandbox/target/cache");
-            Arc::new(WasmSandbox::load(&component, Some(&cache), SandboxPolicy::default()).unwrap())
-        })
-        .clone()
+    common::python_sandbox().clone()
 }
 
 /// A loader whose compiled components are cached beside the built plugins (a Python
 /// component takes seconds to compile; every test after the first loads it in milliseconds).
 fn loader(limits: PluginLimits) -> PluginLoader {
-    let cache = root().join("plugins/target/component-cache");
+    let cache = common::plugins_target().join("component-cache");
     PluginLoader::new(
         LoadOptions {
             limits,
@@ -103,11 +79,7 @@ async fn transcript(env: &dyn Environment) -> Transcript {
     }
     let unknown_split = env.dataset("dev", 0, 1).await.unwrap_err().to_string();
     let ex = env.dataset("test", 7, 1).await.unwrap().examples.remove(0);
-    let expression = ex
-        .question
-        .trim_start_matches("What is ")
-        .trim_end_matches('?')
-        .to_owned();
+    let expression = common::arith_expression(&ex.question);
 
     let mut session = env.start(11).await.unwrap();
     let start = session.initial_prompt(&ex, "{}").await.unwrap();
@@ -387,15 +359,7 @@ async fn hostile_extism_plugins_are_contained() {
     let e = env_abort(&loader).await;
     assert!(e.contains("deliberate assertion failure"), "{e}");
 
-    let e = loader
-        .load_environment(&dist("fixture-extism-future-abi"))
-        .await
-        .err()
-        .expect("a future ABI is refused");
-    assert!(
-        matches!(kind(&e), PluginErrorKind::AbiMismatch { found, .. } if found.major == 9),
-        "{e}"
-    );
+    future_abi_is_refused(&loader, "fixture-extism-future-abi").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,8 +379,13 @@ async fn hostile_python_plugins_are_contained() {
         "{e}"
     );
 
+    future_abi_is_refused(&loader, "fixture-python-future-abi").await;
+}
+
+/// Loading the fixture `name`, built for ABI 9.0, is refused as an ABI mismatch.
+async fn future_abi_is_refused(loader: &PluginLoader, name: &str) {
     let e = loader
-        .load_environment(&dist("fixture-python-future-abi"))
+        .load_environment(&dist(name))
         .await
         .err()
         .expect("a future ABI is refused");

@@ -9,28 +9,14 @@ use std::process::Command;
 use rlhost::model::{Qwen3, safetensors};
 use tch::{Device, Kind, Tensor};
 
-#[path = "../../tests/common.rs"]
-mod common;
-
-fn root() -> PathBuf {
-    common::repo_root()
-}
+use crate::common;
 
 fn python() -> Option<PathBuf> {
     common::reference_python("model_parity")
 }
 
 fn reference(python: &Path, args: &[&str]) {
-    let out = Command::new(python)
-        .arg(root().join("scripts/qwen3-reference.py"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "reference failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_ok(common::qwen3_reference(python).args(args));
 }
 
 const PAD: i64 = 0;
@@ -135,15 +121,7 @@ fn rlhost_models_load_in_transformers_and_agree() {
         if untied {
             args.push("--untied");
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_host"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::run_ok(Command::new(common::host_bin()).args(&args));
         compare(&python, &dir);
     }
 }
@@ -167,7 +145,7 @@ fn transformers_models_load_in_rlhost_and_agree() {
 fn broken_checkpoints_are_refused_with_the_culprit_named() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = rlhost::model::Qwen3Config::preset(rlhost::model::Preset::Tiny);
-    let model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 1).unwrap();
+    let model = common::seeded_model(cfg, 1);
     let dir = tmp.path().join("m");
     model.save(&dir).unwrap();
     // A tensor with the wrong shape.
@@ -214,7 +192,7 @@ fn broken_checkpoints_are_refused_with_the_culprit_named() {
 #[test]
 fn cached_decoding_equals_full_forward() {
     let cfg = rlhost::model::Qwen3Config::preset(rlhost::model::Preset::Tiny);
-    let model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 3).unwrap();
+    let model = common::seeded_model(cfg, 3);
     let ids = Tensor::from_slice(&[4i64, 8, 15, 16, 23, 42, 7, 99]).unsqueeze(0);
     let pos = Tensor::arange(8, (Kind::Int64, Device::Cpu)).unsqueeze(0);
     tch::no_grad(|| {

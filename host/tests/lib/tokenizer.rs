@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use rlhost::model::Tokenizer;
 
-#[path = "../../tests/common.rs"]
-mod common;
+use crate::common;
 
 fn qwen3() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/qwen3");
@@ -120,20 +119,14 @@ fn the_tiny_tokenizer_matches_transformers() {
     )
     .unwrap();
     let out = tmp.path().join("out.json");
-    let run = std::process::Command::new(python)
-        .arg(common::repo_root().join("scripts/qwen3-reference.py"))
-        .args(["tokenize", "--model"])
-        .arg(tmp.path())
-        .arg("--inputs")
-        .arg(&inputs)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    common::run_ok(
+        common::qwen3_reference(&python)
+            .args(["tokenize", "--model"])
+            .arg(tmp.path())
+            .arg("--inputs")
+            .arg(&inputs)
+            .arg("--out")
+            .arg(&out),
     );
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

@@ -12,22 +12,7 @@ use rlhost::plugin::{
 use rlhost_sdk::messages::{assistant, user};
 use rlhost_sdk::types::{Example, PluginError as GuestError, Rollout};
 
-fn plugins_target() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/target")
-}
-
-/// A built component, or a clear instruction.
-fn wasm(crate_name: &str) -> PathBuf {
-    let path = plugins_target()
-        .join("wasm32-wasip2/release")
-        .join(format!("{}.wasm", crate_name.replace('-', "_")));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make plugins` first",
-        path.display()
-    );
-    path
-}
+use crate::common::{self, dist, plugins_target, wasm};
 
 /// A built native library (any host target folder), or a clear instruction.
 fn native(crate_name: &str) -> PathBuf {
@@ -56,6 +41,12 @@ const ENV_WASM: Folder = Folder {
     abi: "rlhost:env@0.1.0",
     capabilities: "[]",
     data: &[],
+};
+
+/// The same environment folder around a native library.
+const ENV_NATIVE: Folder = Folder {
+    runtime: "native",
+    ..ENV_WASM
 };
 
 impl Folder {
@@ -126,6 +117,42 @@ async fn load_env(
     loader.load_environment(&dir).await
 }
 
+/// `name`: a WebAssembly environment folder around the built `crate_name`, loaded.
+async fn wasm_env(
+    loader: &PluginLoader,
+    root: &Path,
+    name: &str,
+    crate_name: &str,
+) -> Arc<dyn Environment> {
+    load_env(loader, root, name, &ENV_WASM, &wasm(crate_name))
+        .await
+        .unwrap()
+}
+
+/// Why the host refuses to load `name`.
+async fn refusal(
+    loader: &PluginLoader,
+    root: &Path,
+    name: &str,
+    folder: &Folder,
+    artifact: &Path,
+) -> PluginError {
+    match load_env(loader, root, name, folder, artifact).await {
+        Ok(_) => panic!("{name} loaded; it should be refused"),
+        Err(e) => e,
+    }
+}
+
+/// A rollout of the example `q`/`a` with no messages and no state, for `score`.
+fn bare_rollout() -> Rollout {
+    Rollout {
+        example: example("q", "a"),
+        messages: vec![],
+        state: String::new(),
+        truncated: false,
+    }
+}
+
 /// Runs one rollout of arith where the model answers at once (no tool call) and returns its
 /// metrics.
 async fn arith_rollout(env: &dyn Environment, reply: &str) -> Vec<(String, f64)> {
@@ -166,9 +193,7 @@ fn metrics(correct: f64) -> Vec<(String, f64)> {
 async fn arith_component_runs_a_rollout() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), false);
-    let env = load_env(&loader, tmp.path(), "arith", &ENV_WASM, &wasm("arith"))
-        .await
-        .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "arith", "arith").await;
     assert_eq!(env.id().to_string(), "test/arith v0.1.0");
     let info = env.info();
     assert_eq!(info.name, "arith");
@@ -196,9 +221,7 @@ async fn arith_component_runs_a_rollout() {
 async fn guest_errors_are_reported_and_leave_the_instance_usable() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), false);
-    let env = load_env(&loader, tmp.path(), "arith", &ENV_WASM, &wasm("arith"))
-        .await
-        .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "arith", "arith").await;
     let err = env.dataset("validation", 0, 1).await.unwrap_err();
     assert!(
         matches!(
@@ -232,18 +255,12 @@ async fn guest_errors_are_reported_and_leave_the_instance_usable() {
 async fn component_and_native_builds_agree() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), true);
-    let component = load_env(&loader, tmp.path(), "arith", &ENV_WASM, &wasm("arith"))
-        .await
-        .unwrap();
-    let native_folder = Folder {
-        runtime: "native",
-        ..ENV_WASM
-    };
+    let component = wasm_env(&loader, tmp.path(), "arith", "arith").await;
     let native = load_env(
         &loader,
         tmp.path(),
         "arith-native",
-        &native_folder,
+        &ENV_NATIVE,
         &native("arith"),
     )
     .await
@@ -266,20 +283,14 @@ async fn component_and_native_builds_agree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_plugins_need_permission() {
     let tmp = tempfile::tempdir().unwrap();
-    let folder = Folder {
-        runtime: "native",
-        ..ENV_WASM
-    };
-    let err = load_env(
+    let err = refusal(
         &loader(PluginLimits::default(), false),
         tmp.path(),
         "arith",
-        &folder,
+        &ENV_NATIVE,
         &native("arith"),
     )
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert!(
         matches!(*err.kind, PluginErrorKind::NativeNotAllowed),
         "{err}"
@@ -295,20 +306,14 @@ async fn native_plugin_with_a_wrong_abi_is_refused_before_any_other_call() {
     // The fixture's entry point aborts the process if called: reaching the assertion proves the
     // host stopped at the version symbol.
     let tmp = tempfile::tempdir().unwrap();
-    let folder = Folder {
-        runtime: "native",
-        ..ENV_WASM
-    };
-    let err = load_env(
+    let err = refusal(
         &loader(PluginLimits::default(), true),
         tmp.path(),
         "bad-abi",
-        &folder,
+        &ENV_NATIVE,
         &native("fixture-native-bad-abi"),
     )
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert_eq!(
         err.to_string(),
         "plugin test/bad-abi v0.1.0: targets rlhost:env@9.0.0, this host supports \
@@ -320,15 +325,7 @@ async fn native_plugin_with_a_wrong_abi_is_refused_before_any_other_call() {
 async fn infinite_loop_times_out_while_other_rollouts_go_on() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(
-        &loader,
-        tmp.path(),
-        "looper",
-        &ENV_WASM,
-        &wasm("fixture-looper"),
-    )
-    .await
-    .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "looper", "fixture-looper").await;
     let ex = example("q", "a");
     let rollout = Rollout {
         example: ex.clone(),
@@ -382,25 +379,9 @@ async fn fuel_stops_an_infinite_loop_deterministically() {
         ..quick_limits()
     };
     let loader = loader(limits, false);
-    let env = load_env(
-        &loader,
-        tmp.path(),
-        "looper",
-        &ENV_WASM,
-        &wasm("fixture-looper"),
-    )
-    .await
-    .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "looper", "fixture-looper").await;
     let mut s = env.start(1).await.unwrap();
-    let err = s
-        .score(&Rollout {
-            example: example("q", "a"),
-            messages: vec![],
-            state: String::new(),
-            truncated: false,
-        })
-        .await
-        .unwrap_err();
+    let err = s.score(&bare_rollout()).await.unwrap_err();
     assert!(
         matches!(
             *err.kind,
@@ -417,15 +398,7 @@ async fn fuel_stops_an_infinite_loop_deterministically() {
 async fn memory_bomb_is_stopped_at_the_cap() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(
-        &loader,
-        tmp.path(),
-        "bomb",
-        &ENV_WASM,
-        &wasm("fixture-memory-bomb"),
-    )
-    .await
-    .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "bomb", "fixture-memory-bomb").await;
     let mut s = env.start(1).await.unwrap();
     let err = s
         .initial_prompt(&example("q", "a"), "{}")
@@ -442,12 +415,7 @@ async fn memory_bomb_is_stopped_at_the_cap() {
         .unwrap_err();
     assert!(matches!(*again.kind, PluginErrorKind::Poisoned), "{again}");
     let mut fresh = env.start(2).await.unwrap();
-    let rollout = Rollout {
-        example: example("q", "a"),
-        messages: vec![],
-        state: String::new(),
-        truncated: false,
-    };
+    let rollout = bare_rollout();
     assert_eq!(fresh.score(&rollout).await.unwrap()[0].value, 1.0);
 }
 
@@ -455,15 +423,7 @@ async fn memory_bomb_is_stopped_at_the_cap() {
 async fn panicking_guest_names_the_plugin_and_the_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(quick_limits(), false);
-    let env = load_env(
-        &loader,
-        tmp.path(),
-        "panicker",
-        &ENV_WASM,
-        &wasm("fixture-panicker"),
-    )
-    .await
-    .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "panicker", "fixture-panicker").await;
     let mut s = env.start(1).await.unwrap();
     let start = s.initial_prompt(&example("q", "a"), "{}").await.unwrap();
     let err = s
@@ -484,42 +444,29 @@ async fn panicking_guest_names_the_plugin_and_the_panic() {
 async fn future_abi_is_refused_before_instantiation() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), false);
-    // An honest manifest is refused before the artifact is even read…
+    // An honest manifest is refused before the artifact is even read, and a manifest that lies
+    // is caught by the version inside the component.
     let honest = Folder {
         abi: "rlhost:env@0.2.0",
         ..ENV_WASM
     };
-    let err = load_env(
-        &loader,
-        tmp.path(),
-        "future",
-        &honest,
-        &wasm("fixture-future-abi"),
-    )
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "plugin test/future v0.1.0: targets rlhost:env@0.2.0, this host supports \
-         rlhost:env@0.1.0..<0.2.0"
-    );
-    // …and a manifest that lies is caught by the version inside the component.
-    let err = load_env(
-        &loader,
-        tmp.path(),
-        "liar",
-        &ENV_WASM,
-        &wasm("fixture-future-abi"),
-    )
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "plugin test/liar v0.1.0: targets rlhost:env@0.2.0, this host supports \
-         rlhost:env@0.1.0..<0.2.0"
-    );
+    for (name, folder) in [("future", &honest), ("liar", &ENV_WASM)] {
+        let err = refusal(
+            &loader,
+            tmp.path(),
+            name,
+            folder,
+            &wasm("fixture-future-abi"),
+        )
+        .await;
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "plugin test/{name} v0.1.0: targets rlhost:env@0.2.0, this host supports \
+                 rlhost:env@0.1.0..<0.2.0"
+            )
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,10 +501,7 @@ async fn malformed_artifacts_are_refused_with_the_file_named() {
     let loader = loader(PluginLimits::default(), false);
     let garbage = tmp.path().join("garbage.wasm");
     std::fs::write(&garbage, b"definitely not wasm").unwrap();
-    let err = load_env(&loader, tmp.path(), "garbage", &ENV_WASM, &garbage)
-        .await
-        .err()
-        .unwrap();
+    let err = refusal(&loader, tmp.path(), "garbage", &ENV_WASM, &garbage).await;
     let text = err.to_string();
     assert!(text.starts_with("plugin test/garbage v0.1.0: "), "{text}");
     assert!(
@@ -654,25 +598,12 @@ async fn plugins_see_their_data_and_nothing_else() {
 async fn seeds_and_randomness_are_per_rollout_and_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
     let loader = loader(PluginLimits::default(), false);
-    let env = load_env(
-        &loader,
-        tmp.path(),
-        "probe",
-        &ENV_WASM,
-        &wasm("fixture-probe"),
-    )
-    .await
-    .unwrap();
+    let env = wasm_env(&loader, tmp.path(), "probe", "fixture-probe").await;
     let score = |seed: u64| {
         let env = env.clone();
         async move {
             let mut s = env.start(seed).await.unwrap();
-            let rollout = Rollout {
-                example: example("q", "a"),
-                messages: vec![],
-                state: String::new(),
-                truncated: false,
-            };
+            let rollout = bare_rollout();
             s.score(&rollout).await.unwrap()[0].value
         }
     };
@@ -703,15 +634,7 @@ async fn python_needs_the_capability_and_a_sandbox() {
         let step = s.env_response(&[], "{}").await.unwrap();
         step.messages[0].content.clone()
     };
-    let undeclared = load_env(
-        &loader,
-        tmp.path(),
-        "probe",
-        &ENV_WASM,
-        &wasm("fixture-probe"),
-    )
-    .await
-    .unwrap();
+    let undeclared = wasm_env(&loader, tmp.path(), "probe", "fixture-probe").await;
     let text = python(undeclared).await;
     assert!(
         text.starts_with("err: capability `sandbox.python` is not granted"),
@@ -756,17 +679,6 @@ async fn compiled_components_are_cached_on_disk() {
     let env = loader.load_environment(&dir).await.unwrap();
     assert_eq!(env.info().name, "arith");
     assert_ne!(std::fs::read(&entries[0]).unwrap(), b"corrupt");
-}
-
-/// A plugin folder assembled by `make plugins`.
-fn dist(name: &str) -> PathBuf {
-    let dir = plugins_target().join("dist").join(name);
-    assert!(
-        dir.join("plugin.toml").is_file(),
-        "{} is missing: run `make plugins` first",
-        dir.display()
-    );
-    dir
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -868,11 +780,7 @@ async fn tool_environment_answers_tool_calls_across_turns() {
     assert_eq!(schema["properties"]["expression"]["type"], "string");
 
     let ex = env.dataset("test", 0, 1).await.unwrap().examples[0].clone();
-    let expression = ex
-        .question
-        .trim_start_matches("What is ")
-        .trim_end_matches('?')
-        .to_owned();
+    let expression = common::arith_expression(&ex.question);
     let mut s = env.start(9).await.unwrap();
     let start = s.initial_prompt(&ex, "{}").await.unwrap();
     let mut conv = start.messages.clone();

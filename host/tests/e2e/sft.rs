@@ -4,14 +4,14 @@
 //! tool in the format it was shown (hermes calls the server parses), which the untrained model
 //! never does.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
+use crate::common;
+
 fn eval(home: &std::path::Path, model: &std::path::Path) -> Value {
-    let out = common::run(
+    let stdout = common::run_ok(
         common::host(home)
             .args([
                 "eval",
@@ -29,8 +29,6 @@ fn eval(home: &std::path::Path, model: &std::path::Path) -> Value {
             ])
             .arg(model),
     );
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stderr}");
     serde_json::from_str::<Value>(&stdout).unwrap()[0].clone()
 }
 
@@ -59,10 +57,11 @@ fn teacher(args: &[&str]) -> (std::process::Child, String) {
 
 #[test]
 fn teacher_traces_warm_start_a_tiny_model() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["arith"]);
-    let base = tmp.path().join("tiny");
-    common::tiny_model(&base, 1);
+    let common::Workspace {
+        tmp,
+        home,
+        model: base,
+    } = common::workspace(&["arith"], 1);
     let (mut teacher, url) = teacher(&[]);
     let traces = tmp.path().join("traces");
     let out = common::run(
@@ -93,7 +92,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
         "{stdout}"
     );
     let warm = tmp.path().join("warm");
-    let out = common::run(
+    let stdout = common::run_ok(
         common::host(&home)
             .args([
                 "sft",
@@ -114,8 +113,6 @@ fn teacher_traces_warm_start_a_tiny_model() {
             .arg("--out")
             .arg(&warm),
     );
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stderr}");
     assert!(
         stdout.contains("300 conversations, 600 assistant turns in 300 samples"),
         "{stdout}"
@@ -125,8 +122,7 @@ fn teacher_traces_warm_start_a_tiny_model() {
     assert!(stdout.contains("sft: step 4/40 loss "), "{stdout}");
     assert!(stdout.contains("sft: step 40/40 loss "), "{stdout}");
     let mid = warm.join("step-20");
-    let info = common::run(common::host(&home).args(["model", "info"]).arg(&mid));
-    assert!(info.status.success(), "{}", common::texts(&info).1);
+    common::run_ok(common::host(&home).args(["model", "info"]).arg(&mid));
     assert!(mid.join("tokenizer.json").is_file() && mid.join("tokenizer_config.json").is_file());
     assert!(!warm.join("step-40").exists());
     let before = eval(&home, &base);
@@ -148,7 +144,7 @@ fn teacher_tool_rate_mixes_habits_stably() {
     let summaries: Vec<Value> = (0..2)
         .map(|i| {
             let dir = tmp.path().join(format!("traces-{i}"));
-            let out = common::run(
+            common::run_ok(
                 common::host(&home)
                     .args([
                         "eval", "arith", "-n", "200", "-r", "1", "--split", "train-d1",
@@ -156,7 +152,6 @@ fn teacher_tool_rate_mixes_habits_stably() {
                     .args(["-b", url.as_str(), "-s"])
                     .arg(&dir),
             );
-            assert!(out.status.success(), "{}", common::texts(&out).1);
             serde_json::from_str(&std::fs::read_to_string(dir.join("arith/summary.json")).unwrap())
                 .unwrap()
         })

@@ -1,9 +1,8 @@
 //! End-to-end: `host doctor` reports the real installation, as text and as JSON.
 
-mod common;
-
-use common::{host, reference_python, run, texts};
 use serde_json::Value;
+
+use crate::common::{self, host, reference_python, run, texts};
 
 fn doctor_json(cmd: &mut std::process::Command) -> (Option<i32>, Value) {
     let out = run(cmd.args(["doctor", "--json"]));
@@ -51,9 +50,7 @@ fn json_report_describes_this_machine() {
 #[test]
 fn text_report_says_cuda_is_not_available_on_a_cpu_build() {
     let home = tempfile::tempdir().unwrap();
-    let out = run(host(home.path()).arg("doctor"));
-    let (stdout, stderr) = texts(&out);
-    assert!(out.status.success(), "{stdout}{stderr}");
+    let stdout = common::run_ok(host(home.path()).arg("doctor"));
     assert!(stdout.contains("libtorch: 2.13.0"), "{stdout}");
     if !cfg!(feature = "cuda") {
         assert!(stdout.contains("cuda: not available"), "{stdout}");

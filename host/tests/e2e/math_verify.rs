@@ -3,9 +3,7 @@
 //! every MATH-500 and MATH test gold answer against itself, its solution's boxed answer, equivalent
 //! rewrites and near-misses, judged by both under both answer conventions.
 
-mod common;
-
-use common::{host, reference_python, repo_root, run, texts};
+use crate::common::{host, reference_python, repo_root, run, texts};
 
 #[test]
 fn rlhost_agrees_with_python_math_verify() {

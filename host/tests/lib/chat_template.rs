@@ -10,6 +10,20 @@ fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models")
 }
 
+/// Renders a golden case with `template` and checks the text; returns it.
+fn renders_the_golden_case(template: &ChatTemplate, case: &serde_json::Value) -> String {
+    let name = case["name"].as_str().unwrap();
+    let rendered = template
+        .apply(
+            &case["messages"],
+            Some(&case["tools"]),
+            case["kwargs"].as_object().unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+    rendered
+}
+
 #[test]
 fn templates_render_the_golden_cases_byte_for_byte() {
     let dir = models();
@@ -37,14 +51,7 @@ fn templates_render_the_golden_cases_byte_for_byte() {
         } else {
             &qwen3
         };
-        let rendered = template
-            .apply(
-                &case["messages"],
-                Some(&case["tools"]),
-                case["kwargs"].as_object().unwrap(),
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        let rendered = renders_the_golden_case(template, case);
         let ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
         assert_eq!(tok.encode(&rendered).unwrap(), ids, "{name}: token ids");
     }
@@ -65,15 +72,7 @@ fn rlhost_template_renders_qwen3s_golden_cases() {
         if !case["template"].as_str().unwrap().starts_with("qwen3/") {
             continue;
         }
-        let name = case["name"].as_str().unwrap();
-        let rendered = ours
-            .apply(
-                &case["messages"],
-                Some(&case["tools"]),
-                case["kwargs"].as_object().unwrap(),
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name}");
+        renders_the_golden_case(&ours, case);
         checked += 1;
     }
     assert!(checked >= 15, "{checked} Qwen3 cases");

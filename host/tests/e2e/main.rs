@@ -1,0 +1,22 @@
+//! End-to-end tests: the built `host` binary as a user meets it (its command line, and the HTTP
+//! servers it starts), each in an isolated `$RLHOST_HOME`, in one test binary. Tests of the
+//! library's API belong to `lib`. Run one module with `cargo test --release -p rlhost --test e2e
+//! registry::`.
+
+// `common` serves every module; not each uses every helper.
+#[allow(dead_code)]
+mod common;
+
+mod cli;
+mod doctor;
+mod env_init;
+mod eval;
+mod inference;
+mod install;
+mod math_verify;
+mod model;
+mod python_plugin;
+mod registry;
+mod rl;
+mod sandbox_native;
+mod sft;

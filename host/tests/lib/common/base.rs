@@ -1,0 +1,133 @@
+//! What both test binaries need: the built `host` binary, the repository's folders, running a
+//! command, recording a skip, the reference venv and a tiny model. Part of `lib`'s and `e2e`'s
+//! `common` (the e2e one includes this file by path).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use rlhost::model::{Qwen3, Qwen3Config};
+use tch::{Device, Kind};
+
+/// The `host` binary cargo built for these tests.
+pub fn host_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_host"))
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_owned()
+}
+
+/// Runs a command and returns its output, printing both streams on failure to read.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
+
+/// stdout and stderr as text.
+pub fn texts(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a command that must succeed and returns its stdout; otherwise panics with both streams.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{cmd:?} failed:\n{stdout}{stderr}");
+    stdout
+}
+
+/// Runs a command that must fail with exit status 1 (an error for the user to read) and returns
+/// its stderr.
+pub fn run_err(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    let (stdout, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{cmd:?}:\n{stdout}{stderr}");
+    stderr
+}
+
+/// The reference venv's Python, if `scripts/setup-py-reference.sh` has been run; otherwise prints
+/// why the calling test skips its reference comparison.
+pub fn reference_python(test: &str) -> Option<PathBuf> {
+    let python = repo_root().join(".venv-ref/bin/python");
+    if python.is_file() {
+        Some(python)
+    } else {
+        skip(
+            test,
+            &format!(
+                "{} is absent; run `make setup-py-reference`",
+                python.display()
+            ),
+        );
+        None
+    }
+}
+
+/// Records that `test` skipped (part of) its work and why: printed, and appended to the file named
+/// by `$RLHOST_SKIP_LOG` so `make test` can show it (cargo hides passing tests' output).
+pub fn skip(test: &str, why: &str) {
+    let line = format!("SKIPPED {test}: {why}");
+    println!("{line}");
+    if let Some(path) = std::env::var_os("RLHOST_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// `path`, a file that `make TARGET` builds, or a panic that says to run it.
+pub fn built(path: PathBuf, target: &str) -> PathBuf {
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make {target}` first",
+        path.display()
+    );
+    path
+}
+
+/// A first-party plugin folder assembled by `make plugins` (`plugins/target/dist/NAME`).
+pub fn dist(name: &str) -> PathBuf {
+    let dir = repo_root().join("plugins/target/dist").join(name);
+    built(dir.join("plugin.toml"), "plugins");
+    dir
+}
+
+/// `Qwen3::new` on the CPU in f32, one at a time in this process: it seeds libtorch's one global
+/// generator and draws the weights from it, so two models built at once (tests run on parallel
+/// threads) would interleave their draws and differ from run to run.
+pub fn seeded_model(cfg: Qwen3Config, seed: u64) -> Qwen3 {
+    static GLOBAL_GENERATOR: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = GLOBAL_GENERATOR
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Qwen3::new(cfg, Device::Cpu, Kind::Float, seed).unwrap()
+}
+
+/// A tiny Qwen3 with rlhost's tokenizer, made by `host model init --seed SEED`.
+pub fn tiny_model(dir: &Path, seed: u64) {
+    let out = run(Command::new(host_bin())
+        .args([
+            "model",
+            "init",
+            "--preset",
+            "tiny",
+            "--seed",
+            &seed.to_string(),
+            "--out",
+        ])
+        .arg(dir));
+    assert!(out.status.success(), "{}", texts(&out).1);
+}
