@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: all setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
+.PHONY: all install setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
@@ -30,6 +30,17 @@ setup-py-bench:
 ## build: the host binary
 build: setup
 	$(WITH_ENV) cargo build --release --workspace
+
+## install: the host binary into $(PREFIX)/bin (cargo install, reusing this build) and what it
+## ships with into $(PREFIX)/share/rlhost: the Python sandbox component and the rl presets
+PREFIX ?= $(HOME)/.local
+install: build sandbox
+	$(WITH_ENV) CARGO_TARGET_DIR=$(abspath $(TARGET_DIR)) cargo install --locked --offline --path host --root $(PREFIX)
+	mkdir -p $(PREFIX)/share/rlhost
+	cp sandbox/target/python-sandbox.wasm $(PREFIX)/share/rlhost/python-sandbox.wasm.tmp
+	mv $(PREFIX)/share/rlhost/python-sandbox.wasm.tmp $(PREFIX)/share/rlhost/python-sandbox.wasm
+	rm -rf $(PREFIX)/share/rlhost/configs.tmp && cp -r configs $(PREFIX)/share/rlhost/configs.tmp
+	rm -rf $(PREFIX)/share/rlhost/configs && mv $(PREFIX)/share/rlhost/configs.tmp $(PREFIX)/share/rlhost/configs
 
 ## plugins: first-party plugins and test fixtures (wasm32-wasip2 components, a few native
 ## builds, Extism plugins in AssemblyScript, Python plugins), assembled into loadable folders under plugins/target/dist/, packed and published to

@@ -76,6 +76,9 @@ export LIBTORCH="$LIBTORCH_DIR/torch"
 export LIBTORCH_CXX11_ABI=1
 export LD_LIBRARY_PATH="$LIBTORCH_DIR/torch/lib${CUDA_LIBS:+:$CUDA_LIBS}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export OMP_WAIT_POLICY=PASSIVE
+# The checkout whose assets (sandbox component, sdk, configs, peer scripts, .venv-ref) the host
+# binary and the tests use; an installed host finds them in its prefix or its home instead.
+export RLHOST_SOURCE="$ROOT"
 ENV
 mv "$tmp_env" "$ENV_FILE"
 say "done: source $ENV_FILE (the Makefile does this for you)"

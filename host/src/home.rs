@@ -9,8 +9,16 @@
 //!   registry/       the default local (directory) registry
 //! ```
 //!
-//! This module only resolves and reads; it never creates folders on its own (commands that write
-//! do that, atomically).
+//! Files that ship with rlhost rather than with a user come from three places, in this order,
+//! and never from the folder the binary was compiled in:
+//! - `$RLHOST_SOURCE`, an rlhost checkout (the repository's `.rlhost-env` sets it, so builds and
+//!   tests in a checkout use its `sandbox/target/`, `sdk/`, `configs/`, `scripts/`, `.venv-ref`);
+//! - the install prefix: `PREFIX/share/rlhost/` beside `PREFIX/bin/host`;
+//! - assets embedded in the binary (the `host rl --plugin NAME` presets), written under
+//!   `$RLHOST_HOME/cache/` when a command needs them as files.
+//!
+//! This module resolves and reads; it creates nothing on its own except the embedded presets'
+//! copy in the cache (written atomically).
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +28,63 @@ use serde::Deserialize;
 pub const HOME_ENV: &str = "RLHOST_HOME";
 /// Environment variable that overrides the configured registry URL.
 pub const REGISTRY_ENV: &str = "RLHOST_REGISTRY";
+/// Environment variable naming an rlhost source checkout whose assets a development build uses.
+pub const SOURCE_ENV: &str = "RLHOST_SOURCE";
+
+/// The rlhost checkout named by `$RLHOST_SOURCE`, when it is set to a folder.
+pub fn source_tree() -> Option<PathBuf> {
+    std::env::var_os(SOURCE_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+}
+
+/// The install prefix's data folder, `PREFIX/share/rlhost` for a binary at `PREFIX/bin/host`,
+/// when it exists.
+pub fn share_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let share = exe.parent()?.parent()?.join("share").join("rlhost");
+    share.is_dir().then_some(share)
+}
+
+/// A shipped file or folder at `rel` (a path inside an rlhost checkout, e.g.
+/// `scripts/generate-peer.py`): in `$RLHOST_SOURCE`, else in the install prefix's share folder.
+pub fn shipped(rel: &str) -> Option<PathBuf> {
+    [source_tree(), share_dir()]
+        .into_iter()
+        .flatten()
+        .map(|root| root.join(rel))
+        .find(|p| p.exists())
+}
+
+/// The `host rl --plugin NAME` presets built into the binary: `NAME/rl/{train,orch,infer}.toml`
+/// of the repository's `configs/`.
+pub const RL_PRESETS: &[(&str, &str)] = &[
+    (
+        "math-python/rl/train.toml",
+        include_str!("../../configs/math-python/rl/train.toml"),
+    ),
+    (
+        "math-python/rl/orch.toml",
+        include_str!("../../configs/math-python/rl/orch.toml"),
+    ),
+    (
+        "math-python/rl/infer.toml",
+        include_str!("../../configs/math-python/rl/infer.toml"),
+    ),
+    (
+        "arith/rl/train.toml",
+        include_str!("../../configs/arith/rl/train.toml"),
+    ),
+    (
+        "arith/rl/orch.toml",
+        include_str!("../../configs/arith/rl/orch.toml"),
+    ),
+    (
+        "arith/rl/infer.toml",
+        include_str!("../../configs/arith/rl/infer.toml"),
+    ),
+];
 
 /// Errors while locating or reading rlhost's home folder.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +183,19 @@ impl RlhostHome {
     /// The user settings file.
     pub fn config_path(&self) -> PathBuf {
         self.root.join("config.toml")
+    }
+
+    /// A folder holding the built-in `host rl` presets ([`RL_PRESETS`]) as files, written into
+    /// the cache (per host version) the first time it is needed.
+    pub fn rl_presets_dir(&self) -> std::io::Result<PathBuf> {
+        let dir = self.cache_dir().join(format!("configs-{}", crate::VERSION));
+        for (rel, text) in RL_PRESETS {
+            let path = dir.join(rel);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(*text) {
+                rlhost_fs::write_atomically(&path, text.as_bytes())?;
+            }
+        }
+        Ok(dir)
     }
 
     /// The default local registry (a directory registry inside the home folder).
@@ -295,6 +373,31 @@ mod tests {
         let err = home.load_settings().unwrap_err().to_string();
         assert!(err.contains("config.toml"), "{err}");
         assert!(err.contains("defualt"), "{err}");
+    }
+
+    #[test]
+    fn the_rl_presets_are_written_once_and_match_the_repository() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = RlhostHome::at(tmp.path());
+        let dir = home.rl_presets_dir().unwrap();
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        for (rel, text) in RL_PRESETS {
+            assert_eq!(std::fs::read_to_string(dir.join(rel)).unwrap(), *text);
+            assert_eq!(std::fs::read_to_string(repo.join(rel)).unwrap(), *text);
+        }
+        // Every preset folder of the repository is built in.
+        for e in std::fs::read_dir(&repo).unwrap().flatten() {
+            if e.path().join("rl").is_dir() {
+                for f in ["train", "orch", "infer"] {
+                    let rel = format!("{}/rl/{f}.toml", e.file_name().to_string_lossy());
+                    assert!(
+                        RL_PRESETS.iter().any(|(r, _)| *r == rel),
+                        "{rel} is not built in"
+                    );
+                }
+            }
+        }
+        assert_eq!(home.rl_presets_dir().unwrap(), dir);
     }
 
     #[test]

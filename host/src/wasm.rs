@@ -158,7 +158,7 @@ pub fn compile_cached(
         }
     }
     let compiled = engine.precompile_component(bytes)?;
-    if let Err(e) = rlhost_registry::fs::write_atomically(&path, &compiled) {
+    if let Err(e) = rlhost_fs::write_atomically(&path, &compiled) {
         tracing::warn!("cannot cache compiled component at {}: {e}", path.display());
     }
     // SAFETY: the bytes were produced just now by this engine.

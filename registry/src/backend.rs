@@ -1,11 +1,26 @@
-//! One interface over every kind of registry: a folder (`file://PATH`) or an rlhost registry
-//! server (`http://HOST:PORT`).
+//! One interface over every kind of registry: a folder (`file://PATH`, [`crate::dir`]) or an
+//! rlhost registry server (`http://HOST:PORT`, [`crate::http`]); [`crate::open`] picks one by URL.
 
 use async_trait::async_trait;
 
-use crate::dir::{DirRegistry, RegistryError};
+use crate::error::RegistryError;
 use crate::index::{IndexEntry, RegistryConfig};
 use crate::name::PackageName;
+
+/// A signed package to publish.
+#[derive(Debug, Clone, Copy)]
+pub struct Publication<'a> {
+    /// The `.rlpkg` bytes.
+    pub packed: &'a [u8],
+    /// The publisher's signature over name, version and checksum (hex).
+    pub sig: &'a str,
+    /// The publisher's public key (hex).
+    pub public_key: &'a str,
+    /// The oldest host version the package works with, if it says.
+    pub min_host: Option<&'a semver::Version>,
+    /// Authenticates the publisher to a server (a folder registry needs none).
+    pub token: Option<&'a str>,
+}
 
 /// What clients need of a registry.
 #[async_trait]
@@ -22,16 +37,9 @@ pub trait RegistryBackend: Send + Sync {
     async fn artifact(&self, cksum: &str) -> Result<Vec<u8>, RegistryError>;
     /// Newest version of each package matching `query`.
     async fn search(&self, query: &str) -> Result<Vec<IndexEntry>, RegistryError>;
-    /// Publishes signed package bytes; `token` authenticates to a server.
-    async fn publish(
-        &self,
-        packed: &[u8],
-        sig: &str,
-        public_key: &str,
-        min_host: Option<semver::Version>,
-        token: Option<&str>,
-    ) -> Result<IndexEntry, RegistryError>;
-    /// Yanks (or un-yanks) a version.
+    /// Publishes a signed package.
+    async fn publish(&self, p: Publication<'_>) -> Result<IndexEntry, RegistryError>;
+    /// Yanks (or un-yanks) a version; `token` authenticates to a server.
     async fn yank(
         &self,
         name: &PackageName,
@@ -39,68 +47,4 @@ pub trait RegistryBackend: Send + Sync {
         yanked: bool,
         token: Option<&str>,
     ) -> Result<(), RegistryError>;
-}
-
-/// Opens the registry at `url`: `file://PATH` or `http(s)://…`.
-pub fn open(url: &str) -> Result<Box<dyn RegistryBackend>, RegistryError> {
-    if let Some(path) = url.strip_prefix("file://") {
-        return Ok(Box::new(DirBackend {
-            url: url.to_owned(),
-            dir: DirRegistry::open(std::path::Path::new(path), false)?,
-        }));
-    }
-    if url.starts_with("http://") || url.starts_with("https://") {
-        return Ok(Box::new(crate::http::HttpRegistry::new(url)));
-    }
-    Err(RegistryError::Corrupt {
-        root: url.to_owned(),
-        message: "expected a file://PATH, http:// or https:// registry URL".into(),
-    })
-}
-
-struct DirBackend {
-    url: String,
-    dir: DirRegistry,
-}
-
-#[async_trait]
-impl RegistryBackend for DirBackend {
-    fn url(&self) -> &str {
-        &self.url
-    }
-    async fn config(&self) -> Result<RegistryConfig, RegistryError> {
-        self.dir.config()
-    }
-    async fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
-        self.dir.entries(name)
-    }
-    async fn packages(&self) -> Result<Vec<String>, RegistryError> {
-        self.dir.packages()
-    }
-    async fn artifact(&self, cksum: &str) -> Result<Vec<u8>, RegistryError> {
-        self.dir.artifact(cksum)
-    }
-    async fn search(&self, query: &str) -> Result<Vec<IndexEntry>, RegistryError> {
-        self.dir.search(query)
-    }
-    async fn publish(
-        &self,
-        packed: &[u8],
-        sig: &str,
-        public_key: &str,
-        min_host: Option<semver::Version>,
-        _token: Option<&str>,
-    ) -> Result<IndexEntry, RegistryError> {
-        // A folder registry is authorised by file permissions: whoever can write it publishes.
-        self.dir.publish_signed(packed, sig, public_key, min_host)
-    }
-    async fn yank(
-        &self,
-        name: &PackageName,
-        version: &semver::Version,
-        yanked: bool,
-        _token: Option<&str>,
-    ) -> Result<(), RegistryError> {
-        self.dir.yank(name, version, yanked)
-    }
 }

@@ -2,93 +2,17 @@
 //! static file server can also serve. Writers take a lock file and replace files atomically, so
 //! readers never see half an index line or half an artifact.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::index::{IndexEntry, RegistryConfig};
-use crate::name::{NameError, PackageName};
-use crate::package::{self, PackageError, checksum};
-use crate::sign::PublisherKey;
+use async_trait::async_trait;
 
-/// Errors of a registry (any backend) and of verifying what it serves.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    /// A file of the registry cannot be read or written.
-    #[error("registry {root}: {path}: {message}")]
-    Io {
-        /// The registry.
-        root: String,
-        /// The file.
-        path: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The registry's data is malformed.
-    #[error("registry {root}: {message}")]
-    Corrupt {
-        /// The registry.
-        root: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// The package to publish is invalid.
-    #[error(transparent)]
-    Package(#[from] PackageError),
-    /// Publishing was refused.
-    #[error("cannot publish {package}: {reason}")]
-    Refused {
-        /// `owner/name@version`.
-        package: String,
-        /// Why.
-        reason: String,
-    },
-    /// The version exists with other bytes.
-    #[error(
-        "cannot publish {package}: this version is already published with different bytes; bump the version"
-    )]
-    Conflict {
-        /// `owner/name@version`.
-        package: String,
-    },
-    /// The registry refused a request (HTTP status and message).
-    #[error("registry {url}: {status}: {message}")]
-    Http {
-        /// The URL.
-        url: String,
-        /// The status code.
-        status: u16,
-        /// The server's message.
-        message: String,
-    },
-    /// A package name that is not `owner/name` slugs (it never reaches a path or URL).
-    #[error(transparent)]
-    Name(#[from] NameError),
-    /// The version is not published in this registry.
-    #[error("{package} is not published here")]
-    NotPublished {
-        /// `owner/name@version`.
-        package: String,
-    },
-    /// A downloaded artifact does not match its index entry.
-    #[error("checksum mismatch for {package}: the index says {expected}, the download is {actual}")]
-    Checksum {
-        /// `owner/name@version`.
-        package: String,
-        /// From the index.
-        expected: String,
-        /// Of the bytes received.
-        actual: String,
-    },
-    /// A signature is missing, invalid or by an untrusted key.
-    #[error("{package}: {reason}")]
-    Untrusted {
-        /// `owner/name@version`.
-        package: String,
-        /// Why.
-        reason: String,
-    },
-}
+use crate::backend::{Publication, RegistryBackend};
+use crate::error::RegistryError;
+use crate::index::{IndexEntry, RegistryConfig};
+use crate::name::PackageName;
+use crate::package::{self, checksum};
+use crate::sign::PublisherKey;
 
 /// A registry stored in a folder.
 #[derive(Debug, Clone)]
@@ -120,11 +44,11 @@ impl DirRegistry {
         &self.root
     }
 
-    fn io(&self, path: &Path, e: impl std::fmt::Display) -> RegistryError {
+    fn io(&self, path: &Path, source: std::io::Error) -> RegistryError {
         RegistryError::Io {
             root: self.root.display().to_string(),
             path: path.display().to_string(),
-            message: e.to_string(),
+            source,
         }
     }
 
@@ -136,7 +60,7 @@ impl DirRegistry {
     }
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), RegistryError> {
-        crate::fs::write_atomically(path, bytes).map_err(|e| self.io(path, e))
+        rlhost_fs::write_atomically(path, bytes).map_err(|e| self.io(path, e))
     }
 
     /// Holds the registry's write lock until dropped.
@@ -384,107 +308,52 @@ impl DirRegistry {
     }
 }
 
-/// Keys a client has pinned per registry and owner (trust on first use, like SSH).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TrustStore {
-    /// registry URL → owner → keys.
-    pub registries: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+/// A folder registry behind [`RegistryBackend`], at its `file://` URL.
+pub struct DirBackend {
+    url: String,
+    dir: DirRegistry,
 }
 
-impl TrustStore {
-    /// Reads the store (empty when the file does not exist).
-    pub fn load(path: &Path) -> Result<Self, RegistryError> {
-        match std::fs::read_to_string(path) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
-                root: path.display().to_string(),
-                message: e.to_string(),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(RegistryError::Io {
-                root: "trust store".into(),
-                path: path.display().to_string(),
-                message: e.to_string(),
-            }),
-        }
-    }
-
-    /// Writes the store atomically.
-    pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
-        let text = serde_json::to_string_pretty(self).expect("serialisable");
-        crate::fs::write_atomically(path, text.as_bytes()).map_err(|e| RegistryError::Io {
-            root: "trust store".into(),
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })
-    }
-
-    /// The keys to trust for `owner` at `registry`: the pinned ones, or — the first time —
-    /// the ones the registry lists, which are then pinned. A registry that later lists other
-    /// keys for a pinned owner is not believed.
-    pub fn keys_for(
-        &mut self,
-        registry: &str,
-        config: &RegistryConfig,
-        owner: &str,
-    ) -> (Vec<String>, bool) {
-        let pinned = self.registries.entry(registry.to_owned()).or_default();
-        match pinned.get(owner) {
-            Some(keys) => (keys.clone(), false),
-            None => {
-                let offered = config.keys.get(owner).cloned().unwrap_or_default();
-                if !offered.is_empty() {
-                    pinned.insert(owner.to_owned(), offered.clone());
-                }
-                (offered, true)
-            }
-        }
+impl DirBackend {
+    /// The registry in `dir`, known to clients as `url`.
+    pub fn new(url: String, dir: DirRegistry) -> Self {
+        Self { url, dir }
     }
 }
 
-/// Checks downloaded bytes against their index entry: the checksum, then the signature by a
-/// key trusted for the owner. `allow_unsigned` admits entries with no signature at all (never a
-/// bad or untrusted one).
-pub fn verify_artifact(
-    entry: &IndexEntry,
-    bytes: &[u8],
-    trusted_keys: &[String],
-    allow_unsigned: bool,
-) -> Result<(), RegistryError> {
-    let package = format!("{}@{}", entry.name, entry.vers);
-    let actual = checksum(bytes);
-    if actual != entry.cksum {
-        return Err(RegistryError::Checksum {
-            package,
-            expected: entry.cksum.clone(),
-            actual,
-        });
+#[async_trait]
+impl RegistryBackend for DirBackend {
+    fn url(&self) -> &str {
+        &self.url
     }
-    match (&entry.sig, &entry.key) {
-        (Some(sig), Some(key)) => {
-            if !trusted_keys.iter().any(|k| k == key) {
-                return Err(RegistryError::Untrusted {
-                    package,
-                    reason: format!(
-                        "signed by key {key}, which is not trusted for this owner (trusted: {})",
-                        if trusted_keys.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            trusted_keys.join(", ")
-                        }
-                    ),
-                });
-            }
-            crate::sign::verify(key, sig, &entry.name, &entry.vers, &entry.cksum).map_err(|e| {
-                RegistryError::Untrusted {
-                    package,
-                    reason: e.to_string(),
-                }
-            })
-        }
-        _ if allow_unsigned => Ok(()),
-        _ => Err(RegistryError::Untrusted {
-            package,
-            reason: "is not signed (pass --allow-unsigned to install it anyway)".into(),
-        }),
+    async fn config(&self) -> Result<RegistryConfig, RegistryError> {
+        self.dir.config()
+    }
+    async fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
+        self.dir.entries(name)
+    }
+    async fn packages(&self) -> Result<Vec<String>, RegistryError> {
+        self.dir.packages()
+    }
+    async fn artifact(&self, cksum: &str) -> Result<Vec<u8>, RegistryError> {
+        self.dir.artifact(cksum)
+    }
+    async fn search(&self, query: &str) -> Result<Vec<IndexEntry>, RegistryError> {
+        self.dir.search(query)
+    }
+    /// A folder registry is authorised by file permissions: whoever can write it publishes
+    /// (the token is not needed).
+    async fn publish(&self, p: Publication<'_>) -> Result<IndexEntry, RegistryError> {
+        self.dir
+            .publish_signed(p.packed, p.sig, p.public_key, p.min_host.cloned())
+    }
+    async fn yank(
+        &self,
+        name: &PackageName,
+        version: &semver::Version,
+        yanked: bool,
+        _token: Option<&str>,
+    ) -> Result<(), RegistryError> {
+        self.dir.yank(name, version, yanked)
     }
 }

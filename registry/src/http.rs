@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 
-use crate::backend::RegistryBackend;
-use crate::dir::RegistryError;
+use crate::backend::{Publication, RegistryBackend};
+use crate::error::RegistryError;
 use crate::index::{IndexEntry, RegistryConfig};
 use crate::name::PackageName;
 
@@ -123,24 +123,17 @@ impl RegistryBackend for HttpRegistry {
         serde_json::from_slice(&bytes).map_err(|e| self.fail(e))
     }
 
-    async fn publish(
-        &self,
-        packed: &[u8],
-        sig: &str,
-        public_key: &str,
-        min_host: Option<semver::Version>,
-        token: Option<&str>,
-    ) -> Result<IndexEntry, RegistryError> {
-        let mut query = vec![("sig", sig.to_owned()), ("key", public_key.to_owned())];
-        if let Some(v) = min_host {
+    async fn publish(&self, p: Publication<'_>) -> Result<IndexEntry, RegistryError> {
+        let mut query = vec![("sig", p.sig.to_owned()), ("key", p.public_key.to_owned())];
+        if let Some(v) = p.min_host {
             query.push(("min_host", v.to_string()));
         }
         let mut req = self
             .client
             .put(format!("{}/api/v1/publish", self.base))
             .query(&query)
-            .body(packed.to_vec());
-        if let Some(t) = token {
+            .body(p.packed.to_vec());
+        if let Some(t) = p.token {
             req = req.bearer_auth(t);
         }
         let resp = self.send(req).await?;

@@ -7,7 +7,7 @@
 
 pub mod backend;
 pub mod dir;
-pub mod fs;
+pub mod error;
 pub mod http;
 pub mod index;
 pub mod manifest;
@@ -16,13 +16,31 @@ pub mod package;
 pub mod server;
 pub mod sign;
 pub mod tokens;
+pub mod trust;
 
-pub use backend::RegistryBackend;
-pub use dir::{DirRegistry, RegistryError, TrustStore, verify_artifact};
+pub use backend::{Publication, RegistryBackend};
+pub use dir::{DirBackend, DirRegistry};
+pub use error::RegistryError;
 pub use index::{IndexEntry, PackageRef, RegistryConfig, ResolveError, resolve};
 pub use manifest::{Manifest, ManifestError, PluginKind, Runtime};
 pub use name::{NameError, PackageName};
 pub use sign::PublisherKey;
+pub use trust::{TrustStore, verify_artifact};
 
 /// This crate's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Opens the registry at `url`: `file://PATH` (a folder) or `http(s)://…` (a registry server).
+pub fn open(url: &str) -> Result<Box<dyn RegistryBackend>, RegistryError> {
+    if let Some(path) = url.strip_prefix("file://") {
+        let dir = DirRegistry::open(std::path::Path::new(path), false)?;
+        return Ok(Box::new(DirBackend::new(url.to_owned(), dir)));
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(Box::new(http::HttpRegistry::new(url)));
+    }
+    Err(RegistryError::Corrupt {
+        root: url.to_owned(),
+        message: "expected a file://PATH, http:// or https:// registry URL".into(),
+    })
+}

@@ -34,7 +34,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use rlhost_serve::ServeLimits;
 
-use crate::dir::{DirRegistry, RegistryError};
+use crate::dir::DirRegistry;
+use crate::error::RegistryError;
 use crate::name::PackageName;
 use crate::package::PackageError;
 use crate::tokens::TokenStore;
@@ -87,7 +88,13 @@ fn registry_api_error(state: &AppState, e: RegistryError) -> ApiError {
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     if status == StatusCode::INTERNAL_SERVER_ERROR {
-        tracing::error!("registry failure: {e}");
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        tracing::error!("registry failure: {chain}");
         return api_error(
             status,
             "internal error: the registry could not handle this request (details are in the server's log)",
@@ -357,6 +364,6 @@ pub async fn serve(
         .map_err(|e| RegistryError::Io {
             root: root.display().to_string(),
             path: "(server)".into(),
-            message: e.to_string(),
+            source: e,
         })
 }

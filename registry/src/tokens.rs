@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dir::RegistryError;
+use crate::error::RegistryError;
 use crate::package::checksum;
 
 /// Hashed tokens by owner.
@@ -32,7 +32,7 @@ impl TokenStore {
             Err(e) => Err(RegistryError::Io {
                 root: root.display().to_string(),
                 path: "tokens.json".into(),
-                message: e.to_string(),
+                source: e,
             }),
         }
     }
@@ -44,7 +44,7 @@ impl TokenStore {
         getrandom::fill(&mut raw).map_err(|e| RegistryError::Io {
             root: root.display().to_string(),
             path: "(system randomness)".into(),
-            message: e.to_string(),
+            source: std::io::Error::other(e),
         })?;
         let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
         store
@@ -53,11 +53,11 @@ impl TokenStore {
             .or_default()
             .push(checksum(token.as_bytes()));
         let text = serde_json::to_string_pretty(&store).expect("serialisable");
-        crate::fs::write_atomically(&path(root), text.as_bytes()).map_err(|e| {
+        rlhost_fs::write_atomically(&path(root), text.as_bytes()).map_err(|e| {
             RegistryError::Io {
                 root: root.display().to_string(),
                 path: "tokens.json".into(),
-                message: e.to_string(),
+                source: e,
             }
         })?;
         Ok(token)

@@ -82,7 +82,7 @@ enum BenchCommand {
         /// Timed runs per side and batch size; the best counts.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
-        /// The peer's interpreter, with transformers (default: the build tree's .venv-ref).
+        /// The peer's interpreter, with transformers (default: $RLHOST_SOURCE's .venv-ref).
         #[arg(long)]
         python: Option<PathBuf>,
         /// Measure rlhost alone.
@@ -196,13 +196,26 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let python = if no_peer {
                 None
             } else {
-                let p = python.unwrap_or_else(|| build_tree().join(".venv-ref/bin/python"));
+                let p = python
+                    .or_else(|| crate::home::shipped(".venv-ref/bin/python"))
+                    .context(
+                        "the peer needs Python with transformers: pass --python (or set \
+                         RLHOST_SOURCE to an rlhost checkout with .venv-ref, made by \
+                         scripts/setup-py-reference.sh), or --no-peer",
+                    )?;
                 anyhow::ensure!(
                     p.is_file(),
                     "the peer needs Python with transformers: {} is missing (scripts/setup-py-reference.sh, or --python, or --no-peer)",
                     p.display()
                 );
                 Some(p)
+            };
+            let peer_script = match &python {
+                Some(_) => crate::home::shipped("scripts/generate-peer.py").context(
+                    "the peer's script scripts/generate-peer.py ships with rlhost's source: set \
+                     RLHOST_SOURCE to an rlhost checkout, or pass --no-peer",
+                )?,
+                None => PathBuf::new(),
             };
             let options = crate::bench::generate::GenerateBenchOptions {
                 model,
@@ -214,7 +227,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 engine_threads: threads,
                 repeats: repeats.max(1),
                 python,
-                peer_script: build_tree().join("scripts/generate-peer.py"),
+                peer_script,
             };
             let spinner = ProgressBar::new_spinner();
             if json {
@@ -238,21 +251,21 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
 #[derive(Debug, Args)]
 struct MathVerifyArgs {
     /// Plugin folder of the reward plugin (default: the installed rlhost/math-verify, else
-    /// the build tree's plugins/target/dist/math-verify).
+    /// $RLHOST_SOURCE's plugins/target/dist/math-verify).
     #[arg(long)]
     plugin: Option<PathBuf>,
-    /// The same plugin built as a native library, measured too (default: the build tree's
+    /// The same plugin built as a native library, measured too (default: $RLHOST_SOURCE's
     /// plugins/target/dist/math-verify-native when present; loading it allows native code).
     #[arg(long, conflicts_with = "no_native")]
     native: Option<PathBuf>,
     /// Measure only the component.
     #[arg(long)]
     no_native: bool,
-    /// Interpreter with math-verify (default: the build tree's .venv-ref, else python3).
+    /// Interpreter with math-verify (default: $RLHOST_SOURCE's .venv-ref, else python3).
     #[arg(long)]
     python: Option<PathBuf>,
-    /// The offline data folder (default: $RLHOST_DATA, else ../shared/data beside the
-    /// build tree).
+    /// The offline data folder (default: $RLHOST_DATA, else ../shared/data beside
+    /// $RLHOST_SOURCE).
     #[arg(long)]
     data: Option<PathBuf>,
     /// A reference file from scripts/math-verify-reference.py instead of running it (its
@@ -273,10 +286,6 @@ struct MathVerifyArgs {
     json: bool,
 }
 
-fn build_tree() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
     use crate::bench::math_verify as mv;
     let home = crate::home::RlhostHome::from_env().ok();
@@ -285,7 +294,11 @@ fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
         None => home
             .as_ref()
             .and_then(|h| crate::plugin::install::find_installed(h, "rlhost/math-verify").ok())
-            .unwrap_or_else(|| build_tree().join("plugins/target/dist/math-verify")),
+            .or_else(|| crate::home::shipped("plugins/target/dist/math-verify"))
+            .context(
+                "rlhost/math-verify is not installed (host env install rlhost/math-verify), and \
+                 no --plugin was given",
+            )?,
     };
     let workers = a
         .workers
@@ -299,18 +312,15 @@ fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
         Some(path) => mv::load_reference(&path)
             .with_context(|| format!("reading the reference {}", path.display()))?,
         None => {
-            let venv = build_tree().join(".venv-ref/bin/python");
-            let python = a.python.unwrap_or_else(|| {
-                if venv.is_file() {
-                    venv
-                } else {
-                    PathBuf::from("python3")
-                }
-            });
+            let python = a
+                .python
+                .or_else(|| crate::home::shipped(".venv-ref/bin/python"))
+                .unwrap_or_else(|| PathBuf::from("python3"));
             let data = a
                 .data
                 .or_else(|| std::env::var_os("RLHOST_DATA").map(PathBuf::from))
-                .unwrap_or_else(|| build_tree().join("../shared/data"));
+                .or_else(|| crate::home::shipped("../shared/data"))
+                .context("the gold answers' data folder: pass --data or set RLHOST_DATA")?;
             spinner.set_message(format!(
                 "Python math-verify judging the pairs ({})",
                 python.display()
@@ -320,11 +330,11 @@ fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let runtime = super::async_runtime()?;
-    let built = build_tree().join("plugins/target/dist/math-verify-native");
     let native = match (a.no_native, a.native) {
         (true, _) => None,
         (false, Some(dir)) => Some(dir),
-        (false, None) => built.join("plugin.toml").is_file().then_some(built),
+        (false, None) => crate::home::shipped("plugins/target/dist/math-verify-native/plugin.toml")
+            .and_then(|p| p.parent().map(std::path::Path::to_path_buf)),
     };
     let loader = PluginLoader::new(
         LoadOptions {
@@ -384,7 +394,7 @@ fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let report = mv::report(&reference, &verdicts, elapsed, native_elapsed);
     if let Some(path) = &a.report {
-        rlhost_registry::fs::write_atomically(path, report.to_markdown().as_bytes())
+        rlhost_fs::write_atomically(path, report.to_markdown().as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
     emit(a.json, &report, report.to_text())

@@ -150,7 +150,7 @@ impl RegistryFlag {
     }
 
     fn open(&self, home: &RlhostHome) -> anyhow::Result<Box<dyn RegistryBackend>> {
-        Ok(rlhost_registry::backend::open(&self.url(home)?)?)
+        Ok(rlhost_registry::open(&self.url(home)?)?)
     }
 }
 
@@ -247,7 +247,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                     manifest.plugin.owner, manifest.plugin.name, manifest.plugin.version
                 ))
             });
-            rlhost_registry::fs::write_atomically(&out, &bytes)
+            rlhost_fs::write_atomically(&out, &bytes)
                 .with_context(|| format!("writing {}", out.display()))?;
             println!(
                 "packed {}@{} -> {} ({} bytes, sha256 {})",
@@ -281,13 +281,15 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 &package::checksum(&bytes),
             );
             let token = std::env::var(&token_var).ok();
-            let entry = super::async_runtime()?.block_on(reg.publish(
-                &bytes,
-                &sig,
-                &key.public_hex(),
-                min_host,
-                token.as_deref(),
-            ))?;
+            let public_key = key.public_hex();
+            let entry =
+                super::async_runtime()?.block_on(reg.publish(rlhost_registry::Publication {
+                    packed: &bytes,
+                    sig: &sig,
+                    public_key: &public_key,
+                    min_host: min_host.as_ref(),
+                    token: token.as_deref(),
+                }))?;
             println!(
                 "published {}@{} to {} (sha256 {})",
                 entry.name,

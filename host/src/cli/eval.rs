@@ -323,8 +323,8 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
                 lines.push_str(&serde_json::to_string(r)?);
                 lines.push('\n');
             }
-            rlhost_registry::fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
-            rlhost_registry::fs::write_atomically(
+            rlhost_fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
+            rlhost_fs::write_atomically(
                 &out.join("summary.json"),
                 (serde_json::to_string_pretty(&summary)? + "\n").as_bytes(),
             )?;

@@ -21,18 +21,27 @@ pub struct RlArgs {
     args: Vec<String>,
 }
 
-/// Where `--plugin NAME` finds `NAME/rl/*.toml`: `./configs`, else the build tree's.
-fn configs_root() -> PathBuf {
+/// Where `--plugin NAME` finds `NAME/rl/*.toml`: `./configs`, else `$RLHOST_SOURCE`'s or the
+/// install prefix's `configs/`, else the presets built into the binary.
+fn configs_root(home: &crate::home::RlhostHome) -> anyhow::Result<PathBuf> {
     let local = PathBuf::from("configs");
     if local.is_dir() {
-        return local;
+        return Ok(local);
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs")
+    if let Some(shipped) = crate::home::shipped("configs") {
+        return Ok(shipped);
+    }
+    home.rl_presets_dir().with_context(|| {
+        format!(
+            "writing the built-in presets under {}",
+            home.root().display()
+        )
+    })
 }
 
 pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
-    let (cfg, opts) = crate::rl::config::parse(&a.args, &configs_root())?;
     let home = crate::home::RlhostHome::from_env()?;
+    let (cfg, opts) = crate::rl::config::parse(&a.args, &configs_root(&home)?)?;
     let id = cfg.orchestrator.environment.id.clone();
     let dir = crate::plugin::install::find_installed(&home, &id).map_err(|e| {
         anyhow::anyhow!(

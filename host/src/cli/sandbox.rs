@@ -51,7 +51,7 @@ enum SandboxCommand {
         #[arg(long, default_value_t = 64 * 1024)]
         max_output_bytes: u32,
         /// The sandbox component (default: $RLHOST_PYTHON_SANDBOX, $RLHOST_HOME/sandbox/, the
-        /// build tree).
+        /// install prefix's share/rlhost/, $RLHOST_SOURCE/sandbox/target/).
         #[arg(long)]
         component: Option<PathBuf>,
         /// Which sandbox runs the code.

@@ -171,6 +171,7 @@ pub async fn run(
                 .wrapping_mul(0x9e37_79b9)
                 .wrapping_add((i * plan.rollouts + r) as u64),
             retries: options.retries,
+            require_tokens: false,
         };
         run_rollout(spec)
     }))

@@ -511,12 +511,12 @@ impl Qwen3 {
             m.insert("transformers_version".into(), serde_json::json!("4.51.0"));
         }
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
-        rlhost_registry::fs::write_atomically(&dir.join("config.json"), text.as_bytes()).map_err(
-            |e| ModelError::Io {
+        rlhost_fs::write_atomically(&dir.join("config.json"), text.as_bytes()).map_err(|e| {
+            ModelError::Io {
                 path: dir.join("config.json"),
                 message: e.to_string(),
-            },
-        )
+            }
+        })
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Tensor {

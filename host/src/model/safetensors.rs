@@ -145,7 +145,7 @@ pub fn write(
     for b in blobs {
         file.extend_from_slice(&b);
     }
-    rlhost_registry::fs::write_atomically(path, &file).map_err(io)
+    rlhost_fs::write_atomically(path, &file).map_err(io)
 }
 
 #[cfg(test)]

@@ -155,11 +155,9 @@ pub fn write(dir: &Path, vocab_size: usize) -> Result<(u32, u32), ModelError> {
         ),
     ] {
         let path = dir.join(name);
-        rlhost_registry::fs::write_atomically(&path, text.as_bytes()).map_err(|e| {
-            ModelError::Io {
-                path,
-                message: e.to_string(),
-            }
+        rlhost_fs::write_atomically(&path, text.as_bytes()).map_err(|e| ModelError::Io {
+            path,
+            message: e.to_string(),
         })?;
     }
     Ok((endoftext, im_end))

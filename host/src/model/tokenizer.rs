@@ -113,7 +113,7 @@ pub fn copy_files(from: &Path, to: &Path) -> Result<(), ModelError> {
         if src.is_file() {
             let bytes = std::fs::read(&src).map_err(|e| io(&src, e))?;
             let dst = to.join(name);
-            rlhost_registry::fs::write_atomically(&dst, &bytes).map_err(|e| io(&dst, e))?;
+            rlhost_fs::write_atomically(&dst, &bytes).map_err(|e| io(&dst, e))?;
         }
     }
     Ok(())

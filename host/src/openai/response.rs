@@ -9,6 +9,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::null_as_default;
 
+/// What every response and stream chunk starts with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseHeader {
+    /// The response's id (the same in every chunk of a stream).
+    pub id: String,
+    /// `chat.completion`, `chat.completion.chunk`, `text_completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model.
+    pub model: String,
+}
+
 /// A function call as the model made it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
@@ -206,14 +219,9 @@ impl Usage {
 /// A chat completion (`object: "chat.completion"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletion {
-    /// The response's id.
-    pub id: String,
-    /// `chat.completion`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The served model.
-    pub model: String,
+    /// Id, object kind, time, model.
+    #[serde(flatten)]
+    pub header: ResponseHeader,
     /// One per sample.
     pub choices: Vec<ChatChoice>,
     /// Token counts.
@@ -268,14 +276,9 @@ pub struct ChatChunkChoice {
 /// A chat stream chunk (`object: "chat.completion.chunk"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionChunk {
-    /// The response's id (the same in every chunk).
-    pub id: String,
-    /// `chat.completion.chunk`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The served model.
-    pub model: String,
+    /// Id, object kind, time, model.
+    #[serde(flatten)]
+    pub header: ResponseHeader,
     /// The choices this chunk adds to (none in the usage chunk).
     pub choices: Vec<ChatChunkChoice>,
     /// Token counts, in the last chunk when `stream_options.include_usage`.
@@ -362,14 +365,9 @@ pub struct TextChoice {
 /// A text completion (`object: "text_completion"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextCompletion {
-    /// The response's id.
-    pub id: String,
-    /// `text_completion`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The served model.
-    pub model: String,
+    /// Id, object kind, time, model.
+    #[serde(flatten)]
+    pub header: ResponseHeader,
     /// One per prompt and sample.
     pub choices: Vec<TextChoice>,
     /// Token counts.
@@ -401,14 +399,9 @@ pub struct TextChunkChoice {
 /// A text completion stream chunk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextCompletionChunk {
-    /// The response's id.
-    pub id: String,
-    /// `text_completion`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The served model.
-    pub model: String,
+    /// Id, object kind, time, model.
+    #[serde(flatten)]
+    pub header: ResponseHeader,
     /// The choices this chunk adds to (none in the usage chunk).
     pub choices: Vec<TextChunkChoice>,
     /// Token counts, in the last chunk when `stream_options.include_usage`.

@@ -135,7 +135,7 @@ impl<'a> Installer<'a> {
         Ok(Self {
             home,
             registry_url: registry_url.to_owned(),
-            registry: rlhost_registry::backend::open(registry_url)?,
+            registry: rlhost_registry::open(registry_url)?,
             options,
         })
     }
@@ -556,7 +556,7 @@ fn read_lock(path: &Path) -> Result<LockFile, InstallError> {
 
 fn write_lock(path: &Path, lock: &LockFile) -> Result<(), InstallError> {
     let text = serde_json::to_string_pretty(lock).expect("serialisable");
-    rlhost_registry::fs::write_atomically(path, text.as_bytes()).map_err(io(path))
+    rlhost_fs::write_atomically(path, text.as_bytes()).map_err(io(path))
 }
 
 /// Every installed plugin, sorted by name and version.

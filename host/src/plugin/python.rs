@@ -465,7 +465,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), PythonBuildError> {
 
 fn copy_atomically(from: &Path, to: &Path) -> Result<(), PythonBuildError> {
     let bytes = std::fs::read(from).map_err(io(from))?;
-    rlhost_registry::fs::write_atomically(to, &bytes).map_err(io(to))
+    rlhost_fs::write_atomically(to, &bytes).map_err(io(to))
 }
 
 #[cfg(test)]

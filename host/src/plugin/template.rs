@@ -13,13 +13,13 @@ pub enum SdkSource {
 }
 
 impl SdkSource {
-    /// The SDK this host was built from, if its source is still where it was built; otherwise
-    /// the registry release matching this host.
+    /// The SDK shipped with this host (`sdk/` of `$RLHOST_SOURCE` or of the install prefix's
+    /// share folder), else the crates.io release matching this host.
     pub fn default_for_this_host() -> Self {
-        let built_from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk");
-        match built_from.join("Cargo.toml").is_file() {
-            true => Self::Path(built_from.canonicalize().unwrap_or(built_from)),
-            false => Self::Version(rlhost_sdk::ABI_VERSION.to_owned()),
+        match crate::home::shipped("sdk/Cargo.toml").and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            Some(dir) => Self::Path(dir.canonicalize().unwrap_or(dir)),
+            None => Self::Version(rlhost_sdk::ABI_VERSION.to_owned()),
         }
     }
 

@@ -212,7 +212,7 @@ fn encode(path: &Path, cv: &Canvas) -> std::io::Result<()> {
     chunk(b"IHDR", &ihdr);
     chunk(b"IDAT", &idat);
     chunk(b"IEND", &[]);
-    rlhost_registry::fs::write_atomically(path, &out)
+    rlhost_fs::write_atomically(path, &out)
 }
 
 #[cfg(test)]

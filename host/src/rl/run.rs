@@ -253,6 +253,16 @@ fn build_batch(
     seconds: f64,
 ) -> anyhow::Result<Batch> {
     let seq_len = cfg.trainer.data.seq_len;
+    // A step where nothing could be generated trains nothing: stop with the reason instead of
+    // stepping on (a server without token ids, a broken environment).
+    if let Some(first) = records.first().and_then(|r| r.error.as_ref())
+        && records.iter().all(|r| r.error.is_some())
+    {
+        anyhow::bail!(
+            "every rollout of step {step} failed ({} of them); the first: {first}",
+            records.len()
+        );
+    }
     let mut groups: BTreeMap<usize, Vec<&RolloutRecord>> = BTreeMap::new();
     for r in &records {
         groups.entry(r.example_index).or_default().push(r);
@@ -361,6 +371,7 @@ impl Producer {
                         .wrapping_mul(0x9e37_79b9)
                         .wrapping_add((step * 1_000_003 + p * o.rollouts_per_example + r) as u64),
                     retries: 3,
+                    require_tokens: true,
                 };
                 run_rollout(spec)
             }))
@@ -410,7 +421,7 @@ fn save_checkpoint(out: &Path, trainer: &Trainer, step: usize, keep: usize) -> a
     let tmp = root.join(format!(".step_{step}.tmp"));
     let _ = std::fs::remove_dir_all(&tmp);
     trainer.save(&tmp)?;
-    rlhost_registry::fs::write_atomically(
+    rlhost_fs::write_atomically(
         &tmp.join("orchestrator_state.json"),
         serde_json::json!({"step": step}).to_string().as_bytes(),
     )?;
@@ -462,7 +473,7 @@ fn keep_steps_up_to(path: &Path, step: usize) -> anyhow::Result<usize> {
     // Rewritten even when nothing is dropped if the file does not end a line, so the next
     // append starts on a line of its own.
     if dropped > 0 || !(text.is_empty() || text.ends_with('\n')) {
-        rlhost_registry::fs::write_atomically(path, kept.as_bytes())?;
+        rlhost_fs::write_atomically(path, kept.as_bytes())?;
     }
     Ok(dropped)
 }

@@ -143,12 +143,13 @@ pub fn request(
 }
 
 /// Reads the first choice of a chat completion into a turn. Token ids and log-probs that
-/// disagree in length are an error here, not a misaligned sample later.
-pub fn parse_turn(v: &ChatCompletion) -> Result<Turn, GenError> {
+/// disagree in length are an error here, not a misaligned sample later; with `require_tokens`
+/// (training needs them), so are missing prompt ids, completion ids or log-probs.
+pub fn parse_turn(v: &ChatCompletion, require_tokens: bool) -> Result<Turn, GenError> {
     let choice = v
         .choices
         .first()
-        .ok_or_else(|| GenError::Fatal(format!("the response {} has no choices", v.id)))?;
+        .ok_or_else(|| GenError::Fatal(format!("the response {} has no choices", v.header.id)))?;
     let msg = &choice.message;
     let completion_ids = choice.token_ids.clone().unwrap_or_default();
     let logprobs: Vec<f32> = choice
@@ -160,10 +161,28 @@ pub fn parse_turn(v: &ChatCompletion) -> Result<Turn, GenError> {
     {
         return Err(GenError::Fatal(format!(
             "the response {} has {} token ids but {} log-probs",
-            v.id,
+            v.header.id,
             completion_ids.len(),
             logprobs.len()
         )));
+    }
+    if require_tokens {
+        let missing: Vec<&str> = [
+            ("prompt_token_ids", v.prompt_token_ids.is_none()),
+            ("choices[0].token_ids", choice.token_ids.is_none()),
+            ("choices[0].logprobs", choice.logprobs.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, gone)| gone.then_some(name))
+        .collect();
+        if !missing.is_empty() {
+            return Err(GenError::Fatal(format!(
+                "the server's response lacks {}: training needs the token ids and log-probs the \
+                 sampler produced (rlhost's server, and vLLM >= 0.10.2 with return_token_ids, \
+                 return them when asked)",
+                missing.join(", ")
+            )));
+        }
     }
     let usage = v.usage.clone().unwrap_or_default();
     Ok(Turn {
@@ -474,6 +493,8 @@ pub struct RolloutSpec<'a> {
     pub seed: u64,
     /// Retries for transient generator failures.
     pub retries: u32,
+    /// Every turn must come with its token ids and log-probs (training), or the rollout fails.
+    pub require_tokens: bool,
 }
 
 /// Per-episode tools and turn limit from the state (the SDK's convention), else the info's.
@@ -550,7 +571,7 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
         let v = complete_with_retries(spec.generator, &req, spec.retries)
             .await
             .map_err(|e| format!("model turn {}: {e}", turns + 1))?;
-        let turn = parse_turn(&v).map_err(|e| e.to_string())?;
+        let turn = parse_turn(&v, spec.require_tokens).map_err(|e| e.to_string())?;
         turns += 1;
         rec.prompt_tokens += turn.prompt_tokens;
         rec.cached_prompt_tokens += turn.cached_tokens;
@@ -656,4 +677,57 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
         .map(|w| w.weight * rec.metrics.get(&w.name).copied().unwrap_or(0.0))
         .sum();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn response(choice_extra: Value, top_extra: Value) -> ChatCompletion {
+        let mut v = json!({"id": "r", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}});
+        for (k, x) in choice_extra.as_object().unwrap() {
+            v["choices"][0][k] = x.clone();
+        }
+        for (k, x) in top_extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn turns_without_the_tokens_training_needs_fail_at_the_seam() {
+        let lp = json!({"content": [{"token": "a", "logprob": -0.5, "top_logprobs": []},
+                                    {"token": "b", "logprob": -1.5, "top_logprobs": []}]});
+        // A plain OpenAI server: fine for eval, refused for training, naming what is missing.
+        let plain = response(json!({}), json!({}));
+        let t = parse_turn(&plain, false).unwrap();
+        assert_eq!((t.content.as_str(), t.completion_ids.len()), ("hi", 0));
+        let e = parse_turn(&plain, true).unwrap_err().to_string();
+        assert!(
+            e.contains("prompt_token_ids")
+                && e.contains("choices[0].token_ids")
+                && e.contains("choices[0].logprobs"),
+            "{e}"
+        );
+        // Everything there: read exactly.
+        let full = response(
+            json!({"token_ids": [7, 8], "logprobs": lp.clone()}),
+            json!({"prompt_token_ids": [1, 2]}),
+        );
+        let t = parse_turn(&full, true).unwrap();
+        assert_eq!(t.prompt_ids, vec![1, 2]);
+        assert_eq!(t.completion_ids, vec![7, 8]);
+        assert_eq!(t.logprobs, vec![-0.5, -1.5]);
+        // Ids and log-probs that disagree never become a sample.
+        let bad = response(
+            json!({"token_ids": [7], "logprobs": lp}),
+            json!({"prompt_token_ids": [1, 2]}),
+        );
+        let e = parse_turn(&bad, false).unwrap_err().to_string();
+        assert!(e.contains("1 token ids but 2 log-probs"), "{e}");
+    }
 }

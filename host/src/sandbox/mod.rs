@@ -103,8 +103,9 @@ pub const COMPONENT_ENV: &str = "RLHOST_PYTHON_SANDBOX";
 pub const COMPONENT_FILE: &str = "python-sandbox.wasm";
 
 /// Finds the sandbox component: `explicit`, else `$RLHOST_PYTHON_SANDBOX`, else
-/// `$RLHOST_HOME/sandbox/python-sandbox.wasm`, else the build tree's
-/// `sandbox/target/python-sandbox.wasm` (where `make sandbox` puts it). The error lists every
+/// `$RLHOST_HOME/sandbox/python-sandbox.wasm` (`make sandbox` installs it there), else the
+/// install prefix's `share/rlhost/python-sandbox.wasm`, else `$RLHOST_SOURCE`'s
+/// `sandbox/target/python-sandbox.wasm` (where `make sandbox` builds it). The error lists every
 /// place it looked.
 pub fn locate_component(
     explicit: Option<&std::path::Path>,
@@ -127,18 +128,20 @@ pub fn locate_component(
     if let Some(h) = home {
         looked.push(h.root().join("sandbox").join(COMPONENT_FILE));
     }
-    looked.push(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../sandbox/target")
-            .join(COMPONENT_FILE),
-    );
+    if let Some(share) = crate::home::share_dir() {
+        looked.push(share.join(COMPONENT_FILE));
+    }
+    if let Some(src) = crate::home::source_tree() {
+        looked.push(src.join("sandbox/target").join(COMPONENT_FILE));
+    }
     if let Some(found) = looked.iter().find(|p| p.is_file()) {
         return Ok(found.clone());
     }
     let places: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
     Err(SandboxError::Setup(format!(
-        "no Python sandbox component found (looked in: {}); build it with `make sandbox` or \
-         point ${COMPONENT_ENV} at one",
+        "no Python sandbox component found (looked in: {}); build it with `make sandbox` and \
+         install it (`make install`, or copy it into $RLHOST_HOME/sandbox/), or point \
+         ${COMPONENT_ENV} at one",
         places.join(", ")
     )))
 }

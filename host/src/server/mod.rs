@@ -28,9 +28,9 @@ use crate::model::tool_parsers::{self, ParseOutcome, ToolCallParser};
 use crate::openai::{
     self, ApiError, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs,
     ChatRequest, CompletionRequest, Delta, GenerationParams, ModelCard, ModelList, Prompt,
-    ResponseMessage, TextChoice, TextChunkChoice, TextCompletion, TextCompletionChunk,
-    TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, TopLogprobMap,
-    UpdateWeightsRequest, UpdateWeightsResponse, Usage,
+    ResponseHeader, ResponseMessage, TextChoice, TextChunkChoice, TextCompletion,
+    TextCompletionChunk, TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob,
+    TopLogprobMap, UpdateWeightsRequest, UpdateWeightsResponse, Usage,
 };
 use request::ToolChoice;
 
@@ -519,10 +519,7 @@ async fn chat_impl(
         })
         .collect();
     Ok(Reply::Full(ChatCompletion {
-        id: meta.id.clone(),
-        object: "chat.completion".into(),
-        created: meta.created,
-        model: meta.model.clone(),
+        header: meta.header("chat.completion"),
         choices,
         usage: Some(usage(meta.prompt_ids.len(), &done)),
         policy_version: Some(policy_version(&st, &done)),
@@ -610,6 +607,16 @@ struct Meta {
 }
 
 impl Meta {
+    /// The response header with object kind `object`.
+    fn header(&self, object: &str) -> ResponseHeader {
+        ResponseHeader {
+            id: self.id.clone(),
+            object: object.into(),
+            created: self.created,
+            model: self.model.clone(),
+        }
+    }
+
     fn new(
         st: &AppState,
         id_prefix: &str,
@@ -774,10 +781,7 @@ fn chat_stream(
     tokio::spawn(async move {
         let chunk = |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| {
             payload(&ChatCompletionChunk {
-                id: meta.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: meta.created,
-                model: meta.model.clone(),
+                header: meta.header("chat.completion.chunk"),
                 choices,
                 usage,
             })
@@ -1004,10 +1008,7 @@ async fn completions_impl(
         all.extend(done);
     }
     Ok(Reply::Full(TextCompletion {
-        id: meta.id.clone(),
-        object: "text_completion".into(),
-        created: meta.created,
-        model: meta.model.clone(),
+        header: meta.header("text_completion"),
         choices,
         usage: Some(usage(meta.prompt_ids.len(), &all)),
         policy_version: Some(policy_version(&st, &all)),
@@ -1062,10 +1063,7 @@ fn completion_stream(
     tokio::spawn(async move {
         let chunk = |choices: Vec<TextChunkChoice>, usage: Option<Usage>| {
             payload(&TextCompletionChunk {
-                id: meta.id.clone(),
-                object: "text_completion".into(),
-                created: meta.created,
-                model: meta.model.clone(),
+                header: meta.header("text_completion"),
                 choices,
                 usage,
             })
