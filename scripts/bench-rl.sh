@@ -90,7 +90,7 @@ host_run() {  # workload, async level, output folder
   t0=$(date +%s.%N)
   "$HOST" rl --plugin arith --model.name "$model" --output-dir "$3" \
     --trainer.max-steps "$STEPS" --orchestrator.max-steps "$STEPS" --trainer.ckpt.interval 0 \
-    --orchestrator.environment.args "$args" --orchestrator.async-level "$2" >"$3.log" 2>&1 || {
+    "--orchestrator.env[0].args" "$args" --orchestrator.async-level "$2" >"$3.log" 2>&1 || {
     echo "bench-rl: host rl failed ($1, async_level $2); the end of $3.log:" >&2
     tail -5 "$3.log" >&2
     exit 1

@@ -6,52 +6,22 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::device::{CudaStatus, DeviceSpec, Precision};
+use crate::device::CudaStatus;
 use crate::engine::{Engine, EngineConfig};
-use crate::server::{self, ServerConfig};
+use crate::rl::config::{EngineSetup, InferConfig};
+use crate::server;
 
-/// Arguments of `host inference`.
+/// Arguments of `host inference`: the inference settings (the same type as `host rl`'s
+/// `[inference]` section, same defaults), a `--no-enable-prefix-caching` switch, and the
+/// listener's limits.
 #[derive(Debug, Args)]
 pub struct InferenceArgs {
-    /// The model: a Hugging Face folder or hub id (`Qwen/Qwen3-8B`, from the local HF cache).
-    #[arg(long = "model.name", visible_alias = "model", short = 'm')]
-    model: String,
-    /// The name clients use in requests (default: `--model.name` as given).
-    #[arg(long)]
-    served_model_name: Option<String>,
-    /// Parse tool calls from the model's output into OpenAI `tool_calls` (`tool_choice: auto`).
-    #[arg(long)]
-    enable_auto_tool_choice: bool,
-    /// Tool-call wire format: `hermes` (Qwen3) or `qwen3_coder`.
-    #[arg(long, default_value = "hermes")]
-    tool_call_parser: String,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on (0: any free port; the address is printed).
-    #[arg(long, default_value_t = 8000)]
-    port: u16,
-    /// Weight precision: `auto` (f32 on CPU, bf16 on CUDA), `f32`, `bf16`.
-    #[arg(long, default_value = "auto")]
-    dtype: String,
-    /// `auto`, `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, default_value = "auto")]
-    device: DeviceSpec,
-    /// Most tokens per sequence, prompt included (default: the model's limit).
-    #[arg(long)]
-    max_model_len: Option<usize>,
-    /// Most sequences decoded together.
-    #[arg(long, default_value_t = 32)]
-    max_batch_size: usize,
-    /// Most requests in flight before new ones get 503.
-    #[arg(long, default_value_t = 1024)]
-    max_queue: usize,
-    /// CPU threads for libtorch (default: libtorch's choice).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Prefix caching and prefill scheduling.
+    /// Engine and server settings.
     #[command(flatten)]
-    cache: CacheArgs,
+    config: InferConfig,
+    /// Prefill every prompt in full (the same as `--enable-prefix-caching false`).
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
     /// Connection cap and deadlines.
     #[command(flatten)]
     limits: rlhost_serve::ServeLimits,
@@ -132,51 +102,32 @@ async fn shutdown_signal() {
 }
 
 pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
-    crate::model::tool_parsers::parser(&args.tool_call_parser)
-        .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;
-    let dir = crate::model::hub::resolve(&args.model)?;
-    let device = args.device.resolve(CudaStatus::probe())?;
-    let precision = match args.dtype.as_str() {
-        "auto" => Precision::default_for(device),
-        other => other
-            .parse::<Precision>()
-            .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
-    };
-    if let Some(t) = args.threads {
+    let mut config = args.config;
+    if args.no_enable_prefix_caching {
+        config.enable_prefix_caching = false;
+    }
+    let setup = config.resolve(CudaStatus::probe())?;
+    if let Some(t) = config.threads {
         tch::set_num_threads(t as i32);
     }
-    let cfg = crate::model::Qwen3Config::load(&dir)?;
-    let max_model_len = args
-        .max_model_len
-        .unwrap_or(cfg.max_position_embeddings as usize);
-    if args.max_batch_size == 0 {
-        anyhow::bail!("--max-batch-size must be at least 1");
-    }
-    let served = args.served_model_name.unwrap_or(args.model.clone());
-    let mut engine_cfg = EngineConfig {
-        max_batch_size: args.max_batch_size,
-        max_model_len,
-        max_queue: args.max_queue,
-        threads: args.threads,
-        ..EngineConfig::default()
-    };
-    args.cache.apply(&mut engine_cfg)?;
+    let EngineSetup {
+        model_dir: dir,
+        device,
+        precision,
+        engine: engine_cfg,
+        server: server_cfg,
+    } = setup;
+    let served = server_cfg.served_name.clone();
+    let batch = engine_cfg.max_batch_size;
     let engine = Engine::load(&dir, &served, device, precision.kind(), engine_cfg)
         .with_context(|| format!("loading {}", dir.display()))?;
-    let router = server::router(
-        engine.clone(),
-        ServerConfig {
-            served_name: served.clone(),
-            enable_auto_tool_choice: args.enable_auto_tool_choice,
-            tool_call_parser: args.tool_call_parser.clone(),
-        },
-    )
-    .map_err(|e| anyhow::anyhow!(e))?;
+    let router = server::router(engine.clone(), server_cfg).map_err(|e| anyhow::anyhow!(e))?;
+    let (host, port) = (config.host.clone(), config.port);
     let rt = super::async_runtime()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
-            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+            .with_context(|| format!("listening on {host}:{port}"))?;
         let addr = listener.local_addr()?;
         // Printing never kills the server (stdout may be a closed pipe).
         use std::io::Write;
@@ -186,7 +137,7 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
             "serving {served} ({}, {device:?}, {precision:?}, max-model-len {}, batch {}) on http://{addr}/v1",
             dir.display(),
             engine.info().config.max_model_len,
-            args.max_batch_size
+            batch
         );
         let _ = out.flush();
         server::serve(listener, router, engine, args.limits, shutdown_signal())

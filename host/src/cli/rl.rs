@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// `--inference @ FILE`, `--SECTION.KEY VALUE` overrides (`--trainer.optim.lr 3e-6`),
 /// `--model.name DIR`, `--output-dir DIR`, `--resume`.
 #[derive(Debug, Args)]
+#[command(disable_help_flag = true)]
 pub struct RlArgs {
     #[arg(
         trailing_var_arg = true,
@@ -40,18 +41,36 @@ fn configs_root(home: &crate::home::RlhostHome) -> anyhow::Result<PathBuf> {
 }
 
 pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
+    if a.args.iter().any(|x| x == "--help" || x == "-h") {
+        print!("{}", crate::rl::config::help());
+        return Ok(ExitCode::SUCCESS);
+    }
     let home = crate::home::RlhostHome::from_env()?;
     let (cfg, opts) = crate::rl::config::parse(&a.args, &configs_root(&home)?)?;
-    let id = cfg.orchestrator.environment.id.clone();
-    let dir = crate::plugin::install::find_installed(&home, &id).map_err(|e| {
-        anyhow::anyhow!(
-            "environment `{id}` is not installed ({e}); install it with:\n  host env install {id}"
-        )
-    })?;
+    // Every environment the run names (training mixture and evaluations), each loaded once.
     let loader = super::env_loader(&home)?;
-    let env = super::async_runtime()?
-        .block_on(loader.load_environment(&dir))
-        .with_context(|| format!("loading {id}"))?;
+    let rt = super::async_runtime()?;
+    let mut envs = std::collections::BTreeMap::new();
+    let ids = cfg
+        .orchestrator
+        .env
+        .iter()
+        .map(|e| &e.id)
+        .chain(cfg.orchestrator.eval.env.iter().map(|e| &e.id));
+    for id in ids {
+        if envs.contains_key(id) {
+            continue;
+        }
+        let dir = crate::plugin::install::find_installed(&home, id).map_err(|e| {
+            anyhow::anyhow!(
+                "environment `{id}` is not installed ({e}); install it with:\n  host env install {id}"
+            )
+        })?;
+        let env = rt
+            .block_on(loader.load_environment(&dir))
+            .with_context(|| format!("loading {id}"))?;
+        envs.insert(id.clone(), env);
+    }
     let steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);
     let bar = ProgressBar::new(steps as u64).with_style(
         ProgressStyle::with_template(
@@ -59,7 +78,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
         )
         .expect("valid template"),
     );
-    let progress = |l: &crate::rl::run::StepLine| {
+    let progress = |l: &crate::rl::metrics::StepLine| {
         bar.set_position(l.step as u64);
         bar.set_message(format!("reward {:.3}", l.reward));
         let metrics: Vec<String> = l
@@ -67,8 +86,9 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|(k, v)| format!("{k} {v:.3}"))
             .collect();
-        let text = format!(
-            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | {:.0} tok/s | rollouts {:.1}s train {:.1}s",
+        let ls = &l.loss_stats;
+        let mut text = format!(
+            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} mask {:.3} | mismatch-kl {:.4} kl {:.4} | entropy {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | stale {} | {:.0} gen tok/s {:.0} train tok/s | rollouts {:.1}s train {:.1}s sync {:.1}s",
             l.step,
             l.reward,
             metrics.join(", "),
@@ -80,17 +100,49 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             l.prefill_figure(),
             l.train_tokens_figure(),
             100.0 * l.truncated,
-            l.ratio_mean,
-            l.ratio_max,
-            l.clipped_frac,
+            ls.ratio_mean,
+            ls.ratio_max,
+            ls.clipped_frac,
+            ls.masked_frac,
+            ls.mismatch_kl,
+            ls.kl,
+            l.entropy,
             l.loss,
             l.grad_norm,
             l.lr,
             l.policy_lag,
+            l.stale_dropped,
+            l.rollout_tokens_per_s,
             l.tokens_per_s,
             l.rollout_s,
-            l.train_s
+            l.train_s,
+            l.sync_s
         );
+        // Per environment when training on a mixture, and evaluations when there are some.
+        let ids: std::collections::BTreeSet<&str> = l
+            .by_env
+            .keys()
+            .filter_map(|k| k.strip_prefix("env/")?.rsplit_once('/').map(|(id, _)| id))
+            .collect();
+        if ids.len() > 1 {
+            for id in ids {
+                let get = |k: &str| {
+                    l.by_env
+                        .get(&format!("env/{id}/{k}"))
+                        .copied()
+                        .unwrap_or(0.0)
+                };
+                text.push_str(&format!(
+                    "\n       {id}: reward {:.3} over {} rollouts",
+                    get("reward"),
+                    get("rollouts")
+                ));
+            }
+        }
+        if !l.eval.is_empty() {
+            let shown: Vec<String> = l.eval.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+            text.push_str(&format!("\n       {} ({:.1}s)", shown.join(", "), l.eval_s));
+        }
         if bar.is_hidden() {
             println!("{text}");
         } else {
@@ -101,7 +153,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
         .output_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("outputs/rl"));
-    let lines = crate::rl::run::run(cfg, &opts, env, &progress)?;
+    let lines = crate::rl::run::run(cfg, &opts, envs, &progress)?;
     bar.finish_and_clear();
     if let (Some(first), Some(last)) = (lines.first(), lines.last()) {
         println!(

@@ -2,7 +2,8 @@
 //! and `host rl --trainer @ train.toml`. A `@ FILE` pair is replaced by the flags its TOML
 //! holds, where it stands, so flags written after it override the file. Tables give dotted
 //! names (`[model] name = "x"` → `--model.name x`), underscores become hyphens
-//! (`max_model_len` → `--max-model-len`), `true` is a bare switch, `false` leaves it off, arrays
+//! (`max_model_len` → `--max-model-len`), `true` is a bare switch, `false` unsets it (the same switch given earlier is taken
+//! back), arrays
 //! repeat the flag. After `--PREFIX`, a file's keys are read under that prefix
 //! (`--trainer @ f.toml` → `--trainer.…`). A key that names no flag of the command is an error
 //! naming the file and the key.
@@ -128,7 +129,10 @@ pub fn expand(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>
             };
             for v in values {
                 match v {
+                    // A switch takes no value: `true` sets it, `false` takes back what came
+                    // before (an earlier file's or flag's `--switch`), as a later value would.
                     toml::Value::Boolean(b) if *switch => {
+                        out.retain(|a| a != &name);
                         if *b {
                             out.push(name.clone());
                         }
@@ -229,6 +233,24 @@ mod tests {
         assert_eq!(max_model_len, Some(2048));
         assert!(enable_auto_tool_choice);
         assert_eq!(port, Some(9), "the flag after the file wins");
+        // `false` in a later file takes back an earlier `true`.
+        let off = dir.path().join("off.toml");
+        std::fs::write(&off, "enable_auto_tool_choice = false\n").unwrap();
+        let args = expand_str(&[
+            "host",
+            "serve",
+            "--enable-auto-tool-choice",
+            "@",
+            f.to_str().unwrap(),
+            "@",
+            off.to_str().unwrap(),
+        ])
+        .unwrap();
+        let Sub::Serve {
+            enable_auto_tool_choice,
+            ..
+        } = Root::try_parse_from(&args).unwrap().cmd;
+        assert!(!enable_auto_tool_choice, "{args:?}");
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub enum EngineError {
 }
 
 /// Limits of an engine.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most sequences decoded together (KV-cache slots).
     pub max_batch_size: usize,

@@ -123,12 +123,21 @@ pub struct EvalOptions {
 
 /// Reads the examples a plan evaluates.
 pub async fn examples(plan: &EvalPlan) -> Result<Vec<Example>, crate::plugin::PluginError> {
+    read_examples(plan.env.as_ref(), &plan.split, plan.num_examples).await
+}
+
+/// Reads `num_examples` examples (None: all) of `split` from `env`, in pages.
+pub async fn read_examples(
+    env: &dyn Environment,
+    split: &str,
+    num_examples: Option<usize>,
+) -> Result<Vec<Example>, crate::plugin::PluginError> {
     let mut out = Vec::new();
-    let want = plan.num_examples.unwrap_or(usize::MAX);
+    let want = num_examples.unwrap_or(usize::MAX);
     let mut offset = 0u64;
     while out.len() < want {
         let limit = (want - out.len()).min(256) as u32;
-        let page = plan.env.dataset(&plan.split, offset, limit).await?;
+        let page = env.dataset(split, offset, limit).await?;
         if page.examples.is_empty() {
             break;
         }
@@ -276,7 +285,9 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-fn correct(r: &RolloutRecord) -> bool {
+/// Whether a rollout counts as solved: its `correct` metric when the environment reports one
+/// (≥ 0.5), else a positive reward. Pass@k, Avg@k and the trainer's solve-all/none use it.
+pub fn correct(r: &RolloutRecord) -> bool {
     match r.metrics.get("correct") {
         Some(&c) => c >= 0.5,
         None => r.reward > 0.0,

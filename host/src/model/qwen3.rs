@@ -445,6 +445,27 @@ impl Qwen3 {
         Ok(model)
     }
 
+    /// A copy of this model with its own weights (same configuration, device and precision),
+    /// frozen: no gradients are kept for it. The trainer's KL reference.
+    pub fn frozen_copy(&self) -> Result<Self, ModelError> {
+        let mut copy = Self::build(
+            self.cfg.clone(),
+            self.embed.device(),
+            self.embed.kind(),
+            |_| Init::Const(0.0),
+        )?;
+        let weights = tch::no_grad(|| {
+            self.vs
+                .variables()
+                .into_iter()
+                .map(|(k, v)| (k, v.detach().copy()))
+                .collect()
+        });
+        copy.assign(weights)?;
+        copy.vs.freeze();
+        Ok(copy)
+    }
+
     /// Replaces every weight with those of the checkpoint in `dir` (same shapes), as the
     /// engine does between steps when the trainer publishes new weights. Nothing changes unless
     /// every tensor is present with the right shape.

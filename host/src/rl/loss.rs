@@ -1,64 +1,140 @@
-//! Policy-gradient losses and group advantages for GRPO-style training.
+//! Policy-gradient objectives, KL terms and group advantages for GRPO-style training.
 //!
-//! Inputs are per-token tensors `[batch, seq]`: the current policy's log-probs of the sampled
-//! tokens (with gradient, at the sampler's temperature), the sampler's log-probs (what the
-//! engine reported), a loss mask (1 on generated tokens, 0 on prompt, tool and padding tokens),
-//! and one advantage per sequence.
+//! Inputs are per-token tensors `[rows, width]`: the current policy's log-probs `logp` of the
+//! sampled tokens (with gradient, at the sampler's temperature), the sampler's log-probs
+//! `old` (what the engine reported), a loss mask (1 on generated tokens, 0 on prompt, tool and
+//! padding tokens), per-token weights that carry the normalisation, and one advantage `A` per
+//! row. `r = exp(logp - old)` is the importance ratio, `sg` the stop-gradient.
 //!
-//! Loss variants:
-//! - [`LossKind::TruncatedIs`] (prime-rl's default since Sept 2025): token-level
-//!   `-min(r, C) · A` with `r = exp(logp - logp_old)`; once `r` exceeds `C` the token's gradient
-//!   is zero.
-//! - [`LossKind::PpoClip`]: `-min(r · A, clip(r, 1 - ε_low, 1 + ε_high) · A)` (PPO; DAPO's
-//!   clip-higher with `ε_high > ε_low`).
+//! Objectives (`[trainer.loss] type = …`), each a per-token loss `ℓ` summed with the weights:
+//! - `truncated_is` (prime-rl's default from Sept 2025; the math-python example's): token-level
+//!   truncated importance sampling, `ℓ = -min(r, C) · A` (`clip_ratio` C, default 8); once `r`
+//!   exceeds C the token's gradient is zero.
+//! - `ppo_clip` (PPO, Schulman et al. 2017; DAPO's clip-higher, ByteDance 2025, when
+//!   `eps_high > eps_low`): `ℓ = -min(r · A, clip(r, 1 - ε_low, 1 + ε_high) · A)`, defaults
+//!   0.2 / 0.28.
+//! - `icepop` (IcePop, inclusionAI's Ring-1T report, Oct 2025): two-sided token masking,
+//!   `ℓ = -M · r · A` with `M = 1[mask_low ≤ r ≤ mask_high]` (defaults 0.5 and 5): tokens whose
+//!   sampler and trainer probabilities disagree too much in either direction get no gradient.
+//! - `gspo` (GSPO, Zheng et al., Qwen, July 2025): a sequence-level ratio
+//!   `s = exp(mean over the sequence's trained tokens of (logp - old))` clipped PPO-style,
+//!   `ℓ = -min(s · A, clip(s, 1 - ε_low, 1 + ε_high) · A)` (defaults 3e-4 / 4e-4, the paper's),
+//!   in the paper's token form `s_t = sg(s) · exp(logp_t - sg(logp_t))` so each token carries
+//!   `sg(s) · ∇logp_t`; a sequence is one model turn (a merged multi-turn sample holds several).
+//! - `cispo` (CISPO, MiniMax-M1, June 2025): every token keeps its gradient, weighted by the
+//!   clipped, stop-gradient ratio: `ℓ = -sg(clip(r, 1 - ε_low, 1 + ε_high)) · A · logp`
+//!   (defaults: no lower bound, `ε_high` 4, i.e. weights truncated at 5).
+//! - `dppo` (DPPO's binary trust region, Stable-RL, "Rethinking the Trust Region in LLM RL",
+//!   Feb 2026, as prime-rl's current default loss uses it): tokens whose *probability* (not
+//!   ratio) moved more than `delta` in the direction the advantage pushes are masked
+//!   (`A > 0` and `p - p_old > δ`, or `A < 0` and `p_old - p > δ`; default δ 0.2), the rest
+//!   `-r · A`, plus a squared log-ratio penalty to the inference policy on every trained token,
+//!   `ratio_kl_coef · (logp - old)²` (default 0.01).
 //!
-//! Optionally a KL penalty to a reference policy with the k3 estimator
-//! `exp(ref - logp) - (ref - logp) - 1`. Normalisation: per token (the sum over every
-//! unmasked token of the batch divided by their count) or per sequence (each sequence's token
-//! mean, then the mean over sequences). [`policy_loss`] normalises one tensor batch itself, one
-//! row a sequence; [`weighted_policy_loss`] takes the normalisation as per-token weights, which
-//! is what lets the trainer split a batch into micro-batches, and a merged multi-turn row into
-//! one sequence per turn, without changing the objective.
+//! KL to a reference (`kl_coef` > 0): the k3 estimator `exp(ref - logp) - (ref - logp) - 1`
+//! added per token, with `ref` the frozen initial weights' log-probs (`kl_reference =
+//! "initial"`: the trainer keeps a second copy of the weights and runs it forward, no
+//! backward) or the sampler's (`"sampler"`: no second model).
+//!
+//! Normalisation: per token (the sum over every trained token of the batch divided by their
+//! count) or per sequence (each sequence's token mean, then the mean over sequences).
+//! [`policy_loss`] normalises one tensor batch itself, one row a sequence;
+//! [`weighted_policy_loss`] takes the normalisation as per-token weights, which is what lets
+//! the trainer split a batch into micro-batches, and a merged multi-turn row into one sequence
+//! per turn, without changing the objective.
 
 use tch::{Kind, Tensor};
 
-/// Which surrogate loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+/// Which surrogate objective.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LossKind {
-    /// `-min(r, clip_ratio) · A`.
+    /// `-min(r, clip_ratio) · A` (prime-rl, Sept 2025).
     TruncatedIs,
-    /// PPO's clipped surrogate with separate low/high epsilons.
+    /// PPO's clipped surrogate with separate low/high epsilons (clip-higher).
     PpoClip,
+    /// IcePop: tokens with `r` outside `[mask_low, mask_high]` masked, else `-r · A`.
+    Icepop,
+    /// GSPO: a clipped sequence-level ratio.
+    Gspo,
+    /// CISPO: `-sg(clip(r)) · A · logp`, every token keeps a gradient.
+    Cispo,
+    /// DPPO-style probability-difference masking by the advantage's sign plus a squared
+    /// log-ratio penalty to the sampler (prime-rl's current default).
+    Dppo,
+}
+
+impl LossKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::TruncatedIs => "truncated_is",
+            Self::PpoClip => "ppo_clip",
+            Self::Icepop => "icepop",
+            Self::Gspo => "gspo",
+            Self::Cispo => "cispo",
+            Self::Dppo => "dppo",
+        }
+    }
 }
 
 /// How token losses are averaged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum NormType {
-    /// Over all unmasked tokens of the batch.
+    /// Over all trained tokens of the batch.
     Token,
-    /// Over tokens within each sequence, then over sequences.
+    /// Over tokens within each sequence (model turn), then over sequences.
     Sequence,
 }
 
-/// Loss settings (the trainer config's `[loss]`).
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+/// What the KL penalty compares the policy with.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KlReference {
+    /// The frozen initial weights (a second copy of the parameters on the trainer's device,
+    /// one more forward pass per micro-batch).
+    Initial,
+    /// The sampler's log-probs of the same tokens (no second model).
+    Sampler,
+}
+
+/// Loss settings (the trainer config's `[loss]`). Objective parameters left unset take the
+/// chosen objective's default; setting one the objective does not read is refused.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LossConfig {
-    /// The surrogate.
+    /// The objective.
     #[serde(rename = "type")]
     pub kind: LossKind,
-    /// Normalisation.
+    /// How token losses are averaged.
     pub norm_type: NormType,
-    /// `C` of the truncated importance ratio.
-    pub clip_ratio: f64,
-    /// PPO's lower epsilon.
-    pub eps_low: f64,
-    /// PPO's upper epsilon (clip-higher when above `eps_low`).
-    pub eps_high: f64,
-    /// Weight of the KL penalty to the reference policy (0: none).
+    /// truncated_is: the ratio's cap C (default 8).
+    pub clip_ratio: Option<f64>,
+    /// ppo_clip, gspo, cispo: ratios below `1 - eps_low` are clipped (defaults 0.2, 3e-4;
+    /// cispo: no lower bound).
+    pub eps_low: Option<f64>,
+    /// ppo_clip, gspo, cispo: ratios above `1 + eps_high` are clipped (defaults 0.28, 4e-4, 4).
+    pub eps_high: Option<f64>,
+    /// icepop: tokens with a ratio below this are masked (default 0.5).
+    pub mask_low: Option<f64>,
+    /// icepop: tokens with a ratio above this are masked (default 5).
+    pub mask_high: Option<f64>,
+    /// dppo: the largest probability change in the advantage's direction before a token is
+    /// masked (default 0.2).
+    pub delta: Option<f64>,
+    /// dppo: weight of the squared log-ratio penalty to the sampler (default 0.01).
+    pub ratio_kl_coef: Option<f64>,
+    /// Weight of the k3 KL penalty to `kl_reference` (0: none, and no reference is kept).
     pub kl_coef: f64,
+    /// What the KL penalty compares with: `initial` weights or the `sampler` (default
+    /// initial; only with `kl_coef` > 0).
+    pub kl_reference: Option<KlReference>,
 }
 
 impl Default for LossConfig {
@@ -66,24 +142,181 @@ impl Default for LossConfig {
         Self {
             kind: LossKind::TruncatedIs,
             norm_type: NormType::Token,
-            clip_ratio: 8.0,
-            eps_low: 0.2,
-            eps_high: 0.28,
+            clip_ratio: None,
+            eps_low: None,
+            eps_high: None,
+            mask_low: None,
+            mask_high: None,
+            delta: None,
+            ratio_kl_coef: None,
             kl_coef: 0.0,
+            kl_reference: None,
         }
     }
 }
 
-/// Statistics of one loss evaluation (over unmasked tokens).
+/// A `[trainer.loss]` table that cannot be honoured.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LossConfigError {
+    /// A parameter the chosen objective does not read.
+    #[error("`{key}` does not apply to type = {kind} (it is read by {readers})")]
+    NotRead {
+        /// The key.
+        key: &'static str,
+        /// The chosen objective.
+        kind: &'static str,
+        /// The objectives (or setting) that read it.
+        readers: &'static str,
+    },
+    /// A value out of its range.
+    #[error("`{key}` {message}")]
+    Range {
+        /// The key.
+        key: &'static str,
+        /// What the range is.
+        message: String,
+    },
+}
+
+/// The objective's parameters with every default filled in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Params {
+    clip_ratio: f64,
+    low: f64,
+    high: f64,
+    delta: f64,
+    ratio_kl_coef: f64,
+}
+
+impl LossConfig {
+    /// Refuses parameters the objective does not read and values out of range, naming the key.
+    pub fn check(&self) -> Result<(), LossConfigError> {
+        use LossKind::*;
+        let kind = self.kind;
+        let readers: [(&'static str, Option<f64>, &[LossKind], &'static str); 7] = [
+            (
+                "clip_ratio",
+                self.clip_ratio,
+                &[TruncatedIs],
+                "truncated_is",
+            ),
+            (
+                "eps_low",
+                self.eps_low,
+                &[PpoClip, Gspo, Cispo],
+                "ppo_clip, gspo, cispo",
+            ),
+            (
+                "eps_high",
+                self.eps_high,
+                &[PpoClip, Gspo, Cispo],
+                "ppo_clip, gspo, cispo",
+            ),
+            ("mask_low", self.mask_low, &[Icepop], "icepop"),
+            ("mask_high", self.mask_high, &[Icepop], "icepop"),
+            ("delta", self.delta, &[Dppo], "dppo"),
+            ("ratio_kl_coef", self.ratio_kl_coef, &[Dppo], "dppo"),
+        ];
+        for (key, value, kinds, names) in readers {
+            let Some(v) = value else { continue };
+            if !kinds.contains(&kind) {
+                return Err(LossConfigError::NotRead {
+                    key,
+                    kind: kind.name(),
+                    readers: names,
+                });
+            }
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(LossConfigError::Range {
+                    key,
+                    message: format!("must be a finite number ≥ 0, not {v}"),
+                });
+            }
+        }
+        let range = |key, message: &str| LossConfigError::Range {
+            key,
+            message: message.to_owned(),
+        };
+        if self.clip_ratio == Some(0.0) {
+            return Err(range("clip_ratio", "must be positive"));
+        }
+        if self.delta == Some(0.0) {
+            return Err(range("delta", "must be positive (0 masks every token)"));
+        }
+        if matches!(self.eps_low, Some(e) if e >= 1.0) && kind != Cispo {
+            return Err(range(
+                "eps_low",
+                "must be below 1 (the lower bound is 1 - eps_low)",
+            ));
+        }
+        let p = self.params();
+        if kind == Icepop && p.low >= p.high {
+            return Err(range("mask_low", "must be below mask_high"));
+        }
+        if !(self.kl_coef.is_finite() && self.kl_coef >= 0.0) {
+            return Err(range("kl_coef", "must be a finite number ≥ 0"));
+        }
+        if self.kl_coef == 0.0 && self.kl_reference.is_some() {
+            return Err(LossConfigError::NotRead {
+                key: "kl_reference",
+                kind: kind.name(),
+                readers: "the KL penalty, which is off: set kl_coef > 0",
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the trainer needs the frozen initial weights.
+    pub fn needs_initial_reference(&self) -> bool {
+        self.kl_coef > 0.0
+            && self.kl_reference.unwrap_or(KlReference::Initial) == KlReference::Initial
+    }
+
+    fn params(&self) -> Params {
+        use LossKind::*;
+        let (low, high) = match self.kind {
+            PpoClip => (
+                1.0 - self.eps_low.unwrap_or(0.2),
+                1.0 + self.eps_high.unwrap_or(0.28),
+            ),
+            Gspo => (
+                1.0 - self.eps_low.unwrap_or(3e-4),
+                1.0 + self.eps_high.unwrap_or(4e-4),
+            ),
+            Cispo => (
+                self.eps_low.map_or(0.0, |e| (1.0 - e).max(0.0)),
+                1.0 + self.eps_high.unwrap_or(4.0),
+            ),
+            Icepop => (self.mask_low.unwrap_or(0.5), self.mask_high.unwrap_or(5.0)),
+            TruncatedIs | Dppo => (0.0, f64::INFINITY),
+        };
+        Params {
+            clip_ratio: self.clip_ratio.unwrap_or(8.0),
+            low,
+            high,
+            delta: self.delta.unwrap_or(0.2),
+            ratio_kl_coef: self.ratio_kl_coef.unwrap_or(0.01),
+        }
+    }
+}
+
+/// Statistics of one loss evaluation (over trained tokens).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct LossStats {
-    /// Mean importance ratio.
+    /// Mean importance ratio `r` (trainer over sampler).
     pub ratio_mean: f64,
     /// Largest importance ratio.
     pub ratio_max: f64,
-    /// Share of tokens whose gradient the clipping removed.
+    /// Share of tokens the objective clipped, truncated or masked (their gradient removed or
+    /// its weight capped).
     pub clipped_frac: f64,
-    /// Mean k3 KL to the reference (0 without one).
+    /// Share of tokens whose gradient the objective removed entirely (masked, or on the
+    /// clipped branch).
+    pub masked_frac: f64,
+    /// Mean k3 KL of the trainer from the sampler on the sampled tokens,
+    /// `exp(d) - d - 1` with `d = logp - old`: how far trainer and inference disagree.
+    pub mismatch_kl: f64,
+    /// Mean k3 KL to the configured reference (0 without one).
     pub kl: f64,
 }
 
@@ -107,63 +340,162 @@ pub fn policy_loss(
     };
     weighted_policy_loss(
         cfg,
-        logprobs,
-        old_logprobs,
-        advantages,
-        &mask,
-        &weights,
-        ref_logprobs,
+        &LossInputs {
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask: &mask,
+            weights: &weights,
+            segments: None,
+            ref_logprobs,
+        },
     )
 }
 
-/// The loss `Σ weights · token loss` (a scalar with gradient) and its statistics over the
-/// tokens where `mask` is 1. The weights carry the normalisation (`cfg.norm_type` is not read):
-/// weights summing over micro-batches to the batch's normalisation make the micro-batches'
-/// losses sum to the batch's loss.
-pub fn weighted_policy_loss(
-    cfg: &LossConfig,
-    logprobs: &Tensor,
-    old_logprobs: &Tensor,
-    advantages: &Tensor,
-    mask: &Tensor,
-    weights: &Tensor,
-    ref_logprobs: Option<&Tensor>,
-) -> (Tensor, LossStats) {
-    let mask = mask.to_kind(Kind::Float);
-    let adv = advantages.to_kind(Kind::Float).unsqueeze(-1);
-    let ratio = (logprobs - old_logprobs).exp();
-    let (per_token, clipped) = match cfg.kind {
+/// The tensors of one loss evaluation, each `[rows, width]` but the advantages (`[rows]`).
+pub struct LossInputs<'a> {
+    /// The policy's log-probs of the sampled tokens (with gradient).
+    pub logprobs: &'a Tensor,
+    /// The sampler's log-probs of the same tokens.
+    pub old_logprobs: &'a Tensor,
+    /// One advantage per row.
+    pub advantages: &'a Tensor,
+    /// 1 on trained tokens.
+    pub mask: &'a Tensor,
+    /// Per-token weights carrying the normalisation.
+    pub weights: &'a Tensor,
+    /// Per token, the index of its sequence (Int64, `0..n`, unique across rows) for the
+    /// sequence-level ratio of `gspo`; `None`: each row is one sequence.
+    pub segments: Option<&'a Tensor>,
+    /// The reference's log-probs for the KL penalty (`None`: the sampler's are used when
+    /// `kl_reference = "sampler"`, else no penalty).
+    pub ref_logprobs: Option<&'a Tensor>,
+}
+
+/// The loss `Σ weights · ℓ` (a scalar with gradient) and its statistics over the trained
+/// tokens. The weights carry the normalisation (`cfg.norm_type` is not read): weights summing
+/// over micro-batches to the batch's normalisation make the micro-batches' losses sum to the
+/// batch's loss.
+pub fn weighted_policy_loss(cfg: &LossConfig, x: &LossInputs<'_>) -> (Tensor, LossStats) {
+    let p = cfg.params();
+    let mask = x.mask.to_kind(Kind::Float);
+    let logp = x.logprobs;
+    let old = x.old_logprobs.to_kind(Kind::Float);
+    let adv = x.advantages.to_kind(Kind::Float).unsqueeze(-1);
+    let log_ratio = logp - &old;
+    let ratio = log_ratio.exp();
+    let ratio_d = ratio.detach();
+    let zeros = ratio_d.zeros_like();
+    // Per objective: the token loss, the tokens whose weight was capped or gradient removed
+    // (`clipped`) and those whose gradient was removed (`masked`).
+    let (per_token, clipped, masked) = match cfg.kind {
         LossKind::TruncatedIs => {
-            let clipped = ratio.gt(cfg.clip_ratio);
-            (-(ratio.clamp_max(cfg.clip_ratio)) * &adv, clipped)
+            let clipped = ratio_d.gt(p.clip_ratio).to_kind(Kind::Float);
+            (
+                -(ratio.clamp_max(p.clip_ratio)) * &adv,
+                clipped.shallow_clone(),
+                clipped,
+            )
         }
         LossKind::PpoClip => {
             let unclipped = &ratio * &adv;
-            let clipped_r = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * &adv;
+            let clipped_r = ratio.clamp(p.low, p.high) * &adv;
             // The clipped branch is taken (no gradient) where it is the smaller.
-            let clipped = clipped_r.lt_tensor(&unclipped);
-            (-unclipped.minimum(&clipped_r), clipped)
+            let clipped = clipped_r.lt_tensor(&unclipped).to_kind(Kind::Float);
+            (
+                -unclipped.minimum(&clipped_r),
+                clipped.shallow_clone(),
+                clipped,
+            )
+        }
+        LossKind::Icepop => {
+            let keep = ratio_d.ge(p.low).logical_and(&ratio_d.le(p.high));
+            let masked = keep.logical_not().to_kind(Kind::Float);
+            let keep = keep.to_kind(Kind::Float);
+            (-(&ratio * &adv) * keep, masked.shallow_clone(), masked)
+        }
+        LossKind::Gspo => {
+            let seq = sequence_mean(&log_ratio.detach(), &mask, x.segments).exp();
+            // sg(s) · exp(logp - sg(logp)): the value s, the gradient s · ∇logp.
+            let s = &seq * (logp - logp.detach()).exp();
+            let unclipped = &s * &adv;
+            let clipped_s = s.clamp(p.low, p.high) * &adv;
+            let clipped = clipped_s.lt_tensor(&unclipped).to_kind(Kind::Float);
+            (
+                -unclipped.minimum(&clipped_s),
+                clipped.shallow_clone(),
+                clipped,
+            )
+        }
+        LossKind::Cispo => {
+            let w = ratio_d.clamp(p.low, p.high);
+            let clipped = ratio_d.lt(p.low).logical_or(&ratio_d.gt(p.high));
+            (
+                -(w * &adv) * logp,
+                clipped.to_kind(Kind::Float),
+                zeros.shallow_clone(),
+            )
+        }
+        LossKind::Dppo => {
+            let moved = logp.detach().exp() - old.exp();
+            let up = adv.gt(0.0).logical_and(&moved.gt(p.delta));
+            let down = adv.lt(0.0).logical_and(&moved.lt(-p.delta));
+            let masked = up.logical_or(&down).to_kind(Kind::Float);
+            let keep = 1.0 - &masked;
+            let penalty = log_ratio.square() * p.ratio_kl_coef;
+            (
+                -(&ratio * &adv) * keep + penalty,
+                masked.shallow_clone(),
+                masked,
+            )
         }
     };
+    let reference = match (cfg.kl_coef > 0.0, cfg.kl_reference, x.ref_logprobs) {
+        (false, _, _) => None,
+        (true, Some(KlReference::Sampler), _) => Some(old.shallow_clone()),
+        (true, _, Some(r)) => Some(r.to_kind(Kind::Float)),
+        (true, _, None) => None,
+    };
     let mut kl_mean = 0.0;
-    let per_token = match ref_logprobs {
-        Some(r) if cfg.kl_coef != 0.0 => {
-            let d = r - logprobs;
+    let per_token = match reference {
+        Some(r) => {
+            let d = r - logp;
             let kl = d.exp() - &d - 1.0;
             kl_mean = masked_mean(&kl.detach(), &mask);
             per_token + kl * cfg.kl_coef
         }
-        _ => per_token,
+        None => per_token,
     };
-    let loss = (&per_token * weights.to_kind(Kind::Float)).sum(Kind::Float);
-    let ratio_d = ratio.detach();
+    let loss = (&per_token * x.weights.to_kind(Kind::Float)).sum(Kind::Float);
+    let d = log_ratio.detach();
     let stats = LossStats {
         ratio_mean: masked_mean(&ratio_d, &mask),
         ratio_max: (&ratio_d * &mask).max().double_value(&[]),
-        clipped_frac: masked_mean(&clipped.to_kind(Kind::Float), &mask),
+        clipped_frac: masked_mean(&clipped, &mask),
+        masked_frac: masked_mean(&masked, &mask),
+        // expm1 keeps the k3 estimate's value near d = 0 (where it vanishes) exact enough to
+        // stay non-negative.
+        mismatch_kl: masked_mean(&(d.expm1() - &d).clamp_min(0.0), &mask),
         kl: kl_mean,
     };
     (loss, stats)
+}
+
+/// Per token, the mean of `x` over the trained tokens of its sequence (`segments`, or its row).
+fn sequence_mean(x: &Tensor, mask: &Tensor, segments: Option<&Tensor>) -> Tensor {
+    let Some(seg) = segments else {
+        let mean = (x * mask).sum_dim_intlist(-1, true, Kind::Float)
+            / mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0);
+        return mean.expand_as(x);
+    };
+    let flat = seg.reshape([-1]);
+    let n = flat.max().int64_value(&[]) + 1;
+    let opts = (Kind::Float, x.device());
+    let sums = Tensor::zeros([n], opts).index_add(0, &flat, &(x * mask).reshape([-1]));
+    let counts = Tensor::zeros([n], opts).index_add(0, &flat, &mask.reshape([-1]));
+    (sums / counts.clamp_min(1.0))
+        .index_select(0, &flat)
+        .view(x.size().as_slice())
 }
 
 fn masked_mean(x: &Tensor, mask: &Tensor) -> f64 {
@@ -174,8 +506,37 @@ fn masked_mean(x: &Tensor, mask: &Tensor) -> f64 {
     (x * mask).sum(Kind::Float).double_value(&[]) / n
 }
 
+/// Kimi k1.5's length penalty (Jan 2025) on one group's rewards: with
+/// `λ_i = 0.5 - (len_i - min) / (max - min)` (0 when every length is the same), a correct
+/// rollout gets `reward + coef · λ_i`, an incorrect one `reward + coef · min(0, λ_i)`: shorter
+/// correct answers are preferred, and long wrong ones penalised. `coef = 0` changes nothing.
+pub fn length_penalized(
+    rewards: &[f64],
+    lengths: &[usize],
+    correct: &[bool],
+    coef: f64,
+) -> Vec<f64> {
+    let (Some(&min), Some(&max)) = (lengths.iter().min(), lengths.iter().max()) else {
+        return rewards.to_vec();
+    };
+    if coef == 0.0 || max == min {
+        return rewards.to_vec();
+    }
+    rewards
+        .iter()
+        .zip(lengths)
+        .zip(correct)
+        .map(|((r, &len), &ok)| {
+            let lambda = 0.5 - (len - min) as f64 / (max - min) as f64;
+            r + coef * if ok { lambda } else { lambda.min(0.0) }
+        })
+        .collect()
+}
+
 /// How group advantages are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AdvantageKind {
     /// Dr. GRPO: `r - mean(r)` (no std normalisation).
@@ -351,5 +712,243 @@ mod tests {
         let kl = (1f64.exp() - 2.0) / 2.0;
         close(stats.kl, kl);
         close(loss.double_value(&[]), 0.5 * kl);
+    }
+
+    /// One token at ratio `r` with advantage `a`: (loss, d loss / d logp, stats).
+    fn one(cfg: &LossConfig, r: f64, a: f32) -> (f64, f64, LossStats) {
+        let cur = Tensor::from_slice(&[r.ln() as f32])
+            .view([1, 1])
+            .set_requires_grad(true);
+        let old = Tensor::zeros([1, 1], (Kind::Float, tch::Device::Cpu));
+        let mask = Tensor::ones([1, 1], (Kind::Float, tch::Device::Cpu));
+        let (loss, stats) = policy_loss(cfg, &cur, &old, &Tensor::from_slice(&[a]), &mask, None);
+        loss.backward();
+        (
+            loss.double_value(&[]),
+            cur.grad().double_value(&[0, 0]),
+            stats,
+        )
+    }
+
+    fn kind(kind: LossKind) -> LossConfig {
+        LossConfig {
+            kind,
+            ..Default::default()
+        }
+    }
+
+    /// IcePop masks both sides of [0.5, 5]; inside, -r·A with gradient -r·A.
+    #[test]
+    fn icepop_masks_both_sides() {
+        let cfg = kind(LossKind::Icepop);
+        let (v, g, s) = one(&cfg, 2.0, 1.0);
+        close(v, -2.0);
+        close(g, -2.0);
+        close(s.masked_frac, 0.0);
+        for r in [0.25, 6.0] {
+            let (v, g, s) = one(&cfg, r, -1.0);
+            close(v, 0.0);
+            close(g, 0.0);
+            close(s.masked_frac, 1.0);
+        }
+    }
+
+    /// CISPO keeps every gradient, weighted by the clipped ratio: at r = 8 (cap 5), A = 2,
+    /// loss -5·2·logp, gradient -10; at r = 0.5, -0.5·2.
+    #[test]
+    fn cispo_weights_by_the_clipped_ratio() {
+        let cfg = kind(LossKind::Cispo);
+        let (v, g, s) = one(&cfg, 8.0, 2.0);
+        close(v, -10.0 * 8f64.ln());
+        close(g, -10.0);
+        close(s.clipped_frac, 1.0);
+        close(s.masked_frac, 0.0);
+        let (_, g, s) = one(&cfg, 0.5, 2.0);
+        close(g, -1.0);
+        close(s.clipped_frac, 0.0);
+    }
+
+    /// DPPO masks a token whose probability rose by more than δ when A > 0 (or fell, A < 0),
+    /// and adds c·(logp - old)² everywhere: p_old = 0.1, p = 0.5 (r = 5).
+    #[test]
+    fn dppo_masks_by_probability_moves_in_the_advantage_direction() {
+        let cfg = kind(LossKind::Dppo);
+        let l = |p: f32, p_old: f32, a: f32| {
+            let cur = Tensor::from_slice(&[p.ln()])
+                .view([1, 1])
+                .set_requires_grad(true);
+            let old = Tensor::from_slice(&[p_old.ln()]).view([1, 1]);
+            let mask = Tensor::ones([1, 1], (Kind::Float, tch::Device::Cpu));
+            let (loss, s) = policy_loss(&cfg, &cur, &old, &Tensor::from_slice(&[a]), &mask, None);
+            loss.backward();
+            (loss.double_value(&[]), cur.grad().double_value(&[0, 0]), s)
+        };
+        let d = 5f64.ln();
+        // Rose by 0.4 with A > 0: masked; only the penalty 0.01·d² (gradient 0.02·d).
+        let (v, g, s) = l(0.5, 0.1, 1.0);
+        close(v, 0.01 * d * d);
+        close(g, 0.02 * d);
+        close(s.masked_frac, 1.0);
+        // The same move with A < 0 is not in the advantage's direction: -r·A + penalty.
+        let (v, g, s) = l(0.5, 0.1, -1.0);
+        close(v, 5.0 + 0.01 * d * d);
+        close(g, 5.0 + 0.02 * d);
+        close(s.masked_frac, 0.0);
+        // Fell by 0.4 with A < 0: masked.
+        let (_, _, s) = l(0.1, 0.5, -1.0);
+        close(s.masked_frac, 1.0);
+    }
+
+    /// GSPO: one ratio per sequence, the exp of its tokens' mean log-ratio; each token's
+    /// gradient is s·A·w where unclipped; a sequence outside [1 - ε, 1 + ε] is clipped whole.
+    #[test]
+    fn gspo_uses_one_ratio_per_sequence() {
+        let cfg = LossConfig {
+            kind: LossKind::Gspo,
+            eps_low: Some(0.2),
+            eps_high: Some(0.2),
+            norm_type: NormType::Sequence,
+            ..Default::default()
+        };
+        // Row 0: log-ratios 0.1, -0.1 → s = 1; row 1: 0.5, 0.5 → s = e^0.5 > 1.2, A > 0: clipped.
+        let cur = t(&[&[0.1, -0.1], &[0.5, 0.5]]).set_requires_grad(true);
+        let old = t(&[&[0.0, 0.0], &[0.0, 0.0]]);
+        let mask = t(&[&[1.0, 1.0], &[1.0, 1.0]]);
+        let adv = Tensor::from_slice(&[1.0f32, 1.0]);
+        let (loss, s) = policy_loss(&cfg, &cur, &old, &adv, &mask, None);
+        // Sequence weights 1/(2·2): loss = -(1 + 1)/4 - (1.2 + 1.2)/4.
+        close(loss.double_value(&[]), -(2.0 + 2.4) / 4.0);
+        close(s.clipped_frac, 0.5);
+        loss.backward();
+        let g = cur.grad();
+        close(g.double_value(&[0, 0]), -0.25);
+        close(g.double_value(&[0, 1]), -0.25);
+        close(g.double_value(&[1, 0]), 0.0);
+        // Segments split a row into sequences: [0.1 | -0.1] gives two ratios e^0.1, e^-0.1.
+        let seg = Tensor::from_slice(&[0i64, 1, 2, 2]).view([2, 2]);
+        let x = (&cur.detach() - &old) * &mask;
+        let m = sequence_mean(&x, &mask, Some(&seg));
+        close(m.double_value(&[0, 0]), 0.1);
+        close(m.double_value(&[0, 1]), -0.1);
+        close(m.double_value(&[1, 1]), 0.5);
+    }
+
+    /// The KL against the sampler: k3 with ref = old, gradient coef·(1 - exp(old - logp)).
+    #[test]
+    fn kl_to_the_sampler_has_the_k3_value_and_gradient() {
+        let cfg = LossConfig {
+            kl_coef: 0.5,
+            kl_reference: Some(KlReference::Sampler),
+            ..Default::default()
+        };
+        let cur = t(&[&[-1.0]]).set_requires_grad(true);
+        let old = t(&[&[0.0]]);
+        let mask = t(&[&[1.0]]);
+        let (loss, s) = policy_loss(
+            &cfg,
+            &cur,
+            &old,
+            &Tensor::from_slice(&[0.0f32]),
+            &mask,
+            None,
+        );
+        let kl = 1f64.exp() - 2.0;
+        close(s.kl, kl);
+        close(loss.double_value(&[]), 0.5 * kl);
+        loss.backward();
+        // d/dlogp [e^(old - logp) - (old - logp) - 1] = -e^(old - logp) + 1 at logp = -1.
+        close(cur.grad().double_value(&[0, 0]), 0.5 * (1.0 - 1f64.exp()));
+        // The initial-weights reference, given: the same formula on its log-probs.
+        let cfg = LossConfig {
+            kl_coef: 0.5,
+            ..Default::default()
+        };
+        let cur = t(&[&[-1.0]]).set_requires_grad(true);
+        let (loss, _) = policy_loss(
+            &cfg,
+            &cur,
+            &cur.detach(),
+            &Tensor::from_slice(&[0.0f32]),
+            &mask,
+            Some(&old),
+        );
+        close(loss.double_value(&[]), 0.5 * kl);
+        loss.backward();
+        close(cur.grad().double_value(&[0, 0]), 0.5 * (1.0 - 1f64.exp()));
+    }
+
+    /// mismatch_kl = mean of exp(d) - d - 1 over trained tokens, d = logp - old.
+    #[test]
+    fn mismatch_kl_measures_trainer_against_sampler() {
+        let cur = t(&[&[0.5, 0.0, 9.0]]);
+        let old = t(&[&[0.0, 0.0, 0.0]]);
+        let mask = t(&[&[1.0, 1.0, 0.0]]);
+        let (_, s) = policy_loss(
+            &LossConfig::default(),
+            &cur,
+            &old,
+            &Tensor::from_slice(&[1.0f32]),
+            &mask,
+            None,
+        );
+        close(s.mismatch_kl, (0.5f64.exp() - 1.5) / 2.0);
+    }
+
+    #[test]
+    fn parameters_an_objective_does_not_read_are_refused_by_name() {
+        let e = LossConfig {
+            eps_low: Some(0.1),
+            ..Default::default()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("eps_low") && e.contains("truncated_is"), "{e}");
+        let e = LossConfig {
+            kl_reference: Some(KlReference::Sampler),
+            ..Default::default()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("kl_reference") && e.contains("kl_coef"), "{e}");
+        let e = LossConfig {
+            kind: LossKind::Icepop,
+            mask_low: Some(6.0),
+            ..Default::default()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mask_low"), "{e}");
+        assert!(
+            LossConfig {
+                kind: LossKind::PpoClip,
+                eps_high: Some(0.3),
+                ..Default::default()
+            }
+            .check()
+            .is_ok()
+        );
+        assert!(!LossConfig::default().needs_initial_reference());
+    }
+
+    #[test]
+    fn kimi_length_penalty() {
+        let r = length_penalized(
+            &[1.0, 1.0, 0.0, 0.0],
+            &[10, 30, 10, 30],
+            &[true, true, false, false],
+            0.1,
+        );
+        // λ = 0.5 for the shortest, -0.5 for the longest; incorrect rollouts only lose.
+        close(r[0], 1.05);
+        close(r[1], 0.95);
+        close(r[2], 0.0);
+        close(r[3], -0.05);
+        assert_eq!(
+            length_penalized(&[1.0, 0.0], &[5, 9], &[true, false], 0.0),
+            vec![1.0, 0.0]
+        );
     }
 }

@@ -2,22 +2,32 @@
 //!
 //! - [`config`]: the trainer, orchestrator and inference configs (`@ file.toml`, dotted
 //!   overrides, `configs/NAME/rl/*.toml` defaults).
-//! - [`run`]: the RL loop: the orchestrator (rollouts from a colocated engine or remote
-//!   servers, up to `async_level` batches ahead, group advantages, optional difficulty
-//!   filtering), weight updates to the engine or the servers after each step, checkpoints and
-//!   `--resume`, `metrics.jsonl` and `curves.png`.
+//! - [`run`]: the RL loop, reading as the loop: batches in, a trainer step, weights out,
+//!   evaluations, the step line, checkpoints.
+//! - [`orchestrator`]: each step's rollouts from the weighted mixture of training
+//!   environments (up to `async_level` batches ahead), group advantages (length penalty,
+//!   difficulty filtering), merged multi-turn samples, the off-policy drop, per-env statistics.
+//! - [`weights`]: the weight sink: the colocated engine in memory, or remote servers.
+//! - [`checkpoint`]: checkpoints and published weight folders (one atomic-publish helper).
+//! - [`evals`]: evaluations during training (`[orchestrator.eval]`).
+//! - [`metrics`]: the step line, `metrics.jsonl` and `curves.png`.
 //! - [`trainer`]: one optimiser step (AdamW, learning-rate schedules, gradient clipping,
 //!   micro-batches with shared prompt prefixes) on either objective: the policy-gradient loss or
 //!   the likelihood (SFT).
-//! - [`loss`]: the policy-gradient losses (truncated IS, PPO clip-higher, KL k3) and group
-//!   advantages (drgrpo, grpo, rloo).
+//! - [`loss`]: the objectives (truncated IS, PPO clip-higher, IcePop, GSPO, CISPO, DPPO), the
+//!   KL penalty, group advantages (drgrpo, grpo, rloo) and the length penalty.
 //! - [`sft`]: conversations (OpenAI messages or `host eval` rollouts) into samples, one per
 //!   assistant turn or one token stream per conversation as produced, and the SFT run.
 //! - [`plot`]: the curves as a PNG.
 
+pub mod checkpoint;
 pub mod config;
+pub mod evals;
 pub mod loss;
+pub mod metrics;
+pub mod orchestrator;
 pub mod plot;
 pub mod run;
 pub mod sft;
 pub mod trainer;
+pub mod weights;

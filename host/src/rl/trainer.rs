@@ -17,12 +17,16 @@ use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
 
-use super::loss::{LossConfig, LossStats, NormType, weighted_policy_loss};
+use super::loss::{
+    LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
+};
 use crate::model::Qwen3;
 use crate::model::qwen3::KvCache;
 
 /// Learning-rate schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
     /// The base rate throughout (after warm-up).
@@ -34,20 +38,20 @@ pub enum Schedule {
 }
 
 /// Optimiser settings (the trainer config's `[optim]`).
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimConfig {
     /// Peak learning rate.
     pub lr: f64,
-    /// AdamW weight decay.
+    /// AdamW's decoupled weight decay (per step, times the learning rate).
     pub weight_decay: f64,
-    /// Gradient clipping by global norm.
+    /// Gradients are scaled down to this global L2 norm when above it (0: no clipping).
     pub max_norm: f64,
-    /// Adam betas.
+    /// Adam's moment decay rates (β1, β2).
     pub betas: [f64; 2],
-    /// Linear warm-up steps.
+    /// Steps of linear warm-up from 0 to `lr`.
     pub warmup_steps: usize,
-    /// Decay after warm-up.
+    /// Learning-rate decay after warm-up.
     pub schedule: Schedule,
 }
 
@@ -114,6 +118,9 @@ pub enum TrainError {
         /// What is wrong.
         message: String,
     },
+    /// The loss settings cannot be honoured.
+    #[error("trainer.loss")]
+    Loss(#[source] LossConfigError),
     /// Too many non-finite steps in a row.
     #[error("{0} steps in a row had a non-finite loss or gradient; stopping")]
     NonFinite(usize),
@@ -146,6 +153,11 @@ pub struct StepStats {
     pub lr: f64,
     /// Importance-ratio and clipping statistics (token-weighted over micro-batches).
     pub loss_stats: LossStats,
+    /// Mean entropy of the policy (at the sampling temperature) over the trained tokens.
+    pub entropy: f64,
+    /// Mean k3 KL of the trainer from the sampler on the trained tokens (also in
+    /// `loss_stats`): how far the two disagree on the same weights' tokens.
+    pub mismatch_kl: f64,
     /// Tokens trained on.
     pub tokens: usize,
     /// Micro-batches run.
@@ -231,6 +243,11 @@ pub struct Trainer {
     opt: AdamW,
     optim: OptimConfig,
     loss: LossConfig,
+    /// The frozen initial weights, kept when the loss has a KL penalty to them: a second copy
+    /// of the parameters on the trainer's device and one more forward pass (no backward) per
+    /// micro-batch. A restored checkpoint keeps the reference made at [`Trainer::new`] (the
+    /// run's initial model), not the checkpoint's weights.
+    reference: Option<Qwen3>,
     /// Sampling temperature the log-probs are taken at.
     pub temperature: f64,
     /// Token budget of a micro-batch (padded length × rows).
@@ -256,12 +273,19 @@ impl Trainer {
         micro_batch_tokens: usize,
         total_steps: usize,
     ) -> Result<Self, TrainError> {
+        loss.check().map_err(TrainError::Loss)?;
         let opt = AdamW::new(&model);
+        let reference = if loss.needs_initial_reference() {
+            Some(model.frozen_copy()?)
+        } else {
+            None
+        };
         Ok(Self {
             model,
             opt,
             optim,
             loss,
+            reference,
             temperature,
             micro_batch_tokens: micro_batch_tokens.max(1),
             share_prefix: true,
@@ -425,6 +449,7 @@ impl Trainer {
     /// exactly what it would in full.
     fn forward_rows(
         &self,
+        model: &Qwen3,
         samples: &[Sample],
         prefixes: &Prefixes,
         ids: &Tensor,
@@ -432,7 +457,7 @@ impl Trainer {
         key: &Tensor,
     ) -> Tensor {
         if prefixes.heads.is_empty() {
-            return self.model.forward(ids, positions, Some(key), None);
+            return model.forward(ids, positions, Some(key), None);
         }
         let device = ids.device();
         let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
@@ -453,10 +478,8 @@ impl Trainer {
         let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
             .unsqueeze(0)
             .expand(shape, false);
-        let mut cache = KvCache::new(self.model.cfg.num_hidden_layers as usize);
-        let _ = self
-            .model
-            .forward(&head, &head_pos, Some(&head_key), Some(&mut cache));
+        let mut cache = KvCache::new(model.cfg.num_hidden_layers as usize);
+        let _ = model.forward(&head, &head_pos, Some(&head_key), Some(&mut cache));
         // A row without a prefix picks any cached row and sees none of it.
         let pick: Vec<i64> = prefixes
             .of_row
@@ -473,8 +496,12 @@ impl Trainer {
             .to_device(device);
         let mut cache = cache.select_rows(&Tensor::from_slice(&pick).to_device(device));
         let key = Tensor::cat(&[past, key.shallow_clone()], 1);
-        self.model
-            .forward(ids, positions, Some(&key), Some(&mut cache))
+        model.forward(ids, positions, Some(&key), Some(&mut cache))
+    }
+
+    /// Whether a reference copy of the initial weights is kept (for the KL penalty).
+    pub fn has_reference(&self) -> bool {
+        self.reference.is_some()
     }
 
     /// One optimiser step on `samples` with the policy-gradient loss.
@@ -540,16 +567,23 @@ impl Trainer {
                 Vec::with_capacity(cells),
                 Vec::with_capacity(cells),
             );
-            let (mut mask, mut old, mut weight) = (
+            let (mut mask, mut old, mut weight, mut segment) = (
+                Vec::with_capacity(cells),
                 Vec::with_capacity(cells),
                 Vec::with_capacity(cells),
                 Vec::with_capacity(cells),
             );
             let mut adv = Vec::with_capacity(rows.len());
+            // Each turn of each row is a sequence of its own (GSPO's ratio, per-turn norms).
+            let mut sequences = 0i64;
             for (r, &i) in rows.iter().enumerate() {
                 let s = &samples[i];
                 let n = s.ids.len() - 1;
+                let first = sequences;
+                sequences += s.turn_starts.len() as i64 + 1;
                 for p in start(r)..start(r) + width {
+                    let turn = s.turn_starts.iter().filter(|&&t| t <= p + 1).count() as i64;
+                    segment.push(first + turn);
                     let real = p < n;
                     ids.push(if real { i64::from(s.ids[p]) } else { 0 });
                     tgt.push(if real { i64::from(s.ids[p + 1]) } else { 0 });
@@ -564,20 +598,41 @@ impl Trainer {
             let shape = [rows.len() as i64, width as i64];
             let int = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
             let float = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
-            let logits = self.forward_rows(samples, &prefixes, &int(&ids), &int(&pos), &int(&key));
-            let logp = Qwen3::token_logprobs(&logits, &int(&tgt), self.temperature);
+            let (ids, pos, key, tgt) = (int(&ids), int(&pos), int(&key), int(&tgt));
+            let logits = self.forward_rows(&self.model, samples, &prefixes, &ids, &pos, &key);
+            let log_dist =
+                (logits.to_kind(Kind::Float) / self.temperature).log_softmax(-1, Kind::Float);
+            let logp = log_dist
+                .gather(-1, &tgt.unsqueeze(-1), false)
+                .squeeze_dim(-1);
             let (mask, weight) = (float(&mask), float(&weight));
             let here = mask.sum(Kind::Float).double_value(&[]);
+            let entropy = tch::no_grad(|| {
+                let h = -(log_dist.exp() * &log_dist).sum_dim_intlist(-1, false, Kind::Float);
+                (h * &mask).sum(Kind::Float).double_value(&[])
+            });
+            drop(log_dist);
+            let reference = match (&self.reference, objective) {
+                (Some(r), Objective::Policy) => Some(tch::no_grad(|| {
+                    let logits = self.forward_rows(r, samples, &prefixes, &ids, &pos, &key);
+                    Qwen3::token_logprobs(&logits, &tgt, self.temperature)
+                })),
+                _ => None,
+            };
+            let segments = Tensor::from_slice(&segment).view(shape).to_device(device);
             // The weights carry the whole batch's normalisation: micro-batch losses add up.
             let (loss, ls) = match objective {
                 Objective::Policy => weighted_policy_loss(
                     &self.loss,
-                    &logp,
-                    &float(&old),
-                    &Tensor::from_slice(&adv).to_device(device),
-                    &mask,
-                    &weight,
-                    None,
+                    &LossInputs {
+                        logprobs: &logp,
+                        old_logprobs: &float(&old),
+                        advantages: &Tensor::from_slice(&adv).to_device(device),
+                        mask: &mask,
+                        weights: &weight,
+                        segments: Some(&segments),
+                        ref_logprobs: reference.as_ref(),
+                    },
                 ),
                 Objective::Likelihood => {
                     (-(&logp * &weight).sum(Kind::Float), LossStats::default())
@@ -588,7 +643,10 @@ impl Trainer {
             let share = here / trained.max(1) as f64;
             weighted.ratio_mean += ls.ratio_mean * share;
             weighted.clipped_frac += ls.clipped_frac * share;
+            weighted.masked_frac += ls.masked_frac * share;
+            weighted.mismatch_kl += ls.mismatch_kl * share;
             weighted.kl += ls.kl * share;
+            stats.entropy += entropy / trained.max(1) as f64;
             weighted.ratio_max = weighted.ratio_max.max(ls.ratio_max);
         }
         let grad_norm = tch::no_grad(|| {
@@ -601,6 +659,7 @@ impl Trainer {
         stats.loss = loss_total;
         stats.grad_norm = grad_norm;
         stats.loss_stats = weighted;
+        stats.mismatch_kl = weighted.mismatch_kl;
         if !loss_total.is_finite() || !grad_norm.is_finite() {
             self.opt.zero_grad();
             self.bad_in_a_row += 1;

@@ -47,7 +47,16 @@ pub struct Sampling {
 
 /// How the prompt of turn `t + 1` carries turns `1..=t`.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]

@@ -35,7 +35,7 @@ use crate::openai::{
 use request::ToolChoice;
 
 /// How the server presents the engine.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     /// The model name clients must use (`--served-model-name`, default the model path).
     pub served_name: String,

@@ -18,5 +18,6 @@ mod model;
 mod python_plugin;
 mod registry;
 mod rl;
+mod rl_config;
 mod sandbox_native;
 mod sft;

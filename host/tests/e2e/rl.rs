@@ -14,7 +14,7 @@ fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<
         "rl",
         "--plugin",
         "arith",
-        "--orchestrator.environment.args",
+        "--orchestrator.env[0].args",
         "{tools = \"none\"}",
         "--orchestrator.batch-size",
         "8",
@@ -50,6 +50,177 @@ fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<
         out.display().to_string(),
     ])
     .collect()
+}
+
+/// `args` without the `--inference.*` flags and their values.
+fn without_inference(args: Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if a.starts_with("--inference.") {
+            it.next();
+        } else {
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// The lines of a run's metrics.jsonl.
+fn metric_lines(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Two training environments mixed 3:1 and an evaluation every 2 steps (and at the start),
+/// in one run: per-environment metrics on every step line, evaluation results at steps 0, 2
+/// and 4 only, the mixture's proportions within tolerance of the weights, and the objective's
+/// and trainer's statistics on every line.
+#[test]
+fn a_weighted_mixture_with_evaluations_during_training() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith", "arith-tools"], 4);
+    let run_dir = tmp.path().join("mix");
+    let orch = tmp.path().join("orch.toml");
+    std::fs::write(
+        &orch,
+        r#"
+max_steps = 4
+batch_size = 32
+rollouts_per_example = 2
+max_concurrent = 16
+async_level = 1
+
+[sampling]
+max_tokens = 8
+
+[[env]]
+id = "arith"
+split = "train-d1"
+weight = 3.0
+args = { tools = "none" }
+
+[[env]]
+id = "arith-tools"
+split = "train"
+weight = 1.0
+
+[eval]
+interval = 2
+at_start = true
+
+[[eval.env]]
+id = "arith"
+split = "test-d1"
+num_examples = 4
+rollouts_per_example = 2
+args = { tools = "none" }
+"#,
+    )
+    .unwrap();
+    let out = common::run(common::host(&home).args([
+        "rl",
+        "--orchestrator",
+        "@",
+        orch.to_str().unwrap(),
+        "--model.name",
+        model.to_str().unwrap(),
+        "--trainer.max-steps",
+        "4",
+        "--trainer.data.seq-len",
+        "1024",
+        "--inference.max-model-len",
+        "1024",
+        "--inference.enable-auto-tool-choice",
+        "true",
+        "--output-dir",
+        run_dir.to_str().unwrap(),
+    ]));
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines = metric_lines(&run_dir);
+    assert_eq!(
+        lines.len(),
+        5,
+        "the start evaluation and 4 steps: {lines:?}"
+    );
+    let evaluated: Vec<u64> = lines
+        .iter()
+        .filter(|l| l.get("eval/arith/reward").is_some())
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, [0, 2, 4]);
+    for l in &lines[2..] {
+        if l["step"] == 2 || l["step"] == 4 {
+            assert!(l["eval/arith/pass@2"].as_f64().is_some(), "{l}");
+            assert!(l["eval_s"].as_f64().unwrap() > 0.0, "{l}");
+        }
+    }
+    let (mut a, mut t) = (0.0, 0.0);
+    for l in &lines[1..] {
+        for k in [
+            "entropy",
+            "mismatch_kl",
+            "masked_frac",
+            "clipped_frac",
+            "kl",
+            "stale_dropped",
+            "rollout_tokens_per_s",
+            "sync_s",
+        ] {
+            assert!(l.get(k).is_some(), "{k} missing: {l}");
+        }
+        a += l["env/arith/groups"].as_f64().unwrap_or(0.0);
+        t += l["env/arith-tools/groups"].as_f64().unwrap_or(0.0);
+        assert!(l.get("env/arith/reward").is_some(), "{l}");
+    }
+    assert_eq!(a + t, 64.0);
+    let share = a / (a + t);
+    assert!((share - 0.75).abs() < 0.15, "arith got {a} of 64 groups");
+    assert!(stdout.contains("arith-tools: reward"), "{stdout}");
+    assert!(run_dir.join("curves.png").is_file());
+}
+
+/// `max_off_policy_steps = 0` with `async_level = 2`: the batches generated ahead, on weights
+/// the trainer has since replaced, are dropped when consumed and counted; what trains is on
+/// policy.
+#[test]
+fn rollouts_older_than_max_off_policy_steps_are_dropped() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 5);
+    let run_dir = tmp.path().join("stale");
+    let mut args = rl_args(&model, &run_dir, 3);
+    args.extend(
+        [
+            "--orchestrator.async-level",
+            "2",
+            "--orchestrator.max-off-policy-steps",
+            "0",
+            "--trainer.ckpt.interval",
+            "0",
+        ]
+        .map(String::from),
+    );
+    let out = common::run(common::host(&home).args(args));
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines = metric_lines(&run_dir);
+    assert_eq!(lines.len(), 3);
+    assert_eq!(
+        lines[0]["stale_dropped"], 0,
+        "step 1 is generated by the initial weights"
+    );
+    let dropped: u64 = lines
+        .iter()
+        .map(|l| l["stale_dropped"].as_u64().unwrap())
+        .sum();
+    assert!(dropped > 0, "{lines:?}");
+    for l in &lines {
+        if l["samples"].as_u64().unwrap() > 0 {
+            assert_eq!(l["policy_lag"], 0, "{l}");
+        }
+    }
 }
 
 #[test]
@@ -235,7 +406,8 @@ fn remote_servers_generate_and_receive_weights() {
     let run_dir = tmp.path().join("remote");
     let out = common::run(
         common::host(&home)
-            .args(rl_args(&model, &run_dir, 3))
+            // The inference section configures the colocated engine; a remote run refuses it.
+            .args(without_inference(rl_args(&model, &run_dir, 3)))
             .args([
                 "--orchestrator.client.base-urls",
                 &format!("[\"{url}\"]"),

@@ -1,0 +1,267 @@
+//! The inference settings: one type for `host inference`'s flags and `host rl`'s
+//! `[inference]` section, so one `infer.toml` means the same to both (`host inference @
+//! infer.toml`, `host rl --inference @ infer.toml`), with the same defaults and the same help.
+//! [`InferConfig::resolve`] turns it into what the engine and the API take, refusing bad values
+//! with the key that holds them.
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ModelConfig;
+use crate::device::{CudaStatus, DeviceSpec, Precision};
+use crate::engine::EngineConfig;
+use crate::server::ServerConfig;
+
+/// Engine and server settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferConfig {
+    /// The model served.
+    #[command(flatten)]
+    pub model: ModelConfig,
+    /// The name clients use in requests (default: `model.name` as given).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Parse tool calls from the model's output into OpenAI `tool_calls` (`tool_choice: auto`).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub enable_auto_tool_choice: bool,
+    /// Tool-call wire format: `hermes` (Qwen3) or `qwen3_coder`.
+    #[arg(long, default_value = "hermes")]
+    pub tool_call_parser: String,
+    /// Address `host inference` listens on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port `host inference` listens on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Weight precision: `auto` (f32 on CPU, bf16 on CUDA), `f32`, `bf16`.
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// Device: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Most tokens per sequence, prompt included (unset: the model's limit).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 32)]
+    pub max_batch_size: usize,
+    /// Most requests in flight before new ones are refused (503).
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+    /// CPU threads of the engine's forward calls (unset: timed per step kind, one or all).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Reuse the keys and values of prompt prefixes computed before (the engine's prefix
+    /// cache): a group's shared prompt and every earlier turn of a conversation.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          default_value_t = true, default_missing_value = "true")]
+    pub enable_prefix_caching: bool,
+    /// Budget of the prefix cache in tokens (unset: an eighth of the machine's memory, at most
+    /// 4 GiB, divided by the model's key-and-value bytes per token).
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_cache_tokens: Option<usize>,
+    /// Tokens per prefix-cache block: prefixes are reused in whole blocks.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Most prompt tokens prefilled per scheduler step; longer prompts are prefilled in chunks
+    /// with decode steps in between.
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+}
+
+impl Default for InferConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelConfig::default(),
+            served_model_name: None,
+            enable_auto_tool_choice: false,
+            tool_call_parser: "hermes".into(),
+            host: "127.0.0.1".into(),
+            port: 8000,
+            dtype: "auto".into(),
+            device: "auto".into(),
+            max_model_len: None,
+            max_batch_size: 32,
+            max_queue: 1024,
+            threads: None,
+            enable_prefix_caching: true,
+            kv_cache_tokens: None,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
+        }
+    }
+}
+
+/// A value of the inference settings that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InferConfigError {
+    /// A key holds a value outside its range.
+    #[error("{key}: {message}")]
+    Value {
+        /// The key (`max_batch_size`).
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The device cannot be used.
+    #[error("device")]
+    Device(#[source] crate::device::DeviceError),
+    /// The model cannot be found or read.
+    #[error("model.name")]
+    Model(#[source] crate::model::ModelError),
+}
+
+/// What an engine and its API are built from, resolved from [`InferConfig`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSetup {
+    /// The model folder.
+    pub model_dir: PathBuf,
+    /// Where the engine runs.
+    pub device: tch::Device,
+    /// Its weight precision.
+    pub precision: Precision,
+    /// Scheduler and cache settings.
+    pub engine: EngineConfig,
+    /// What the API serves and how it parses tool calls.
+    pub server: ServerConfig,
+}
+
+impl InferConfig {
+    /// Checks the values that need no model or device: the tool-call parser, the precision
+    /// and device names, and sizes (at least 1), naming the key at fault.
+    pub fn check(&self) -> Result<(), InferConfigError> {
+        let bad = |key: &'static str, message: &str| InferConfigError::Value {
+            key,
+            message: message.to_owned(),
+        };
+        crate::model::tool_parsers::parser(&self.tool_call_parser)
+            .map_err(|e| bad("tool_call_parser", &e))?;
+        for (key, v) in [
+            ("max_batch_size", self.max_batch_size),
+            ("max_queue", self.max_queue),
+            ("block_size", self.block_size),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_model_len", self.max_model_len.unwrap_or(1)),
+            ("threads", self.threads.unwrap_or(1)),
+            ("kv_cache_tokens", self.kv_cache_tokens.unwrap_or(1)),
+        ] {
+            if v == 0 {
+                return Err(bad(key, "must be at least 1"));
+            }
+        }
+        self.device
+            .parse::<DeviceSpec>()
+            .map_err(InferConfigError::Device)?;
+        if self.dtype != "auto" {
+            self.dtype
+                .parse::<Precision>()
+                .map_err(|e| bad("dtype", &e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Resolves the model folder, device, precision and sizes, refusing zero sizes, unknown
+    /// parsers, precisions and devices with the key that holds them.
+    pub fn resolve(&self, cuda: CudaStatus) -> Result<EngineSetup, InferConfigError> {
+        self.check()?;
+        let Self {
+            model,
+            served_model_name,
+            enable_auto_tool_choice,
+            tool_call_parser,
+            // Where to listen: read by `host inference`, which owns the listener.
+            host: _,
+            port: _,
+            dtype,
+            device,
+            max_model_len,
+            max_batch_size,
+            max_queue,
+            threads,
+            enable_prefix_caching,
+            kv_cache_tokens,
+            block_size,
+            max_num_batched_tokens,
+        } = self;
+        let device = device
+            .parse::<DeviceSpec>()
+            .and_then(|d| d.resolve(cuda))
+            .map_err(InferConfigError::Device)?;
+        let precision = match dtype.as_str() {
+            "auto" => Precision::default_for(device),
+            other => other
+                .parse::<Precision>()
+                .map_err(|e| InferConfigError::Value {
+                    key: "dtype",
+                    message: e.to_string(),
+                })?,
+        };
+        let model_dir = crate::model::hub::resolve(&model.name).map_err(InferConfigError::Model)?;
+        let max_model_len = match max_model_len {
+            Some(n) => *n,
+            None => {
+                crate::model::Qwen3Config::load(&model_dir)
+                    .map_err(InferConfigError::Model)?
+                    .max_position_embeddings as usize
+            }
+        };
+        Ok(EngineSetup {
+            model_dir,
+            device,
+            precision,
+            engine: EngineConfig {
+                max_batch_size: *max_batch_size,
+                max_model_len,
+                max_queue: *max_queue,
+                prefix_caching: *enable_prefix_caching,
+                kv_cache_tokens: *kv_cache_tokens,
+                block_size: *block_size,
+                max_num_batched_tokens: *max_num_batched_tokens,
+                threads: *threads,
+            },
+            server: ServerConfig {
+                served_name: served_model_name
+                    .clone()
+                    .unwrap_or_else(|| model.name.clone()),
+                enable_auto_tool_choice: *enable_auto_tool_choice,
+                tool_call_parser: tool_call_parser.clone(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        cfg: InferConfig,
+    }
+
+    /// The flags' defaults are the config's defaults (one type, one set of defaults).
+    #[test]
+    fn flag_defaults_are_the_config_defaults() {
+        let parsed = Cmd::try_parse_from(["x", "--model.name", "Qwen/Qwen3-8B"])
+            .unwrap()
+            .cfg;
+        assert_eq!(parsed, InferConfig::default());
+        let parsed = Cmd::try_parse_from([
+            "x",
+            "-m",
+            "m",
+            "--enable-auto-tool-choice",
+            "--enable-prefix-caching",
+            "false",
+        ])
+        .unwrap()
+        .cfg;
+        assert!(parsed.enable_auto_tool_choice && !parsed.enable_prefix_caching);
+    }
+}

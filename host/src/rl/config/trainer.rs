@@ -1,0 +1,104 @@
+//! The `[trainer]` section of `host rl` (its `[optim]` and `[loss]` tables are
+//! [`OptimConfig`] and [`LossConfig`], next to the code that reads them).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::rl::loss::LossConfig;
+use crate::rl::trainer::OptimConfig;
+
+/// The model a section uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model: a Hugging Face folder or hub id (`Qwen/Qwen3-8B`, read from the local HF
+    /// cache).
+    #[arg(
+        long = "model.name",
+        visible_alias = "model",
+        short = 'm',
+        value_name = "MODEL"
+    )]
+    pub name: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: "Qwen/Qwen3-8B".into(),
+        }
+    }
+}
+
+/// Trainer data settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Longest training sample in tokens (prompt + completion); longer turns are left out.
+    pub seq_len: usize,
+    /// Samples of `seq_len` per micro-batch: a micro-batch holds at most
+    /// `seq_len × micro_batch_size` padded tokens.
+    pub micro_batch_size: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            seq_len: 12_288,
+            micro_batch_size: 1,
+        }
+    }
+}
+
+/// Checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CkptConfig {
+    /// Steps between checkpoints (0: only at the end).
+    pub interval: usize,
+    /// Checkpoints kept; older ones are deleted (at least 1).
+    pub keep: usize,
+}
+
+impl Default for CkptConfig {
+    fn default() -> Self {
+        Self {
+            interval: 25,
+            keep: 2,
+        }
+    }
+}
+
+/// The trainer section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerConfig {
+    /// Optimiser steps (the run takes the smaller of this and `orchestrator.max_steps`).
+    pub max_steps: usize,
+    /// The policy trained.
+    pub model: ModelConfig,
+    /// AdamW and its learning-rate schedule.
+    pub optim: OptimConfig,
+    /// The policy-gradient objective.
+    pub loss: LossConfig,
+    /// Sample length and micro-batching.
+    pub data: DataConfig,
+    /// Checkpoints.
+    pub ckpt: CkptConfig,
+    /// Device of the trainer: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        Self {
+            max_steps: 300,
+            model: ModelConfig::default(),
+            optim: OptimConfig::default(),
+            loss: LossConfig::default(),
+            data: DataConfig::default(),
+            ckpt: CkptConfig::default(),
+            device: "auto".into(),
+        }
+    }
+}
