@@ -10,31 +10,47 @@
 //! - `truncated_is` (prime-rl's default from Sept 2025; the math-python example's): token-level
 //!   truncated importance sampling, `ℓ = -min(r, C) · A` (`clip_ratio` C, default 8); once `r`
 //!   exceeds C the token's gradient is zero.
-//! - `ppo_clip` (PPO, Schulman et al. 2017; DAPO's clip-higher, ByteDance 2025, when
-//!   `eps_high > eps_low`): `ℓ = -min(r · A, clip(r, 1 - ε_low, 1 + ε_high) · A)`, defaults
-//!   0.2 / 0.28.
-//! - `icepop` (IcePop, inclusionAI's Ring-1T report, Oct 2025): two-sided token masking,
-//!   `ℓ = -M · r · A` with `M = 1[mask_low ≤ r ≤ mask_high]` (defaults 0.5 and 5): tokens whose
-//!   sampler and trainer probabilities disagree too much in either direction get no gradient.
-//! - `gspo` (GSPO, Zheng et al., Qwen, July 2025): a sequence-level ratio
+//! - `ppo_clip` (PPO, Schulman et al. 2017, arXiv 1707.06347; DAPO's clip-higher, ByteDance,
+//!   March 2025, arXiv 2503.14476, when `eps_high > eps_low`):
+//!   `ℓ = -min(r · A, clip(r, 1 - ε_low, 1 + ε_high) · A)`, defaults 0.2 / 0.28.
+//! - `icepop` (IcePop, inclusionAI's "Small Leak Can Sink a Great Ship", Sept 2025, used for
+//!   Ring-1T, Oct 2025): two-sided token masking, `ℓ = -M · r · A` with
+//!   `M = 1[mask_low ≤ r ≤ mask_high]` (defaults 0.5 and 5): tokens whose sampler and trainer
+//!   probabilities disagree too much in either direction get no gradient.
+//! - `gspo` (GSPO, Zheng et al., Qwen, July 2025, arXiv 2507.18071): a sequence-level ratio
 //!   `s = exp(mean over the sequence's trained tokens of (logp - old))` clipped PPO-style,
 //!   `ℓ = -min(s · A, clip(s, 1 - ε_low, 1 + ε_high) · A)` (defaults 3e-4 / 4e-4, the paper's),
 //!   in the paper's token form `s_t = sg(s) · exp(logp_t - sg(logp_t))` so each token carries
 //!   `sg(s) · ∇logp_t`; a sequence is one model turn (a merged multi-turn sample holds several).
-//! - `cispo` (CISPO, MiniMax-M1, June 2025): every token keeps its gradient, weighted by the
-//!   clipped, stop-gradient ratio: `ℓ = -sg(clip(r, 1 - ε_low, 1 + ε_high)) · A · logp`
-//!   (defaults: no lower bound, `ε_high` 4, i.e. weights truncated at 5).
-//! - `dppo` (DPPO's binary trust region, Stable-RL, "Rethinking the Trust Region in LLM RL",
-//!   Feb 2026, as prime-rl's current default loss uses it): tokens whose *probability* (not
-//!   ratio) moved more than `delta` in the direction the advantage pushes are masked
-//!   (`A > 0` and `p - p_old > δ`, or `A < 0` and `p_old - p > δ`; default δ 0.2), the rest
-//!   `-r · A`, plus a squared log-ratio penalty to the inference policy on every trained token,
-//!   `ratio_kl_coef · (logp - old)²` (default 0.01).
+//! - `cispo` (CISPO, MiniMax-M1, June 2025, arXiv 2506.13585): every token keeps its gradient,
+//!   weighted by the clipped, stop-gradient ratio:
+//!   `ℓ = -sg(clip(r, 1 - ε_low, 1 + ε_high)) · A · logp` (defaults: no lower bound, `ε_high`
+//!   4, i.e. weights truncated at 5).
+//! - `dppo_kl` (prime-rl's default loss since 2026-04-06, "DPPO+KL": `default_loss_fn` in
+//!   `src/prime_rl/trainer/rl/loss.py` and `DefaultLossConfig` in
+//!   `packages/prime-rl-configs/src/prime_rl/configs/trainer.py`, matched at commit 559b447 of
+//!   2026-08-21; after DPPO's binary TV trust region, arXiv 2602.04879, and Kimi K2.5's KL
+//!   term, arXiv 2602.02276, both Feb 2026): a trust region on the token's *probability*, not
+//!   its ratio, in the direction the advantage pushes. With `Δp = exp(logp) - exp(old)`, a
+//!   token is masked when `A > 0` and `Δp > dppo_mask_high`, or `A < 0` and
+//!   `Δp < -dppo_mask_low` (defaults 0.2 and 0.2); `ℓ = -(1 - M) · r · A + kl_tau · (logp -
+//!   old)²` (default `kl_tau` 1e-3): the squared log-ratio pulls every trained token back
+//!   towards the inference policy, masked or not. Same keys and defaults as prime-rl; its
+//!   `adv_tau` (a scale on `A`, default 1) is not offered, the learning rate does that.
 //!
-//! KL to a reference (`kl_coef` > 0): the k3 estimator `exp(ref - logp) - (ref - logp) - 1`
-//! added per token, with `ref` the frozen initial weights' log-probs (`kl_reference =
-//! "initial"`: the trainer keeps a second copy of the weights and runs it forward, no
-//! backward) or the sampler's (`"sampler"`: no second model).
+//! KL to a reference (`kl_coef` > 0, any objective): the k3 estimator
+//! `exp(ref - logp) - (ref - logp) - 1` (unbiased, non-negative; its gradient is
+//! `1 - exp(ref - logp)`) added per token with weight `kl_coef`, where `ref` is
+//! - `kl_reference = "initial"` (default): the log-probs of the frozen initial weights at the
+//!   same temperature. The trainer copies the policy's parameters at [`Trainer::new`]: one more
+//!   copy of the parameters in memory (same device and dtype as the f32 master weights: 4 bytes
+//!   per parameter, 16 GB for Qwen3-4B, a quarter more than weights + gradients + AdamW
+//!   moments), and one more forward pass per micro-batch under `no_grad` (no activations kept,
+//!   no backward): about a third more compute per step (measured +25–40 % per step on the tiny
+//!   model on CPU). A restored checkpoint keeps as reference the weights the run started from,
+//!   not the checkpoint's.
+//! - `"sampler"`: the sampler's log-probs of the same tokens (`old`): no second model, a pull
+//!   towards the policy that sampled the batch.
 //!
 //! Normalisation: per token (the sum over every trained token of the batch divided by their
 //! count) or per sequence (each sequence's token mean, then the mean over sequences).
@@ -42,6 +58,8 @@
 //! [`weighted_policy_loss`] takes the normalisation as per-token weights, which is what lets
 //! the trainer split a batch into micro-batches, and a merged multi-turn row into one sequence
 //! per turn, without changing the objective.
+//!
+//! [`Trainer::new`]: super::trainer::Trainer::new
 
 use tch::{Kind, Tensor};
 
@@ -61,9 +79,10 @@ pub enum LossKind {
     Gspo,
     /// CISPO: `-sg(clip(r)) · A · logp`, every token keeps a gradient.
     Cispo,
-    /// DPPO-style probability-difference masking by the advantage's sign plus a squared
-    /// log-ratio penalty to the sampler (prime-rl's current default).
-    Dppo,
+    /// DPPO+KL (prime-rl's default since April 2026): tokens whose probability moved past
+    /// `dppo_mask_low`/`dppo_mask_high` in the advantage's direction masked, else `-r · A`,
+    /// plus `kl_tau · (logp - logp_sampler)²`.
+    DppoKl,
 }
 
 impl LossKind {
@@ -74,7 +93,7 @@ impl LossKind {
             Self::Icepop => "icepop",
             Self::Gspo => "gspo",
             Self::Cispo => "cispo",
-            Self::Dppo => "dppo",
+            Self::DppoKl => "dppo_kl",
         }
     }
 }
@@ -125,11 +144,15 @@ pub struct LossConfig {
     pub mask_low: Option<f64>,
     /// icepop: tokens with a ratio above this are masked (default 5).
     pub mask_high: Option<f64>,
-    /// dppo: the largest probability change in the advantage's direction before a token is
-    /// masked (default 0.2).
-    pub delta: Option<f64>,
-    /// dppo: weight of the squared log-ratio penalty to the sampler (default 0.01).
-    pub ratio_kl_coef: Option<f64>,
+    /// dppo_kl: a token with A < 0 whose probability fell by more than this is masked
+    /// (absolute probability, ≥ 0; default 0.2).
+    pub dppo_mask_low: Option<f64>,
+    /// dppo_kl: a token with A > 0 whose probability rose by more than this is masked
+    /// (absolute probability, ≥ 0; default 0.2).
+    pub dppo_mask_high: Option<f64>,
+    /// dppo_kl: weight of the squared log-ratio `(logp - logp_sampler)²` on every trained
+    /// token (≥ 0; default 1e-3).
+    pub kl_tau: Option<f64>,
     /// Weight of the k3 KL penalty to `kl_reference` (0: none, and no reference is kept).
     pub kl_coef: f64,
     /// What the KL penalty compares with: `initial` weights or the `sampler` (default
@@ -147,8 +170,9 @@ impl Default for LossConfig {
             eps_high: None,
             mask_low: None,
             mask_high: None,
-            delta: None,
-            ratio_kl_coef: None,
+            dppo_mask_low: None,
+            dppo_mask_high: None,
+            kl_tau: None,
             kl_coef: 0.0,
             kl_reference: None,
         }
@@ -184,8 +208,9 @@ struct Params {
     clip_ratio: f64,
     low: f64,
     high: f64,
-    delta: f64,
-    ratio_kl_coef: f64,
+    dppo_mask_low: f64,
+    dppo_mask_high: f64,
+    kl_tau: f64,
 }
 
 impl LossConfig {
@@ -193,7 +218,7 @@ impl LossConfig {
     pub fn check(&self) -> Result<(), LossConfigError> {
         use LossKind::*;
         let kind = self.kind;
-        let readers: [(&'static str, Option<f64>, &[LossKind], &'static str); 7] = [
+        let readers: [(&'static str, Option<f64>, &[LossKind], &'static str); 8] = [
             (
                 "clip_ratio",
                 self.clip_ratio,
@@ -214,8 +239,9 @@ impl LossConfig {
             ),
             ("mask_low", self.mask_low, &[Icepop], "icepop"),
             ("mask_high", self.mask_high, &[Icepop], "icepop"),
-            ("delta", self.delta, &[Dppo], "dppo"),
-            ("ratio_kl_coef", self.ratio_kl_coef, &[Dppo], "dppo"),
+            ("dppo_mask_low", self.dppo_mask_low, &[DppoKl], "dppo_kl"),
+            ("dppo_mask_high", self.dppo_mask_high, &[DppoKl], "dppo_kl"),
+            ("kl_tau", self.kl_tau, &[DppoKl], "dppo_kl"),
         ];
         for (key, value, kinds, names) in readers {
             let Some(v) = value else { continue };
@@ -240,9 +266,6 @@ impl LossConfig {
         if self.clip_ratio == Some(0.0) {
             return Err(range("clip_ratio", "must be positive"));
         }
-        if self.delta == Some(0.0) {
-            return Err(range("delta", "must be positive (0 masks every token)"));
-        }
         if matches!(self.eps_low, Some(e) if e >= 1.0) && kind != Cispo {
             return Err(range(
                 "eps_low",
@@ -251,7 +274,10 @@ impl LossConfig {
         }
         let p = self.params();
         if kind == Icepop && p.low >= p.high {
-            return Err(range("mask_low", "must be below mask_high"));
+            return Err(match self.mask_low {
+                Some(_) => range("mask_low", &format!("must be below mask_high ({})", p.high)),
+                None => range("mask_high", &format!("must be above mask_low ({})", p.low)),
+            });
         }
         if !(self.kl_coef.is_finite() && self.kl_coef >= 0.0) {
             return Err(range("kl_coef", "must be a finite number ≥ 0"));
@@ -288,14 +314,15 @@ impl LossConfig {
                 1.0 + self.eps_high.unwrap_or(4.0),
             ),
             Icepop => (self.mask_low.unwrap_or(0.5), self.mask_high.unwrap_or(5.0)),
-            TruncatedIs | Dppo => (0.0, f64::INFINITY),
+            TruncatedIs | DppoKl => (0.0, f64::INFINITY),
         };
         Params {
             clip_ratio: self.clip_ratio.unwrap_or(8.0),
             low,
             high,
-            delta: self.delta.unwrap_or(0.2),
-            ratio_kl_coef: self.ratio_kl_coef.unwrap_or(0.01),
+            dppo_mask_low: self.dppo_mask_low.unwrap_or(0.2),
+            dppo_mask_high: self.dppo_mask_high.unwrap_or(0.2),
+            kl_tau: self.kl_tau.unwrap_or(1e-3),
         }
     }
 }
@@ -436,13 +463,15 @@ pub fn weighted_policy_loss(cfg: &LossConfig, x: &LossInputs<'_>) -> (Tensor, Lo
                 zeros.shallow_clone(),
             )
         }
-        LossKind::Dppo => {
+        LossKind::DppoKl => {
+            // Tokens with A = 0 carry no policy gradient: never counted as masked (prime-rl
+            // tests them against the low bound, which only changes its metric).
             let moved = logp.detach().exp() - old.exp();
-            let up = adv.gt(0.0).logical_and(&moved.gt(p.delta));
-            let down = adv.lt(0.0).logical_and(&moved.lt(-p.delta));
+            let up = adv.gt(0.0).logical_and(&moved.gt(p.dppo_mask_high));
+            let down = adv.lt(0.0).logical_and(&moved.lt(-p.dppo_mask_low));
             let masked = up.logical_or(&down).to_kind(Kind::Float);
             let keep = 1.0 - &masked;
-            let penalty = log_ratio.square() * p.ratio_kl_coef;
+            let penalty = log_ratio.square() * p.kl_tau;
             (
                 -(&ratio * &adv) * keep + penalty,
                 masked.shallow_clone(),
@@ -691,6 +720,59 @@ mod tests {
         close(loss.double_value(&[]), (-1.0 + 3.0) / 2.0);
     }
 
+    /// For every objective (with the sampler KL on), sequence normalisation is the mean over
+    /// rows of each row's own token mean, and token normalisation the token-count-weighted
+    /// mean: rows of 3 and 1 trained tokens, losses and gradients.
+    #[test]
+    fn both_normalisations_work_for_every_objective() {
+        let cur = t(&[&[0.3, -0.2, 0.1, 0.0], &[-0.4, 0.0, 0.0, 0.0]]);
+        let old = t(&[&[0.0, 0.1, 0.0, 0.0], &[0.0, 0.0, 0.0, 0.0]]);
+        let mask = t(&[&[1.0, 1.0, 1.0, 0.0], &[1.0, 0.0, 0.0, 0.0]]);
+        let adv = Tensor::from_slice(&[1.5f32, -0.5]);
+        let run = |cfg: &LossConfig, rows: &[i64]| {
+            let rows = Tensor::from_slice(rows);
+            let cur = cur.index_select(0, &rows).set_requires_grad(true);
+            let (loss, _) = policy_loss(
+                cfg,
+                &cur,
+                &old.index_select(0, &rows),
+                &adv.index_select(0, &rows),
+                &mask.index_select(0, &rows),
+                None,
+            );
+            loss.backward();
+            (loss.double_value(&[]), cur.grad())
+        };
+        for kind in [
+            LossKind::TruncatedIs,
+            LossKind::PpoClip,
+            LossKind::Icepop,
+            LossKind::Gspo,
+            LossKind::Cispo,
+            LossKind::DppoKl,
+        ] {
+            let mut cfg = LossConfig {
+                kind,
+                kl_coef: 0.3,
+                kl_reference: Some(KlReference::Sampler),
+                ..Default::default()
+            };
+            let (a, ga) = run(&cfg, &[0]);
+            let (b, gb) = run(&cfg, &[1]);
+            let (tok, gt) = run(&cfg, &[0, 1]);
+            assert!((tok - (3.0 * a + b) / 4.0).abs() < 1e-5, "{kind:?}");
+            let want = Tensor::cat(&[ga * 0.75, gb * 0.25], 0);
+            assert!(gt.allclose(&want, 1e-5, 1e-6, false), "{kind:?}");
+            cfg.norm_type = NormType::Sequence;
+            let (a, ga) = run(&cfg, &[0]);
+            let (b, gb) = run(&cfg, &[1]);
+            let (seq, gs) = run(&cfg, &[0, 1]);
+            assert!((seq - (a + b) / 2.0).abs() < 1e-5, "{kind:?}");
+            let want = Tensor::cat(&[ga * 0.5, gb * 0.5], 0);
+            assert!(gs.allclose(&want, 1e-5, 1e-6, false), "{kind:?}");
+        }
+    }
+
     #[test]
     fn k3_kl_penalty() {
         let cur = t(&[&[0.0, -1.0]]);
@@ -768,34 +850,52 @@ mod tests {
         close(s.clipped_frac, 0.0);
     }
 
-    /// DPPO masks a token whose probability rose by more than δ when A > 0 (or fell, A < 0),
-    /// and adds c·(logp - old)² everywhere: p_old = 0.1, p = 0.5 (r = 5).
+    /// DPPO+KL masks a token whose probability rose by more than `dppo_mask_high` when A > 0
+    /// (or fell by more than `dppo_mask_low`, A < 0), and adds kl_tau·(logp - old)² on every
+    /// trained token: p_old = 0.1, p = 0.5 (r = 5, d = ln 5).
     #[test]
-    fn dppo_masks_by_probability_moves_in_the_advantage_direction() {
-        let cfg = kind(LossKind::Dppo);
-        let l = |p: f32, p_old: f32, a: f32| {
+    fn dppo_kl_masks_by_probability_moves_in_the_advantage_direction() {
+        let l = |cfg: &LossConfig, p: f32, p_old: f32, a: f32| {
             let cur = Tensor::from_slice(&[p.ln()])
                 .view([1, 1])
                 .set_requires_grad(true);
             let old = Tensor::from_slice(&[p_old.ln()]).view([1, 1]);
             let mask = Tensor::ones([1, 1], (Kind::Float, tch::Device::Cpu));
-            let (loss, s) = policy_loss(&cfg, &cur, &old, &Tensor::from_slice(&[a]), &mask, None);
+            let (loss, s) = policy_loss(cfg, &cur, &old, &Tensor::from_slice(&[a]), &mask, None);
             loss.backward();
             (loss.double_value(&[]), cur.grad().double_value(&[0, 0]), s)
         };
+        let cfg = kind(LossKind::DppoKl);
         let d = 5f64.ln();
-        // Rose by 0.4 with A > 0: masked; only the penalty 0.01·d² (gradient 0.02·d).
-        let (v, g, s) = l(0.5, 0.1, 1.0);
-        close(v, 0.01 * d * d);
-        close(g, 0.02 * d);
+        // Rose by 0.4 > 0.2 with A > 0: masked; only the penalty 1e-3·d² (gradient 2e-3·d).
+        let (v, g, s) = l(&cfg, 0.5, 0.1, 1.0);
+        close(v, 1e-3 * d * d);
+        close(g, 2e-3 * d);
         close(s.masked_frac, 1.0);
-        // The same move with A < 0 is not in the advantage's direction: -r·A + penalty.
-        let (v, g, s) = l(0.5, 0.1, -1.0);
-        close(v, 5.0 + 0.01 * d * d);
-        close(g, 5.0 + 0.02 * d);
+        // The same move with A < 0 is not in the advantage's direction: -r·A + penalty, whose
+        // gradient is -r·A + 2·kl_tau·d.
+        let (v, g, s) = l(&cfg, 0.5, 0.1, -1.0);
+        close(v, 5.0 + 1e-3 * d * d);
+        close(g, 5.0 + 2e-3 * d);
         close(s.masked_frac, 0.0);
-        // Fell by 0.4 with A < 0: masked.
-        let (_, _, s) = l(0.1, 0.5, -1.0);
+        // Fell by 0.4 with A < 0: masked (value 1e-3·d², d = -ln 5).
+        let (v, _, s) = l(&cfg, 0.1, 0.5, -1.0);
+        close(v, 1e-3 * d * d);
+        close(s.masked_frac, 1.0);
+        // The bounds are separate: a fall of 0.4 passes dppo_mask_low = 0.5, and kl_tau = 0.1
+        // weighs the penalty: -r·A + 0.1·d² at r = 1/5, gradient -r·A - 0.2·d.
+        let wide = LossConfig {
+            dppo_mask_low: Some(0.5),
+            kl_tau: Some(0.1),
+            ..kind(LossKind::DppoKl)
+        };
+        assert!(wide.check().is_ok());
+        let (v, g, s) = l(&wide, 0.1, 0.5, -1.0);
+        close(v, 0.2 + 0.1 * d * d);
+        close(g, 0.2 - 0.2 * d);
+        close(s.masked_frac, 0.0);
+        // ... while a rise of 0.4 with A > 0 is still masked by dppo_mask_high = 0.2.
+        let (_, _, s) = l(&wide, 0.5, 0.1, 1.0);
         close(s.masked_frac, 1.0);
     }
 
@@ -894,43 +994,143 @@ mod tests {
         close(s.mismatch_kl, (0.5f64.exp() - 1.5) / 2.0);
     }
 
+    /// Each refusal names its key (and, for a key the objective does not read, the objectives
+    /// that do).
     #[test]
-    fn parameters_an_objective_does_not_read_are_refused_by_name() {
-        let e = LossConfig {
-            eps_low: Some(0.1),
-            ..Default::default()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("eps_low") && e.contains("truncated_is"), "{e}");
-        let e = LossConfig {
-            kl_reference: Some(KlReference::Sampler),
-            ..Default::default()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("kl_reference") && e.contains("kl_coef"), "{e}");
-        let e = LossConfig {
-            kind: LossKind::Icepop,
-            mask_low: Some(6.0),
-            ..Default::default()
-        }
-        .check()
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("mask_low"), "{e}");
-        assert!(
-            LossConfig {
-                kind: LossKind::PpoClip,
-                eps_high: Some(0.3),
-                ..Default::default()
+    fn parameters_an_objective_does_not_read_or_out_of_range_are_refused_by_name() {
+        use LossKind::*;
+        let refused = |cfg: LossConfig, words: &[&str]| {
+            let e = cfg.check().unwrap_err().to_string();
+            for w in words {
+                assert!(e.contains(w), "{e:?} lacks {w:?}");
             }
-            .check()
-            .is_ok()
+        };
+        let with = |kind: LossKind| LossConfig {
+            kind,
+            ..Default::default()
+        };
+        refused(
+            LossConfig {
+                eps_low: Some(0.1),
+                ..with(TruncatedIs)
+            },
+            &[
+                "`eps_low` does not apply to type = truncated_is (it is read by ppo_clip, gspo, cispo)",
+            ],
         );
+        refused(
+            LossConfig {
+                clip_ratio: Some(4.0),
+                ..with(DppoKl)
+            },
+            &["`clip_ratio`", "dppo_kl", "read by truncated_is"],
+        );
+        refused(
+            LossConfig {
+                kl_tau: Some(0.1),
+                ..with(Gspo)
+            },
+            &["`kl_tau`", "type = gspo", "read by dppo_kl"],
+        );
+        refused(
+            LossConfig {
+                mask_high: Some(3.0),
+                ..with(Cispo)
+            },
+            &["`mask_high`", "read by icepop"],
+        );
+        refused(
+            LossConfig {
+                kl_reference: Some(KlReference::Sampler),
+                ..Default::default()
+            },
+            &["`kl_reference`", "kl_coef"],
+        );
+        // Out of range.
+        refused(
+            LossConfig {
+                clip_ratio: Some(0.0),
+                ..Default::default()
+            },
+            &["`clip_ratio`", "positive"],
+        );
+        refused(
+            LossConfig {
+                kl_coef: -0.1,
+                ..Default::default()
+            },
+            &["`kl_coef`"],
+        );
+        refused(
+            LossConfig {
+                kl_coef: f64::NAN,
+                ..Default::default()
+            },
+            &["`kl_coef`"],
+        );
+        refused(
+            LossConfig {
+                kl_tau: Some(-1.0),
+                ..with(DppoKl)
+            },
+            &["`kl_tau`", "≥ 0"],
+        );
+        refused(
+            LossConfig {
+                eps_low: Some(1.0),
+                ..with(PpoClip)
+            },
+            &["`eps_low`", "below 1"],
+        );
+        refused(
+            LossConfig {
+                mask_low: Some(6.0),
+                ..with(Icepop)
+            },
+            &["`mask_low`", "below mask_high"],
+        );
+        refused(
+            LossConfig {
+                mask_high: Some(0.4),
+                ..with(Icepop)
+            },
+            &["`mask_high`", "above mask_low"],
+        );
+        // Accepted: each objective with its own keys, CISPO without a lower bound, and the
+        // examples' truncated_is with clip_ratio = 8.
+        for ok in [
+            LossConfig {
+                eps_high: Some(0.3),
+                ..with(PpoClip)
+            },
+            LossConfig {
+                eps_low: Some(1.0),
+                eps_high: Some(2.0),
+                ..with(Cispo)
+            },
+            LossConfig {
+                dppo_mask_low: Some(0.0),
+                dppo_mask_high: Some(0.1),
+                kl_tau: Some(0.0),
+                ..with(DppoKl)
+            },
+            LossConfig {
+                clip_ratio: Some(8.0),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(ok.check(), Ok(()), "{ok:?}");
+        }
+        // Only the initial-weights KL needs a second model.
         assert!(!LossConfig::default().needs_initial_reference());
+        let kl = |r| LossConfig {
+            kl_coef: 0.1,
+            kl_reference: r,
+            ..Default::default()
+        };
+        assert!(kl(None).needs_initial_reference());
+        assert!(kl(Some(KlReference::Initial)).needs_initial_reference());
+        assert!(!kl(Some(KlReference::Sampler)).needs_initial_reference());
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! gradients are clipped by global norm, and AdamW steps with the scheduled learning rate. A
 //! non-finite loss or gradient skips the step (logged); too many in a row is an error.
 //!
+//! With a KL penalty to the initial weights (`kl_coef` > 0, `kl_reference = "initial"`) a
+//! frozen copy of the weights made at [`Trainer::new`] runs forward on each micro-batch under
+//! `no_grad`, on the same prefixes and positions. Each step also reports the policy's entropy
+//! and its mismatch with the sampler ([`StepStats`]), computed from the logits already there.
+//!
 //! Sharing and merging never change the objective: loss, gradients and updated weights equal
 //! those of running every per-turn sample in full (tested in `host/tests/lib/rl.rs`).
 
@@ -332,7 +337,8 @@ impl Trainer {
         })
     }
 
-    /// Restores what [`Trainer::save`] wrote (weights, moments, counters).
+    /// Restores what [`Trainer::save`] wrote (weights, moments, counters). The KL reference,
+    /// if any, stays the weights given to [`Trainer::new`] (the run's initial model).
     pub fn restore(&mut self, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
         let malformed = |message: String| crate::model::ModelError::Malformed {
             path: dir.to_owned(),
@@ -607,9 +613,19 @@ impl Trainer {
                 .squeeze_dim(-1);
             let (mask, weight) = (float(&mask), float(&weight));
             let here = mask.sum(Kind::Float).double_value(&[]);
+            // -Σ p·log p per position, in chunks of positions: the temporaries stay a chunk
+            // times the vocabulary, not another copy of the micro-batch's distributions.
             let entropy = tch::no_grad(|| {
-                let h = -(log_dist.exp() * &log_dist).sum_dim_intlist(-1, false, Kind::Float);
-                (h * &mask).sum(Kind::Float).double_value(&[])
+                let vocab = log_dist.size()[2];
+                let flat = log_dist.view([-1, vocab]);
+                let flat_mask = mask.view([-1]);
+                let mut total = Tensor::zeros([], (Kind::Float, device));
+                for (l, m) in flat.split(1024, 0).iter().zip(flat_mask.split(1024, 0)) {
+                    let mut p = l.exp();
+                    let _ = p.f_mul_(l);
+                    total -= (p.sum_dim_intlist(-1, false, Kind::Float) * m).sum(Kind::Float);
+                }
+                total.double_value(&[])
             });
             drop(log_dist);
             let reference = match (&self.reference, objective) {

@@ -1,7 +1,7 @@
 //! Every objective learns, and the KL penalty holds the policy near its reference: seeded GRPO
 //! runs of a real tiny Qwen3 on the trainer tests' toy task (the first generated token should
 //! be even), the in-process engine sampling groups and getting the trainer's weights after each
-//! step.
+//! step. Also the step's entropy and mismatch figures against a direct computation.
 
 use rlhost::engine::{Engine, EngineConfig, SamplingParams, WeightSource};
 use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
@@ -106,7 +106,7 @@ fn every_objective_learns_the_toy_task() {
         LossKind::Icepop,
         LossKind::Gspo,
         LossKind::Cispo,
-        LossKind::Dppo,
+        LossKind::DppoKl,
     ] {
         let loss = LossConfig {
             kind,
@@ -172,4 +172,128 @@ fn the_kl_penalty_holds_the_policy_near_the_initial_weights() {
         "KL to the initial policy after {steps} steps: {free_kl:.4} without, {held_kl:.4} with kl_coef 2"
     );
     assert!(held_kl < 0.7 * free_kl, "{held_kl} vs {free_kl}");
+}
+
+/// The step's `entropy` is the mean, over trained tokens, of the policy's entropy at the
+/// sampling temperature (before the update), and its `mismatch_kl` the mean k3 of
+/// `logp - logp_sampler`: both checked against full forward passes of the same model, with
+/// the group's 20-token prompt run once (shared prefix). A trainer keeps a second model only
+/// for a KL penalty to the initial weights.
+#[test]
+fn step_entropy_and_mismatch_kl_match_a_direct_computation() {
+    let tmp = tiny(11);
+    let model = || Qwen3::load(tmp.path(), Device::Cpu, Kind::Float).unwrap();
+    let temperature = 0.7;
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
+    let completions: [&[u32]; 2] = [&[11, 250, 3], &[400, 7]];
+    // The policy's log-probs and entropies at each trained token, computed in full.
+    let direct = model();
+    let (mut logps, mut entropies) = (Vec::new(), Vec::new());
+    for c in completions {
+        let ids: Vec<i64> = prompt.iter().chain(c).map(|&t| i64::from(t)).collect();
+        let n = ids.len() as i64;
+        let logits = tch::no_grad(|| {
+            direct.forward(
+                &Tensor::from_slice(&ids).unsqueeze(0),
+                &Tensor::arange(n, (Kind::Int64, Device::Cpu)).unsqueeze(0),
+                None,
+                None,
+            )
+        });
+        let mut lp = vec![0f32; prompt.len()];
+        for p in prompt.len() - 1..ids.len() - 1 {
+            let dist = (logits.get(0).get(p as i64) / temperature).log_softmax(-1, Kind::Float);
+            lp.push(dist.double_value(&[ids[p + 1]]) as f32);
+            entropies.push(-(dist.exp() * &dist).sum(Kind::Float).double_value(&[]));
+        }
+        logps.push(lp);
+    }
+    let want_entropy = entropies.iter().sum::<f64>() / entropies.len() as f64;
+    let samples = |shift: f32| -> Vec<Sample> {
+        completions
+            .iter()
+            .zip(&logps)
+            .map(|(c, lp)| Sample {
+                ids: prompt.iter().chain(*c).copied().collect(),
+                mask: (0..prompt.len() + c.len())
+                    .map(|i| i >= prompt.len())
+                    .collect(),
+                // The sampler's log-probs `shift` below the policy's.
+                old_logprobs: lp.iter().map(|&l| l - shift).collect(),
+                advantage: 0.5,
+                group: 0,
+                turn_starts: Vec::new(),
+            })
+            .collect()
+    };
+    for shift in [0.0f32, 0.1] {
+        let mut trainer = Trainer::new(
+            model(),
+            OptimConfig::default(),
+            LossConfig::default(),
+            temperature,
+            4096,
+            1,
+        )
+        .unwrap();
+        assert!(!trainer.has_reference(), "kl_coef = 0 keeps no reference");
+        let stats = trainer.train_step(&samples(shift)).unwrap();
+        assert_eq!(stats.tokens, 5);
+        assert_eq!(stats.shared_tokens, prompt.len() - 1, "{stats:?}");
+        assert!(
+            (stats.entropy - want_entropy).abs() < 1e-4,
+            "{} vs {want_entropy}",
+            stats.entropy
+        );
+        // k3 at d = shift on every token: exp(d) - d - 1.
+        let d = f64::from(shift);
+        let want_kl = d.exp() - d - 1.0;
+        assert!(
+            (stats.mismatch_kl - want_kl).abs() < 1e-4
+                && stats.loss_stats.mismatch_kl == stats.mismatch_kl,
+            "{stats:?} vs {want_kl}"
+        );
+        assert!(
+            (stats.loss_stats.ratio_mean - d.exp()).abs() < 1e-4,
+            "{stats:?}"
+        );
+        assert_eq!(stats.loss_stats.kl, 0.0);
+    }
+    let with_kl = |reference| {
+        Trainer::new(
+            model(),
+            OptimConfig::default(),
+            LossConfig {
+                kl_coef: 0.1,
+                kl_reference: Some(reference),
+                ..Default::default()
+            },
+            temperature,
+            4096,
+            1,
+        )
+        .unwrap()
+    };
+    assert!(with_kl(KlReference::Initial).has_reference());
+    assert!(!with_kl(KlReference::Sampler).has_reference());
+    // With the reference still equal to the policy, the step's KL to it is 0.
+    let mut t = with_kl(KlReference::Initial);
+    let stats = t.train_step(&samples(0.0)).unwrap();
+    assert!(stats.loss_stats.kl.abs() < 1e-6, "{stats:?}");
+    // A refused loss config fails Trainer::new, naming the key.
+    let e = Trainer::new(
+        model(),
+        OptimConfig::default(),
+        LossConfig {
+            eps_high: Some(0.2),
+            ..Default::default()
+        },
+        temperature,
+        4096,
+        1,
+    )
+    .err()
+    .expect("refused");
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains("eps_high"), "{chain}");
 }
