@@ -78,71 +78,16 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
         )
         .expect("valid template"),
     );
-    let progress = |l: &crate::rl::metrics::StepLine| {
-        bar.set_position(l.step as u64);
-        bar.set_message(format!("reward {:.3}", l.reward));
-        let metrics: Vec<String> = l
-            .metrics
-            .iter()
-            .map(|(k, v)| format!("{k} {v:.3}"))
-            .collect();
-        let ls = &l.loss_stats;
-        let mut text = format!(
-            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} mask {:.3} | mismatch-kl {:.4} kl {:.4} | entropy {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | stale {} | {:.0} gen tok/s {:.0} train tok/s | rollouts {:.1}s train {:.1}s sync {:.1}s",
-            l.step,
-            l.reward,
-            metrics.join(", "),
-            l.solve_all,
-            l.solve_none,
-            l.groups,
-            l.samples,
-            l.seq_len,
-            l.prefill_figure(),
-            l.train_tokens_figure(),
-            100.0 * l.truncated,
-            ls.ratio_mean,
-            ls.ratio_max,
-            ls.clipped_frac,
-            ls.masked_frac,
-            ls.mismatch_kl,
-            ls.kl,
-            l.entropy,
-            l.loss,
-            l.grad_norm,
-            l.lr,
-            l.policy_lag,
-            l.stale_dropped,
-            l.rollout_tokens_per_s,
-            l.tokens_per_s,
-            l.rollout_s,
-            l.train_s,
-            l.sync_s
-        );
-        // Per environment when training on a mixture, and evaluations when there are some.
-        let ids: std::collections::BTreeSet<&str> = l
-            .by_env
-            .keys()
-            .filter_map(|k| k.strip_prefix("env/")?.rsplit_once('/').map(|(id, _)| id))
-            .collect();
-        if ids.len() > 1 {
-            for id in ids {
-                let get = |k: &str| {
-                    l.by_env
-                        .get(&format!("env/{id}/{k}"))
-                        .copied()
-                        .unwrap_or(0.0)
-                };
-                text.push_str(&format!(
-                    "\n       {id}: reward {:.3} over {} rollouts",
-                    get("reward"),
-                    get("rollouts")
-                ));
+    let progress = |r: crate::rl::metrics::Report<'_>| {
+        use crate::rl::metrics::Report;
+        let text = match r {
+            Report::Evaluated(l) => l.eval.summary(),
+            Report::Stepped(l) => {
+                bar.set_position(l.step as u64);
+                bar.set_message(format!("reward {:.3}", l.reward));
+                l.terminal_text()
             }
-        }
-        if !l.eval.is_empty() {
-            let shown: Vec<String> = l.eval.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
-            text.push_str(&format!("\n       {} ({:.1}s)", shown.join(", "), l.eval_s));
-        }
+        };
         if bar.is_hidden() {
             println!("{text}");
         } else {

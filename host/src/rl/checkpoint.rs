@@ -92,6 +92,28 @@ pub fn remove_steps_after(root: &Path, step: usize) {
 mod tests {
     use super::*;
 
+    /// The newest checkpoint is the newest complete one: a folder without the orchestrator's
+    /// state (written last) is skipped, and so are names that are not `step_N`.
+    #[test]
+    fn the_latest_checkpoint_is_the_newest_complete_one() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(latest_checkpoint(dir.path()), None);
+        let root = dir.path().join("checkpoints");
+        for (name, complete) in [("step_2", true), ("step_10", true), ("step_12", false)] {
+            let d = root.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            if complete {
+                std::fs::write(d.join("orchestrator_state.json"), "{}").unwrap();
+            }
+        }
+        std::fs::create_dir_all(root.join(".step_14.tmp")).unwrap();
+        assert_eq!(
+            latest_checkpoint(dir.path()),
+            Some((10, root.join("step_10"))),
+            "numerically newest (10 > 2), complete (not 12)"
+        );
+    }
+
     #[test]
     fn published_folders_replace_whole_and_leave_no_temporaries() {
         let dir = tempfile::tempdir().unwrap();

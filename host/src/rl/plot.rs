@@ -76,7 +76,8 @@ impl Canvas {
     }
 }
 
-/// 5×7 glyphs (one byte per row, high bit left) for what the labels use.
+/// 5×7 glyphs (one byte per row, low five bits, high bit left): digits, lower-case letters
+/// (upper case drawn as lower) and the punctuation labels use.
 fn glyph(c: char) -> Option<[u8; 7]> {
     Some(match c.to_ascii_lowercase() {
         '0' => [14, 17, 19, 21, 25, 17, 14],
@@ -93,23 +94,37 @@ fn glyph(c: char) -> Option<[u8; 7]> {
         '-' => [0, 0, 0, 14, 0, 0, 0],
         '+' => [0, 4, 4, 31, 4, 4, 0],
         ' ' => [0; 7],
+        ':' => [0, 12, 12, 0, 12, 12, 0],
+        '=' => [0, 0, 31, 0, 31, 0, 0],
+        '@' => [14, 17, 1, 13, 21, 21, 14],
+        '(' => [2, 4, 8, 8, 8, 4, 2],
+        ')' => [8, 4, 2, 2, 2, 4, 8],
         'a' => [0, 0, 14, 1, 15, 17, 15],
+        'b' => [16, 16, 22, 25, 17, 17, 30],
         'c' => [0, 0, 14, 16, 16, 17, 14],
         'd' => [1, 1, 13, 19, 17, 17, 15],
         'e' => [0, 0, 14, 17, 31, 16, 14],
+        'f' => [6, 9, 8, 28, 8, 8, 8],
         'g' => [0, 15, 17, 17, 15, 1, 14],
+        'h' => [16, 16, 22, 25, 17, 17, 17],
         'i' => [4, 0, 12, 4, 4, 4, 14],
+        'j' => [2, 0, 6, 2, 2, 18, 12],
+        'k' => [16, 16, 18, 20, 24, 20, 18],
         'l' => [12, 4, 4, 4, 4, 4, 14],
         'm' => [0, 0, 26, 21, 21, 17, 17],
         'n' => [0, 0, 22, 25, 17, 17, 17],
         'o' => [0, 0, 14, 17, 17, 17, 14],
         'p' => [0, 0, 30, 17, 30, 16, 16],
+        'q' => [0, 0, 13, 19, 15, 1, 1],
         'r' => [0, 0, 22, 25, 16, 16, 16],
         's' => [0, 0, 15, 16, 14, 1, 30],
         't' => [8, 8, 28, 8, 8, 9, 6],
         'u' => [0, 0, 17, 17, 17, 19, 13],
+        'v' => [0, 0, 17, 17, 17, 10, 4],
         'w' => [0, 0, 17, 17, 21, 21, 10],
         'x' => [0, 0, 17, 10, 4, 10, 17],
+        'y' => [0, 0, 17, 17, 15, 1, 14],
+        'z' => [0, 0, 31, 2, 4, 8, 31],
         '/' => [1, 2, 2, 4, 8, 8, 16],
         '_' => [0, 0, 0, 0, 0, 0, 31],
         _ => return None,
@@ -124,17 +139,27 @@ fn label(v: f64) -> String {
     }
 }
 
-/// Writes one panel per `(name, values)` series (x: step 1..n) to `path` as a PNG.
-pub fn write_png(path: &Path, series: &[(&str, Vec<f64>)]) -> std::io::Result<()> {
+/// Writes one panel per `(name, points)` series to `path` as a PNG: points are `(step, value)`,
+/// every panel spans the same steps (the smallest to the largest of any series), and a
+/// series' points are joined in order, so one measured at some steps only (an evaluation every
+/// N steps) is still a line. Non-finite values are left out.
+pub fn write_png(path: &Path, series: &[(&str, Vec<(f64, f64)>)]) -> std::io::Result<()> {
     let colors = [
         [31, 119, 180],
         [214, 39, 40],
         [44, 160, 44],
         [148, 103, 189],
     ];
+    let steps = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|&(x, _)| x))
+        .filter(|x| x.is_finite());
+    let (x_lo, x_hi) = steps.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    });
     let h = PANEL_H * series.len().max(1);
     let mut cv = Canvas::new(W, h);
-    for (p, (name, values)) in series.iter().enumerate() {
+    for (p, (name, points)) in series.iter().enumerate() {
         let top = (p * PANEL_H + MARGIN_T) as i64;
         let bottom = ((p + 1) * PANEL_H - MARGIN_B) as i64;
         let (left, right) = (MARGIN_L as i64, (W - MARGIN_R) as i64);
@@ -144,13 +169,17 @@ pub fn write_png(path: &Path, series: &[(&str, Vec<f64>)]) -> std::io::Result<()
         cv.line((left, top), (left, bottom), grey, 1);
         cv.line((right, top), (right, bottom), grey, 1);
         cv.text(left + 6, top - 18, name, [0, 0, 0]);
-        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        let finite: Vec<(f64, f64)> = points
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect();
         if finite.is_empty() {
             continue;
         }
         let (mut lo, mut hi) = finite
             .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &(_, v)| {
                 (a.min(v), b.max(v))
             });
         if hi - lo < 1e-12 {
@@ -159,23 +188,19 @@ pub fn write_png(path: &Path, series: &[(&str, Vec<f64>)]) -> std::io::Result<()
         }
         cv.text(2, top, &label(hi), grey);
         cv.text(2, bottom - 14, &label(lo), grey);
-        cv.text(left, bottom + 6, "step 1", grey);
-        let last = format!("{}", values.len());
+        cv.text(left, bottom + 6, &format!("step {x_lo}"), grey);
+        let last = format!("{x_hi}");
         cv.text(right - 12 * last.len() as i64, bottom + 6, &last, grey);
-        let n = values.len().max(2) - 1;
-        let xy = |i: usize, v: f64| {
-            let x = left + ((right - left) as f64 * i as f64 / n as f64).round() as i64;
+        let span = (x_hi - x_lo).max(1.0);
+        let xy = |x: f64, v: f64| {
+            let x = left + ((right - left) as f64 * (x - x_lo) / span).round() as i64;
             let y = bottom - ((bottom - top) as f64 * (v - lo) / (hi - lo)).round() as i64;
             (x, y)
         };
         let color = colors[p % colors.len()];
         let mut prev: Option<(i64, i64)> = None;
-        for (i, &v) in values.iter().enumerate() {
-            if !v.is_finite() {
-                prev = None;
-                continue;
-            }
-            let pt = xy(i, v);
+        for &(x, v) in &finite {
+            let pt = xy(x, v);
             match prev {
                 Some(q) => cv.line(q, pt, color, 2),
                 None => cv.line(pt, pt, color, 3),
@@ -220,12 +245,23 @@ mod tests {
     use super::*;
     use std::io::Read;
 
+    /// Curve names (`eval/<id>/reward`, ids with any letters) and axis labels are drawn whole.
+    #[test]
+    fn every_label_character_has_a_glyph() {
+        let text =
+            "abcdefghijklmnopqrstuvwxyz ABCXYZ 0123456789 .-+_/@():= eval/will/math-python/reward";
+        let missing: String = text.chars().filter(|&c| glyph(c).is_none()).collect();
+        assert_eq!(missing, "");
+    }
+
     #[test]
     fn a_valid_png_with_the_curves() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("curves.png");
-        let reward: Vec<f64> = (0..30).map(|i| (i as f64 / 29.0).sqrt()).collect();
-        let loss: Vec<f64> = (0..30).map(|i| 1.0 / (1.0 + i as f64)).collect();
+        let reward: Vec<(f64, f64)> = (1..=30)
+            .map(|i| (i as f64, (i as f64 / 30.0).sqrt()))
+            .collect();
+        let loss: Vec<(f64, f64)> = (1..=30).map(|i| (i as f64, 1.0 / i as f64)).collect();
         write_png(&path, &[("reward", reward), ("loss", loss)]).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");

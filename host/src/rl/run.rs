@@ -1,26 +1,31 @@
-//! The RL loop behind `host rl`: the orchestrator ([`super::orchestrator`]) produces each
-//! step's rollouts from the training environments; the trainer takes a step on them; the new
-//! weights go to the generators ([`super::weights`]: the colocated engine in memory, or remote
-//! servers from a published folder); evaluations run every `orchestrator.eval.interval` steps
-//! ([`super::evals`]); each step's line goes to `metrics.jsonl` ([`super::metrics`]);
-//! checkpoints are published atomically every `ckpt.interval` steps
+//! The RL loop behind `host rl`, reading as the loop: the orchestrator
+//! ([`super::orchestrator`]) hands over each step's batch from the training environments'
+//! mixture; the trainer takes a step on it; the new weights go to the generators
+//! ([`super::weights`]: the colocated engine in memory, or remote servers from a published
+//! folder); evaluations run after every `orchestrator.eval.interval`-th step
+//! ([`super::evals`]); the step's line goes to `metrics.jsonl` and the terminal
+//! ([`super::metrics`]); checkpoints are published atomically every `ckpt.interval` steps
 //! ([`super::checkpoint`]), and `--resume` continues from the newest. With `async_level` ≥ 1
 //! the orchestrator generates the next batches while the trainer trains (at most
 //! `async_level` batches ahead); every sample carries the policy version that produced it, the
-//! step line reports the lag, and `max_off_policy_steps` drops what is too old when consumed.
+//! step line reports the lag, and `max_off_policy_steps` replaces what is too old.
+//!
+//! Weight updates happen here only, between a step's training and the next batch: an
+//! evaluation (run here too) never straddles one.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use anyhow::Context;
 
 use super::checkpoint;
 use super::config::{RlConfig, RunOptions};
-use super::evals;
-use super::metrics::{self, Phases, StepLine};
-use super::orchestrator::{Generated, Producer, TrainEnv, build_batch};
+use super::evals::Evaluations;
+use super::metrics::{self, EvalLine, Phases, Report, StepLine};
+use super::orchestrator::{Orchestrator, Producer, TrainEnv};
 use super::trainer::Trainer;
 use super::weights::WeightSink;
 use crate::engine::Engine;
@@ -31,7 +36,7 @@ pub use super::checkpoint::latest_checkpoint;
 
 /// Refuses to write a fresh run into a folder that holds an earlier one: its metrics would be
 /// cut and a later `--resume` would pick up the earlier run's newer checkpoints.
-fn refuse_mixing(out: &std::path::Path, resume: bool) -> anyhow::Result<()> {
+fn refuse_mixing(out: &Path, resume: bool) -> anyhow::Result<()> {
     if resume {
         return Ok(());
     }
@@ -60,7 +65,7 @@ fn refuse_mixing(out: &std::path::Path, resume: bool) -> anyhow::Result<()> {
 fn generators(
     cfg: &RlConfig,
     rt: &tokio::runtime::Runtime,
-    out: &std::path::Path,
+    out: &Path,
 ) -> anyhow::Result<(Arc<dyn Generator>, WeightSink, String)> {
     let client = &cfg.orchestrator.client;
     if !client.base_urls.is_empty() {
@@ -149,20 +154,9 @@ async fn train_envs(
     Ok(out)
 }
 
-/// Runs `host rl` on the loaded environments `envs` (every id the configuration names, for
-/// training and evaluation). `progress` hears each finished step.
-pub fn run(
-    cfg: RlConfig,
-    opts: &RunOptions,
-    envs: BTreeMap<String, Arc<dyn Environment>>,
-    progress: &dyn Fn(&StepLine),
-) -> anyhow::Result<Vec<StepLine>> {
-    let out = opts
-        .output_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("outputs/rl"));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    refuse_mixing(&out, opts.resume)?;
+/// The trainer of the policy `trainer.model.name` on `trainer.device`, the policy's folder (its
+/// tokenizer goes beside the final model) and the run's step count.
+fn trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)> {
     let device = cfg
         .trainer
         .device
@@ -180,7 +174,7 @@ pub fn run(
             cfg.orchestrator.max_steps
         );
     }
-    let mut trainer = Trainer::new(
+    let trainer = Trainer::new(
         policy,
         cfg.trainer.optim.clone(),
         cfg.trainer.loss.clone(),
@@ -188,14 +182,17 @@ pub fn run(
         cfg.trainer.data.seq_len * cfg.trainer.data.micro_batch_size,
         max_steps,
     )?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let (generator, sink, served) = generators(&cfg, &rt, &out)?;
+    Ok((trainer, policy_dir, max_steps))
+}
+
+/// With `--resume`, restores the newest checkpoint under `out` into `trainer`; returns the step
+/// the run goes on from. Per-step records of later steps (logged before a crash, after that
+/// checkpoint) are redone, so they go now, not after the new ones: lines of `metrics.jsonl`
+/// and weight folders published to remote servers.
+fn resume(trainer: &mut Trainer, out: &Path, resume: bool) -> anyhow::Result<usize> {
     let mut start = 0;
-    if opts.resume {
-        match latest_checkpoint(&out) {
+    if resume {
+        match latest_checkpoint(out) {
             Some((step, dir)) => {
                 trainer
                     .restore(&dir)
@@ -209,129 +206,96 @@ pub fn run(
             ),
         }
     }
+    let log = out.join("metrics.jsonl");
+    let dropped = metrics::keep_steps_up_to(&log, start)
+        .with_context(|| format!("trimming {} to step {start}", log.display()))?;
+    if dropped > 0 {
+        tracing::info!(
+            "{}: dropped {dropped} lines past step {start} (they are redone)",
+            log.display()
+        );
+    }
+    checkpoint::remove_steps_after(&out.join("weights"), start);
+    Ok(start)
+}
+
+/// Runs `host rl` on the loaded environments `envs` (every id the configuration names, for
+/// training and evaluation). `progress` hears each evaluation before the first step and each
+/// finished step.
+pub fn run(
+    cfg: RlConfig,
+    opts: &RunOptions,
+    envs: BTreeMap<String, Arc<dyn Environment>>,
+    progress: &dyn Fn(Report<'_>),
+) -> anyhow::Result<Vec<StepLine>> {
+    let out = opts
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("outputs/rl"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    refuse_mixing(&out, opts.resume)?;
+    let o = &cfg.orchestrator;
+    if let Some(k) = o.max_off_policy_steps
+        && k >= o.async_level
+    {
+        tracing::info!(
+            "orchestrator.max_off_policy_steps = {k} drops nothing: batches are generated at \
+             most async_level = {} steps ahead",
+            o.async_level
+        );
+    }
+    let (mut trainer, policy_dir, max_steps) = trainer(&cfg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (generator, sink, served) = generators(&cfg, &rt, &out)?;
+    let start = resume(&mut trainer, &out, opts.resume)?;
     let mut version = if start > 0 {
         sink.publish(&rt, &trainer, start)?
     } else {
         0
     };
-    let train = rt.block_on(train_envs(&cfg, &envs))?;
-    let env_ids: Vec<String> = train.iter().map(|e| e.id.clone()).collect();
-    let eval_envs = rt.block_on(evals::prepare(&cfg, &envs))?;
-    let producer = Arc::new(Producer {
-        envs: train,
+    let producer = Producer {
+        envs: rt.block_on(train_envs(&cfg, &envs))?,
         generator: generator.clone(),
         model: served.clone(),
         cfg: cfg.clone(),
-    });
-    // The orchestrator starts the batch of step s once the trainer has finished step
-    // s - async_level, so no batch comes from a policy more than `async_level` steps old.
-    let level = cfg.orchestrator.async_level;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Generated>(level.max(1));
-    let (done_tx, done_rx) = tokio::sync::watch::channel(start);
-    let p = producer.clone();
-    rt.spawn(async move {
-        let mut done_rx = done_rx;
-        for step in start..max_steps {
-            while *done_rx.borrow() + level < step {
-                if done_rx.changed().await.is_err() {
-                    return;
-                }
-            }
-            if tx.send(p.generate(step).await).await.is_err() {
-                return;
-            }
-        }
-    });
-    // The run goes on from `start`: per-step records of later steps (written before a crash,
-    // after the checkpoint resumed from) are redone, so they go now, not after the new ones.
-    let metrics_path = out.join("metrics.jsonl");
-    let dropped = metrics::keep_steps_up_to(&metrics_path, start)
-        .with_context(|| format!("trimming {} to step {start}", metrics_path.display()))?;
-    if dropped > 0 {
-        tracing::info!(
-            "{}: dropped {dropped} lines past step {start} (they are redone)",
-            metrics_path.display()
-        );
-    }
-    checkpoint::remove_steps_after(&out.join("weights"), start);
-    let eval = &cfg.orchestrator.eval;
-    if eval.at_start && start == 0 && !eval_envs.is_empty() {
-        let results = rt.block_on(evals::evaluate(
-            &eval_envs,
-            generator.as_ref(),
-            &served,
-            &cfg,
-        ));
-        let mut line = serde_json::json!({"step": 0});
-        for (k, v) in results {
-            line[k] = serde_json::json!(v);
-        }
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .and_then(|mut f| {
-                use std::io::Write;
-                writeln!(f, "{line}")
-            })
-            .with_context(|| format!("appending to {}", metrics_path.display()))?;
+        served: AtomicU64::new(version),
+    };
+    let evals = rt.block_on(Evaluations::prepare(&cfg, &envs, &served))?;
+    let mut orchestrator = Orchestrator::start(&rt, producer, start, max_steps);
+    let log = out.join("metrics.jsonl");
+    if evals.due_at_start(start) {
+        let line = EvalLine::new(rt.block_on(evals.run(generator.as_ref(), 0, version)));
+        metrics::append(&log, &line)?;
+        progress(Report::Evaluated(&line));
     }
     let mut lines = Vec::new();
     for step in start..max_steps {
-        let generated = rt
-            .block_on(rx.recv())
-            .ok_or_else(|| anyhow::anyhow!("the orchestrator stopped"))?;
-        debug_assert_eq!(generated.step, step);
-        let batch = build_batch(&cfg, generated, &env_ids, Some(version))?;
-        let t0 = Instant::now();
+        let batch = orchestrator.next_batch(&rt, step, version)?;
+        let t = Instant::now();
         let stats = trainer.train_step(&batch.samples)?;
-        let train_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
+        let train_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         version = sink.publish(&rt, &trainer, step + 1)?;
-        let sync_s = t1.elapsed().as_secs_f64();
-        let _ = done_tx.send(step + 1);
-        let done = step + 1;
-        let evaluate = !eval_envs.is_empty()
-            && eval.interval > 0
-            && (done % eval.interval == 0 || done == max_steps);
-        let t2 = Instant::now();
-        let eval_results = if evaluate {
-            rt.block_on(evals::evaluate(
-                &eval_envs,
-                generator.as_ref(),
-                &served,
-                &cfg,
-            ))
-        } else {
-            BTreeMap::new()
-        };
-        let eval_s = if evaluate {
-            t2.elapsed().as_secs_f64()
-        } else {
-            0.0
-        };
-        let line = StepLine::new(
-            &batch,
-            &stats,
-            Phases {
-                train_s,
-                sync_s,
-                eval_s,
-            },
-            version,
-            eval_results,
-        );
-        metrics::append(&metrics_path, &line)?;
-        progress(&line);
+        let sync_s = t.elapsed().as_secs_f64();
+        orchestrator.weights_published(step + 1, version);
+        let eval = evals
+            .due_after(step + 1, max_steps)
+            .then(|| rt.block_on(evals.run(generator.as_ref(), step + 1, version)));
+        let line = StepLine::new(&batch, &stats, Phases { train_s, sync_s }, eval);
+        metrics::append(&log, &line)?;
+        progress(Report::Stepped(&line));
         lines.push(line);
-        let interval = cfg.trainer.ckpt.interval;
-        if (interval > 0 && done % interval == 0) || done == max_steps {
+        let (done, interval) = (step + 1, cfg.trainer.ckpt.interval);
+        if (interval > 0 && done.is_multiple_of(interval)) || done == max_steps {
             checkpoint::save(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
         }
     }
     // Curves of the whole run (metrics.jsonl includes resumed parts, trimmed to the resume
     // point above, so each step has one line).
-    metrics::write_curves(&metrics_path, &out.join("curves.png"))?;
+    metrics::write_curves(&log, &out.join("curves.png"))?;
     // The trained policy as a plain model folder, ready for `host eval -m`.
     let final_dir = out.join("final");
     trainer.model.save(&final_dir)?;
