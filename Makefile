@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: all install setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
+.PHONY: interop all install setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
@@ -88,3 +88,12 @@ test: setup fmt-check clippy plugins sandbox
 	@cat $(TARGET_DIR)/skipped-tests.txt
 	@awk '/^test result:/ {p += $$4; f += $$6} /^Ran [0-9]+ tests? in/ {p += $$2} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, s}' \
 	  s=$$(wc -l < $(TARGET_DIR)/skipped-tests.txt) $(TARGET_DIR)/test-output.log
+
+## interop: rlhost against a real vLLM server, one line per check (parity, eval, rl with weight
+## sync, two servers). Needs the vLLM venv (`bash scripts/setup-vllm.sh`); not part of `make test`.
+interop: plugins sandbox
+	@if [ ! -x .venv-vllm/bin/python ]; then \
+	  echo "make interop: skipped: no vLLM venv (.venv-vllm); run 'bash scripts/setup-vllm.sh' first"; \
+	  exit 0; \
+	fi; \
+	$(WITH_ENV) cargo test --release -p rlhost --test e2e -- interop:: --ignored --nocapture --test-threads=1

@@ -5,3 +5,4 @@ pub mod generate;
 pub mod math_verify;
 pub mod plugins;
 pub mod sandbox;
+pub mod serve;

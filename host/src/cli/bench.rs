@@ -92,6 +92,62 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Serving throughput over HTTP: rlhost's OpenAI server (`host inference`) against vLLM's on
+    /// the same model folder, same client and requests (greedy, fixed length), at several
+    /// concurrency levels, on independent prompts and on the RL loop's shared-prefix groups.
+    Serve {
+        /// The model folder both servers serve (e.g. one made by `host model init`).
+        #[arg(long)]
+        model: PathBuf,
+        /// An rlhost server already running (`http://HOST:PORT/v1`, serving `--model`);
+        /// default: start `host inference` on a free port.
+        #[arg(long)]
+        host_url: Option<String>,
+        /// A vLLM server already running (`http://HOST:PORT/v1`, serving `--model`); default:
+        /// start one on the CPU with `--vllm-python`.
+        #[arg(long)]
+        vllm_url: Option<String>,
+        /// The interpreter with vLLM (default: $RLHOST_SOURCE's .venv-vllm, made by
+        /// scripts/setup-vllm.sh).
+        #[arg(long)]
+        vllm_python: Option<PathBuf>,
+        /// Requests in flight at once, comma-separated levels.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        concurrency: Vec<usize>,
+        /// Requests per level and side (at least the level's concurrency; whole groups for
+        /// shared prefixes).
+        #[arg(long, default_value_t = 64)]
+        requests: usize,
+        /// Completion tokens per request (end-of-sequence ignored on both sides).
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Request patterns, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "independent,shared-prefix"
+        )]
+        workload: Vec<crate::bench::serve::Workload>,
+        /// Requests per problem in the shared-prefix workload (the RL loop's
+        /// `rollouts_per_example`).
+        #[arg(long, default_value_t = 8)]
+        group_size: usize,
+        /// Words of the shared system prompt.
+        #[arg(long, default_value_t = 300)]
+        system_words: usize,
+        /// Words of each problem (the whole user message).
+        #[arg(long, default_value_t = 40)]
+        problem_words: usize,
+        /// Most tokens per sequence on the servers the benchmark starts.
+        #[arg(long, default_value_t = 2048)]
+        max_model_len: usize,
+        /// Seconds a started server may take to answer.
+        #[arg(long, default_value_t = 180)]
+        startup_timeout: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Not built yet.
     #[command(external_subcommand)]
     Other(Vec<String>),
@@ -238,6 +294,96 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let report = crate::bench::generate::run(&options, &progress)
                 .context("benchmarking generation")?;
             spinner.finish_and_clear();
+            emit(json, &report, report.to_text())
+        }
+        BenchCommand::Serve {
+            model,
+            host_url,
+            vllm_url,
+            vllm_python,
+            concurrency,
+            requests,
+            max_tokens,
+            workload,
+            group_size,
+            system_words,
+            problem_words,
+            max_model_len,
+            startup_timeout,
+            json,
+        } => {
+            use crate::bench::serve::{self, ServerSource};
+            anyhow::ensure!(
+                model.join("config.json").is_file(),
+                "{} is not a model folder (no config.json); both servers load the same folder",
+                model.display()
+            );
+            anyhow::ensure!(group_size >= 1, "--group-size must be at least 1");
+            anyhow::ensure!(
+                concurrency.iter().all(|&c| c >= 1),
+                "every --concurrency level must be at least 1"
+            );
+            let host = match host_url {
+                Some(url) => ServerSource::Url(url),
+                None => ServerSource::SpawnHost(
+                    std::env::current_exe().context("finding the host executable")?,
+                ),
+            };
+            let vllm = match vllm_url {
+                Some(url) => ServerSource::Url(url),
+                None => {
+                    let python = vllm_python
+                        .or_else(|| crate::home::shipped(".venv-vllm/bin/python"))
+                        .context(
+                            "the peer needs vLLM: pass --vllm-url of a running vLLM server, or \
+                             --vllm-python, or set RLHOST_SOURCE to an rlhost checkout with \
+                             .venv-vllm (made by scripts/setup-vllm.sh)",
+                        )?;
+                    anyhow::ensure!(
+                        python.is_file(),
+                        "the peer needs vLLM: {} is missing (scripts/setup-vllm.sh makes it; or \
+                         pass --vllm-python or --vllm-url)",
+                        python.display()
+                    );
+                    ServerSource::SpawnVllm(python)
+                }
+            };
+            let options = serve::ServeBenchOptions {
+                model,
+                host,
+                vllm,
+                concurrency,
+                requests,
+                max_tokens,
+                workloads: workload,
+                group_size,
+                system_words,
+                problem_words,
+                max_model_len,
+                startup_timeout: std::time::Duration::from_secs(startup_timeout),
+            };
+            let bar = ProgressBar::new(0).with_style(
+                ProgressStyle::with_template("{spinner} {msg:>32} {bar:30} {pos}/{len} requests")
+                    .expect("valid template"),
+            );
+            if json {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            let progress = |what: &str, done: usize, total: usize| {
+                bar.set_message(what.to_owned());
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            };
+            // Ctrl-C drops the benchmark, which stops the servers it started.
+            let report = super::async_runtime()?.block_on(async {
+                tokio::select! {
+                    r = serve::run(&options, &progress) => r,
+                    _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                }
+            });
+            bar.finish_and_clear();
+            let report = report.context("benchmarking serving")?;
             emit(json, &report, report.to_text())
         }
         BenchCommand::Other(words) => {

@@ -69,6 +69,16 @@ enum ModelCommand {
         #[arg(long)]
         tokenizer: Option<PathBuf>,
     },
+    /// Copy a model folder with its output layer untied: `lm_head.weight` a copy of the
+    /// embedding, the same outputs. vLLM needs it to reload weights of a tied model (its
+    /// `reload_weights` cannot reload a tied output layer); serve the copy, train the original.
+    Untie {
+        /// The model folder (config.json + safetensors + tokenizer).
+        model: PathBuf,
+        /// The folder to write (created; must not hold a model already).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print a model folder's architecture, parameter count and dtype.
     Info {
         /// A model folder (config.json + safetensors) or a Hugging Face id (`Qwen/Qwen3-8B`),
@@ -143,6 +153,10 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        ModelCommand::Untie { model, out } => {
+            untie(&model, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         ModelCommand::Info { model, check } => {
             let dir = crate::model::hub::resolve(&model)?;
             let cfg = Qwen3Config::load(&dir)?;
@@ -195,4 +209,57 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `host model untie`: `model` copied to `out` with an untied output layer; the other files
+/// (tokenizer, chat template, generation config) copied as they are. Written beside `out` and
+/// renamed into place, so a failure leaves no half folder.
+fn untie(model: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+    if out.exists() {
+        anyhow::bail!("{} exists; choose another --out", out.display());
+    }
+    let cfg = Qwen3Config::load(model)?;
+    let m = Qwen3::load(model, tch::Device::Cpu, tch::Kind::Float)
+        .with_context(|| format!("loading {}", model.display()))?;
+    let name = out
+        .file_name()
+        .with_context(|| format!("--out {} has no folder name", out.display()))?;
+    let tmp = out.with_file_name(format!(
+        "{}.tmp.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let written = (|| -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(model)? {
+            let entry = entry?;
+            let file = entry.file_name();
+            let file = file.to_string_lossy();
+            let weights = file.ends_with(".safetensors") || file == "model.safetensors.index.json";
+            if weights || file == "config.json" || !entry.file_type()?.is_file() {
+                continue;
+            }
+            std::fs::copy(entry.path(), tmp.join(&*file))
+                .with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+        m.save_untied(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, out).with_context(|| format!("renaming to {}", out.display()))?;
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written?;
+    println!(
+        "wrote {} with an untied output layer ({}; the same outputs as {})",
+        out.display(),
+        if cfg.tie_word_embeddings {
+            "lm_head.weight copied from the embedding"
+        } else {
+            "it was untied already"
+        },
+        model.display()
+    );
+    Ok(())
 }

@@ -516,6 +516,18 @@ impl Qwen3 {
 
     /// Writes `config.json` and `model.safetensors` (in the config's `torch_dtype`) to `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        self.write(dir, false)
+    }
+
+    /// As [`Self::save`], but a tied model is written untied: `lm_head.weight` a copy of the
+    /// embedding and `tie_word_embeddings: false`, so the folder computes the same outputs and
+    /// names every layer's weights (vLLM's `reload_weights` loads the output layer only from an
+    /// explicit `lm_head.weight`).
+    pub fn save_untied(&self, dir: &Path) -> Result<(), ModelError> {
+        self.write(dir, true)
+    }
+
+    fn write(&self, dir: &Path, untie: bool) -> Result<(), ModelError> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
             path: dir.to_owned(),
             message: e.to_string(),
@@ -525,9 +537,16 @@ impl Qwen3 {
             message,
         })?;
         let mut weights: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        let untie = untie && self.cfg.tie_word_embeddings;
+        if untie {
+            weights.push(("lm_head.weight".into(), self.embed.shallow_clone()));
+        }
         weights.sort_by(|a, b| a.0.cmp(&b.0));
         safetensors::write(&dir.join("model.safetensors"), &weights, Some(kind))?;
         let mut cfg = serde_json::to_value(&self.cfg).expect("config serialises");
+        if untie && let Some(m) = cfg.as_object_mut() {
+            m.insert("tie_word_embeddings".into(), serde_json::json!(false));
+        }
         if let Some(m) = cfg.as_object_mut() {
             m.insert("transformers_version".into(), serde_json::json!("4.51.0"));
         }

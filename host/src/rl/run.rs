@@ -83,16 +83,14 @@ fn generators(
                     key.clone(),
                     std::time::Duration::from_secs(600),
                 )
+                .track_versions(0)
             })
             .collect();
         let served = rt
             .block_on(clients[0].first_model())
             .with_context(|| format!("asking {} for its model", client.base_urls[0]))?;
         let pool = Arc::new(crate::rollout::OpenAiPool::new(clients));
-        let sink = WeightSink::Servers {
-            pool: pool.clone(),
-            root: out.join("weights"),
-        };
+        let sink = WeightSink::servers(rt, pool.clone(), client.weight_sync, out.join("weights"))?;
         return Ok((pool, sink, served));
     }
     let setup = cfg
@@ -251,11 +249,7 @@ pub fn run(
         .build()?;
     let (generator, sink, served) = generators(&cfg, &rt, &out)?;
     let start = resume(&mut trainer, &out, opts.resume)?;
-    let mut version = if start > 0 {
-        sink.publish(&rt, &trainer, start)?
-    } else {
-        0
-    };
+    let mut version = sink.initial(&rt, &trainer, start)?;
     let producer = Producer {
         envs: rt.block_on(train_envs(&cfg, &envs))?,
         generator: generator.clone(),

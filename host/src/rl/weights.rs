@@ -1,15 +1,17 @@
 //! Where the trainer's weights go after each step: the colocated engine (tensors copied in
 //! memory, no disk) or remote OpenAI-compatible servers (a folder published atomically under
-//! `OUTPUT/weights/step_N`, loaded by each server through `POST /update_weights`; the two
-//! newest folders are kept).
+//! `OUTPUT/weights/step_N`, loaded by each server through the route of its kind,
+//! [`crate::rollout::WeightSync`]; the two newest folders are kept).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
+
 use super::checkpoint::publish_dir;
 use super::trainer::Trainer;
 use crate::engine::{Engine, WeightSource};
-use crate::rollout::OpenAiPool;
+use crate::rollout::{OpenAiPool, SyncTarget, WeightSync};
 
 /// The receiver of each step's weights.
 pub enum WeightSink {
@@ -19,14 +21,68 @@ pub enum WeightSink {
     Servers {
         /// The servers.
         pool: Arc<OpenAiPool>,
+        /// How each server (in the pool's order) takes weights.
+        targets: Vec<SyncTarget>,
         /// Where step folders are written.
         root: PathBuf,
     },
 }
 
 impl WeightSink {
+    /// The sink of remote `pool`, each server checked for `sync` ([`OpenAiPool`]'s clients'
+    /// `prepare_sync`: the route exists, vLLM's model is untied).
+    pub fn servers(
+        rt: &tokio::runtime::Runtime,
+        pool: Arc<OpenAiPool>,
+        sync: WeightSync,
+        root: PathBuf,
+    ) -> anyhow::Result<Self> {
+        let mut targets = Vec::new();
+        for c in pool.clients() {
+            let t = rt
+                .block_on(c.prepare_sync(sync))
+                .with_context(|| format!("orchestrator.client.weight_sync = {:?}", sync.name()))?;
+            tracing::info!("{}: weights through {}", c.base_url(), t.kind.name());
+            targets.push(t);
+        }
+        // Servers that report no version are tracked from the steps published; where they
+        // share the pool with rlhost servers, those are counted the same way.
+        if targets.iter().any(|t| t.kind != WeightSync::Rlhost) {
+            for c in pool.clients() {
+                c.pin_versions();
+            }
+        }
+        Ok(Self::Servers {
+            pool,
+            targets,
+            root,
+        })
+    }
+
+    /// Brings the generators to the trainer's weights before the first step (`start`, 0 for a
+    /// new run) and returns the policy version they serve: the engine and rlhost servers hold
+    /// the initial weights already (a resumed run publishes its own); where servers that report
+    /// no version take part, every server is loaded the weights of `start` in any case (version
+    /// `start`), so what they served before the run cannot leak into it.
+    pub fn initial(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        trainer: &Trainer,
+        start: usize,
+    ) -> anyhow::Result<u64> {
+        let untracked = match self {
+            Self::Engine(_) => false,
+            Self::Servers { targets, .. } => targets.iter().any(|t| t.kind != WeightSync::Rlhost),
+        };
+        if start > 0 || untracked {
+            self.publish(rt, trainer, start)
+        } else {
+            Ok(0)
+        }
+    }
+
     /// Hands the trainer's weights after `step` steps over; returns the policy version the
-    /// generators now serve.
+    /// generators now serve (`step` where servers report none).
     pub fn publish(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -37,15 +93,31 @@ impl WeightSink {
             Self::Engine(e) => {
                 Ok(rt.block_on(e.update_weights(WeightSource::Tensors(trainer.weights())))?)
             }
-            Self::Servers { pool, root } => {
+            Self::Servers {
+                pool,
+                targets,
+                root,
+            } => {
+                let untied = targets.iter().any(SyncTarget::needs_untied);
                 let dst = publish_dir(root, &format!("step_{step}"), |tmp| {
-                    Ok(trainer.model.save(tmp)?)
+                    if untied {
+                        trainer.model.save_untied(tmp)?;
+                    } else {
+                        trainer.model.save(tmp)?;
+                    }
+                    Ok(())
                 })?;
                 let mut version = step as u64;
-                for c in pool.clients() {
-                    if let Some(v) = rt.block_on(c.update_weights(&dst))? {
-                        version = v;
-                    }
+                for (c, t) in pool.clients().iter().zip(targets) {
+                    version = rt
+                        .block_on(c.update_weights(&dst, t, step as u64))
+                        .with_context(|| {
+                            format!(
+                                "loading the weights of step {step} into {} ({})",
+                                c.base_url(),
+                                t.kind.name()
+                            )
+                        })?;
                 }
                 // Servers have loaded it; keep only the newest two folders.
                 if step >= 2 {

@@ -20,9 +20,11 @@ use serde_json::Value;
 
 use crate::openai::{
     self, ChatCompletion, ChatMessage, ChatRequest, GenerationParams, ModelList, Stop, ToolDef,
-    UpdateWeightsRequest, UpdateWeightsResponse,
 };
 use crate::plugin::{Environment, RewardFn};
+
+mod sync;
+pub use sync::{SyncTarget, WeightSync};
 
 /// Sampling of every turn (OpenAI request fields).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -256,7 +258,15 @@ pub struct OpenAiClient {
     base_url: String,
     api_key: Option<String>,
     timeout: Duration,
+    /// The policy version stamped on completions that carry none ([`UNTRACKED`]: none).
+    tracked: std::sync::atomic::AtomicU64,
+    /// Stamp the tracked version on every completion, replacing what the server reports (a
+    /// pool mixing servers that count versions with servers that do not).
+    pinned: std::sync::atomic::AtomicBool,
 }
+
+/// [`OpenAiClient`] tracks no policy version.
+const UNTRACKED: u64 = u64::MAX;
 
 impl OpenAiClient {
     /// A client of `base_url` (ending in `/v1`), with an optional bearer key.
@@ -266,6 +276,8 @@ impl OpenAiClient {
             base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
             timeout,
+            tracked: std::sync::atomic::AtomicU64::new(UNTRACKED),
+            pinned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -303,37 +315,30 @@ impl OpenAiClient {
         self.send(req).await
     }
 
+    /// The server's URL (ending in `/v1`).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The models the server lists (`GET /models`).
+    pub async fn models(&self) -> Result<ModelList, GenError> {
+        let url = format!("{}/models", self.base_url);
+        let (status, text) = self.send(self.http.get(&url)).await?;
+        if status != 200 {
+            return Err(GenError::Fatal(format!("GET {url}: HTTP {status}: {text}")));
+        }
+        openai::parse_response(&text).map_err(|e| GenError::Fatal(format!("GET {url}: {e}")))
+    }
+
     /// The first model the server lists (`GET /models`).
     pub async fn first_model(&self) -> Result<String, GenError> {
-        let (_, text) = self
-            .send(self.http.get(format!("{}/models", self.base_url)))
-            .await?;
-        let list: ModelList = openai::parse_response(&text)
-            .map_err(|e| GenError::Fatal(format!("GET /models: {e}")))?;
-        list.data
+        self.models()
+            .await?
+            .data
             .into_iter()
             .next()
             .map(|m| m.id)
-            .ok_or_else(|| GenError::Fatal(format!("GET /models lists no model: {text}")))
-    }
-
-    /// Asks the server to load new weights from `dir` (rlhost's and vLLM-style
-    /// `POST /update_weights {"model_path": …}` next to `/v1`); returns the policy version it
-    /// reports.
-    pub async fn update_weights(&self, dir: &std::path::Path) -> Result<Option<u64>, GenError> {
-        let root = self.base_url.trim_end_matches("/v1");
-        let body = UpdateWeightsRequest {
-            model_path: dir.to_string_lossy().into_owned(),
-        };
-        let (status, text) = self.post(&format!("{root}/update_weights"), &body).await?;
-        if status != 200 {
-            return Err(GenError::Fatal(format!(
-                "POST {root}/update_weights: HTTP {status}: {text}"
-            )));
-        }
-        let r: UpdateWeightsResponse = openai::parse_response(&text)
-            .map_err(|e| GenError::Fatal(format!("POST {root}/update_weights: {e}")))?;
-        Ok(r.policy_version)
+            .ok_or_else(|| GenError::Fatal(format!("GET {}/models lists no model", self.base_url)))
     }
 }
 
@@ -344,6 +349,7 @@ impl Generator for OpenAiClient {
     }
 
     async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
+        let tracked = self.tracked.load(std::sync::atomic::Ordering::SeqCst);
         let (status, text) = self
             .post(&format!("{}/chat/completions", self.base_url), req)
             .await?;
@@ -353,8 +359,23 @@ impl Generator for OpenAiClient {
         if status != 200 {
             return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
         }
-        openai::parse_response(&text)
-            .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))
+        let mut c: ChatCompletion = openai::parse_response(&text)
+            .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))?;
+        // Servers that report no policy version get the one tracked when the request was sent.
+        if tracked != UNTRACKED {
+            let pinned = self.pinned.load(std::sync::atomic::Ordering::SeqCst);
+            for v in c
+                .choices
+                .iter_mut()
+                .map(|ch| &mut ch.policy_version)
+                .chain([&mut c.policy_version])
+            {
+                if pinned || v.is_none() {
+                    *v = Some(tracked);
+                }
+            }
+        }
+        Ok(c)
     }
 }
 

@@ -37,11 +37,11 @@ fn terminate(child: &Child) {
     }
 }
 
-const QUESTION: &str = "What is 6 times 7?";
+pub(crate) const QUESTION: &str = "What is 6 times 7?";
 const CALL: &str = "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(6 * 7)\"}}\n</tool_call><|im_end|>";
 const ANSWER: &str = "The answer is 42.<|im_end|>";
 
-fn tools() -> Value {
+pub(crate) fn tools() -> Value {
     json!([{"type": "function", "function": {
         "name": "python",
         "description": "Run Python code and return what it prints.",
@@ -49,7 +49,7 @@ fn tools() -> Value {
     }}])
 }
 
-fn tool_conversation() -> (Value, Value) {
+pub(crate) fn tool_conversation() -> (Value, Value) {
     let first = json!([{"role": "user", "content": QUESTION}]);
     let after = json!([
         {"role": "user", "content": QUESTION},
@@ -61,7 +61,7 @@ fn tool_conversation() -> (Value, Value) {
 }
 
 /// A tiny model taught three answers by overfitting (Adam on the target tokens only).
-fn taught_model(dir: &Path) {
+pub(crate) fn taught_model(dir: &Path) {
     let cfg = Qwen3Config::preset(Preset::Tiny);
     let model = common::seeded_model(cfg, 11);
     model.save(dir).unwrap();

@@ -44,7 +44,7 @@ fn metric(summary: &Value, name: &str) -> f64 {
 }
 
 /// `scripts/arith-teacher.py ARGS` listening on loopback, and its base URL.
-fn teacher(args: &[&str]) -> (std::process::Child, String) {
+pub(crate) fn teacher(args: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new("python3")
         .arg(common::repo_root().join("scripts/arith-teacher.py"))
         .args(args)

@@ -542,6 +542,13 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             ));
         }
     } else {
+        if orch.client.weight_sync != crate::rollout::WeightSync::default() {
+            return Err(refuse(
+                "orchestrator.client.weight_sync",
+                "picks how remote servers load weights, but orchestrator.client.base_urls is \
+                 empty: the colocated engine takes the trainer's tensors in memory",
+            ));
+        }
         for key in ["host", "port"] {
             if changed.contains(&key) {
                 return Err(refuse(

@@ -61,6 +61,8 @@ pub struct ClientConfig {
     pub base_urls: Vec<String>,
     /// Environment variable holding the servers' API key.
     pub api_key_var: Option<String>,
+    /// How the servers load each step's weights (remote mode only): the route of their kind.
+    pub weight_sync: crate::rollout::WeightSync,
 }
 
 /// One environment evaluated during training (`[[orchestrator.eval.env]]`).
