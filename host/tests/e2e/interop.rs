@@ -7,9 +7,11 @@
 //!    serves the `host model untie` copy, `host inference` the tied original;
 //! 2. eval: `host eval arith-tools -b VLLM` gives `host eval -m FOLDER`'s metrics and
 //!    completions under greedy decoding;
-//! 3. rl: `host rl` with `base_urls = [VLLM]`, `weight_sync = "vllm"` trains; every step's
-//!    weights reach vLLM (its `/weight_info` says the last step, and its log-probs on a fixed
-//!    prompt equal rlhost's on the run's final folder); its rewards track the in-process run's;
+//! 3. rl: `host rl` with `base_urls = [VLLM]`, `weight_sync = "vllm"` trains from a warm start;
+//!    every step's weights reach vLLM (synchronous steps whose sampler log-probs match the
+//!    trainer's, `/weight_info` at the last step, its log-probs on a fixed prompt equal rlhost's
+//!    on the run's final folder); its rewards track the in-process run's under the same
+//!    `history = "template"` (vLLM cannot continue from token ids);
 //! 4. two servers: vLLM and `host inference` in `base_urls` (`weight_sync = "auto"`), round
 //!    robin, both loaded each step's weights.
 //!
@@ -360,13 +362,12 @@ fn warm_start(home: &Path, base: &Path, tmp: &Path) -> PathBuf {
     warm
 }
 
-/// The `reward` of each line of a run's metrics.jsonl.
-fn rewards(run: &Path) -> Vec<f64> {
+/// The lines of a run's metrics.jsonl.
+fn metric_lines(run: &Path) -> Vec<Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter_map(|l| l["reward"].as_f64())
         .collect()
 }
 
@@ -526,28 +527,36 @@ fn vllm_interop() {
                 .iter()
                 .map(Value::to_string)
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            parse_failures(&s_vllm),
+            parse_failures(&s_ours)
         ),
     );
 
-    // 3. host rl generating on vLLM, weights synced every step, against the in-process run.
-    let steps = 10;
+    // 3. host rl generating on vLLM, weights synced every step, against the in-process run. vLLM
+    // takes no `history_token_ids` (it re-renders each turn's conversation), so both runs use
+    // `history = "template"` to compare like with like; synchronous (`async_level = 0`), so each
+    // step's rollouts come from the weights the trainer holds and vLLM's log-probs must match the
+    // trainer's (`mismatch_kl`) on every step, which holds only if every update reached it.
+    let steps = 6;
+    let same = [
+        "--orchestrator.history",
+        "template",
+        "--orchestrator.async-level",
+        "0",
+    ];
     let local = tmp.path().join("rl-local");
-    rl(&home, &warm, &local, steps, &[]);
+    rl(&home, &warm, &local, steps, &same);
     let remote = tmp.path().join("rl-vllm");
     let one = format!("[\"{}\"]", vllm.url);
-    rl(
-        &home,
-        &warm,
-        &remote,
-        steps,
-        &[
-            "--orchestrator.client.base-urls",
-            &one,
-            "--orchestrator.client.weight-sync",
-            "vllm",
-        ],
-    );
+    let mut remote_args = same.to_vec();
+    remote_args.extend([
+        "--orchestrator.client.base-urls",
+        &one,
+        "--orchestrator.client.weight-sync",
+        "vllm",
+    ]);
+    rl(&home, &warm, &remote, steps, &remote_args);
     let info: Value =
         serde_json::from_str(&get(&format!("{}/weight_info", vllm.root())).unwrap()).unwrap();
     assert_eq!(info["weight_version"], steps.to_string(), "{info}");
@@ -559,15 +568,22 @@ fn vllm_interop() {
         sync_diff < 1e-4,
         "vLLM does not serve the final weights: {sync_diff:e}"
     );
-    let (rl_local, rl_vllm) = (rewards(&local), rewards(&remote));
-    assert_eq!((rl_local.len(), rl_vllm.len()), (steps, steps));
-    let half = steps / 2;
-    for (name, r) in [("in-process", &rl_local), ("vLLM", &rl_vllm)] {
-        assert!(
-            mean(&r[half..]) > mean(&r[..half]),
-            "{name} rewards did not rise: {r:?}"
-        );
-    }
+    let (lines_local, lines_vllm) = (metric_lines(&local), metric_lines(&remote));
+    assert_eq!((lines_local.len(), lines_vllm.len()), (steps, steps));
+    let column = |lines: &[Value], k: &str| -> Vec<f64> {
+        lines.iter().map(|l| l[k].as_f64().unwrap()).collect()
+    };
+    let mismatch = column(&lines_vllm, "mismatch_kl");
+    assert!(
+        mismatch.iter().all(|m| m.abs() < 1e-4),
+        "vLLM sampled from other weights than the trainer's: mismatch_kl {mismatch:?}"
+    );
+    let lags = column(&lines_vllm, "policy_lag");
+    assert!(lags.iter().all(|&l| l == 0.0), "policy_lag {lags:?}");
+    let (rl_local, rl_vllm) = (
+        column(&lines_local, "reward"),
+        column(&lines_vllm, "reward"),
+    );
     assert!(
         (mean(&rl_local) - mean(&rl_vllm)).abs() < 0.15,
         "reward curves apart: in-process {rl_local:?}, vLLM {rl_vllm:?}"
@@ -575,13 +591,10 @@ fn vllm_interop() {
     line(
         "rl",
         format!(
-            "{steps} steps on vLLM, weights of step {steps} served (log-probs within \
-             {sync_diff:.1e}); reward {:.3} -> {:.3} (in process {:.3} -> {:.3}); per step vLLM \
-             {rl_vllm:.3?}, in process {rl_local:.3?}",
-            mean(&rl_vllm[..half]),
-            mean(&rl_vllm[half..]),
-            mean(&rl_local[..half]),
-            mean(&rl_local[half..])
+            "{steps} steps on vLLM: each step's weights served (mismatch_kl at most {:.1e}, the \
+             final folder's log-probs within {sync_diff:.1e}); reward per step vLLM {rl_vllm:.3?}, \
+             in process {rl_local:.3?} (history = template on both)",
+            mismatch.iter().fold(0.0f64, |a, &b| a.max(b.abs()))
         ),
     );
 

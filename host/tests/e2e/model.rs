@@ -275,3 +275,59 @@ fn hub_ids_download_into_the_cache_then_work_offline() {
     );
     assert!(stderr.contains("404"), "{stderr}");
 }
+
+/// `host model untie`: the copy has `lm_head.weight` (the embedding's values) and
+/// `tie_word_embeddings: false`, the tokenizer files beside it, and the same logits as the
+/// original; an existing `--out` is refused and left as it was.
+#[test]
+fn untie_copies_a_model_with_the_same_outputs() {
+    use rlhost::model::Qwen3;
+    use tch::{Device, Kind, Tensor};
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("tiny");
+    init_tiny(home.path(), &dir);
+    let out = home.path().join("tiny-untied");
+    let stdout = common::run_ok(
+        host(home.path())
+            .args(["model", "untie"])
+            .arg(&dir)
+            .arg("--out")
+            .arg(&out),
+    );
+    assert!(stdout.contains("lm_head.weight copied"), "{stdout}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["tie_word_embeddings"], false);
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(dir.join(f)).unwrap(),
+            std::fs::read(out.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let tensors = rlhost::model::safetensors::read(&out.join("model.safetensors")).unwrap();
+    assert!(tensors.iter().any(|(n, _)| n == "lm_head.weight"));
+    let ids = Tensor::from_slice(&[5i64, 77, 300, 12, 9]).unsqueeze(0);
+    let pos = Tensor::arange(5, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+    let logits = |d: &Path| {
+        Qwen3::load(d, Device::Cpu, Kind::Float)
+            .unwrap()
+            .forward(&ids, &pos, None, None)
+    };
+    let diff = (logits(&dir) - logits(&out)).abs().max().double_value(&[]);
+    assert_eq!(diff, 0.0, "the same weights, the same logits");
+    let before = std::fs::read(out.join("config.json")).unwrap();
+    let err = run_err(
+        host(home.path())
+            .args(["model", "untie"])
+            .arg(&dir)
+            .arg("--out")
+            .arg(&out),
+    );
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
+}
