@@ -13,6 +13,8 @@
 //! - [`doctor`]: the installation report behind `host doctor`.
 //! - [`engine`]: batched generation (continuous batching, KV slots, sampling, weight updates).
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
+//! - [`monitor`]: TensorBoard event files, MLflow runs and Prometheus metrics of runs (the
+//!   `[monitor]` section, `--monitor.*` flags).
 //! - [`openai`]: the OpenAI wire types (requests, responses, stream chunks, errors) that the
 //!   server, the rollout loop's generators and clients share.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, Extism, Python,
@@ -35,6 +37,7 @@ pub mod engine;
 pub mod eval;
 pub mod home;
 pub mod model;
+pub mod monitor;
 pub mod openai;
 pub mod plugin;
 pub mod rl;

@@ -15,7 +15,7 @@ use crate::eval::{EvalOptions, EvalPlan, PassKMode, summarize};
 use crate::rollout::{Generator, InProcess, OpenAiClient, Sampling};
 
 /// Arguments of `host eval`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, serde::Serialize)]
 pub struct EvalArgs {
     /// Installed environment plugins, comma-separated (`math500,aime2024,aime2025`).
     plugins: String,
@@ -75,6 +75,7 @@ pub struct EvalArgs {
     tool_call_parser: String,
     /// `-m`: device.
     #[arg(long, default_value = "auto")]
+    #[serde(serialize_with = "as_text")]
     device: DeviceSpec,
     /// `-m`: `auto`, `f32` or `bf16`.
     #[arg(long, default_value = "auto")]
@@ -99,9 +100,58 @@ pub struct EvalArgs {
     /// Print the summaries as JSON.
     #[arg(long)]
     json: bool,
+    /// Monitors of the evaluation: its summary's figures go to TensorBoard or MLflow, and
+    /// with -m the engine's Prometheus metrics are served while it runs.
+    #[command(flatten)]
+    #[serde(skip)]
+    monitor: crate::monitor::MonitorConfig,
+}
+
+/// Serialises a value by its text (`Display`), for params.
+fn as_text<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    a.monitor.check(match &a.base_url {
+        Some(_) => Err("host eval -b generates on a server, which serves its own /metrics"),
+        None => Ok(()),
+    })?;
+    let out = a
+        .save_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("eval-{}", a.plugins.replace([',', '/'], "-"))));
+    let mut monitors = super::start_monitors(&a.monitor, "host eval", &a, &out, None)?;
+    let result = evaluate(&a, &mut monitors);
+    monitors.finish(result.is_err());
+    result
+}
+
+/// The figures of an evaluation's summary, under `eval/<env>/` (`env` as named on the command
+/// line, as `host rl` names its evaluations): reward, each metric, Avg@k and Pass@k (as `avg@k`,
+/// `pass@N`), token counts and failure counts.
+fn summary_scalars(env: &str, s: &crate::eval::Summary) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut put = |k: &str, v: f64| {
+        out.insert(format!("eval/{env}/{k}"), v);
+    };
+    for (k, v) in crate::monitor::scalars(s) {
+        if k != "avg_at_k" {
+            put(&k, v);
+        }
+    }
+    for (k, v) in &s.metrics {
+        put(k, *v);
+    }
+    put("avg@k", s.avg_at_k);
+    for (k, v) in &s.pass_at_k {
+        put(&format!("pass@{k}"), *v);
+    }
+    out
+}
+
+/// The evaluation itself, each environment's summary logged to `monitors` at step 0.
+fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result<ExitCode> {
     let names: Vec<&str> = a
         .plugins
         .split(',')
@@ -332,6 +382,7 @@ pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {
         if !a.json {
             print!("{}", summary.to_text());
         }
+        monitors.log(0, &summary_scalars(name, &summary));
         summaries.push(summary);
         if interrupted {
             break;

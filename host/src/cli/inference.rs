@@ -29,7 +29,7 @@ pub struct InferenceArgs {
 
 /// Prefix caching and prefill scheduling of the engine (vLLM's flag names), shared by every
 /// command that runs the engine.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Args, serde::Serialize)]
 pub struct CacheArgs {
     /// Reuse the keys and values of prompt prefixes computed before (default: true; `false`
     /// is the same as `--no-enable-prefix-caching`).

@@ -157,6 +157,37 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// Starts the monitors `cfg` asks for, for the command `command` writing to `out` (the run's
+/// default name) with the resolved configuration `config` (MLflow params, TensorBoard's config
+/// text). `resume`: a `host rl` run going on in `out`, which keeps its MLflow run id there.
+pub(crate) fn start_monitors(
+    cfg: &crate::monitor::MonitorConfig,
+    command: &str,
+    config: &impl serde::Serialize,
+    out: &std::path::Path,
+    resume: Option<bool>,
+) -> anyhow::Result<crate::monitor::Monitors> {
+    if !cfg.any() {
+        return Ok(crate::monitor::Monitors::none());
+    }
+    let config_text = toml::to_string_pretty(config)
+        .or_else(|_| serde_json::to_string_pretty(config).map_err(|e| e.to_string()))
+        .unwrap_or_default();
+    let name = std::path::absolute(out)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| command.replace(' ', "-"));
+    let info = crate::monitor::RunInfo {
+        command: command.to_owned(),
+        default_name: name,
+        params: crate::monitor::params(config),
+        config_text,
+        state_dir: resume.map(|_| out.to_owned()),
+        resume: resume.unwrap_or(false),
+    };
+    Ok(crate::monitor::Monitors::start(cfg, &info)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

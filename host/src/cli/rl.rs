@@ -47,8 +47,33 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
     }
     let home = crate::home::RlhostHome::from_env()?;
     let (cfg, opts) = crate::rl::config::parse(&a.args, &configs_root(&home)?)?;
+    let out = opts
+        .output_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("outputs/rl"));
+    // Started first, so a run that fails from here on is marked FAILED where it is tracked.
+    let monitors = std::cell::RefCell::new(super::start_monitors(
+        &cfg.monitor,
+        "host rl",
+        &cfg,
+        &out,
+        Some(opts.resume),
+    )?);
+    let result = train(cfg, &opts, &home, &out, &monitors);
+    monitors.into_inner().finish(result.is_err());
+    result
+}
+
+/// The run itself, reporting each line to `monitors` as well as the terminal.
+fn train(
+    cfg: crate::rl::config::RlConfig,
+    opts: &crate::rl::config::RunOptions,
+    home: &crate::home::RlhostHome,
+    out: &std::path::Path,
+    monitors: &std::cell::RefCell<crate::monitor::Monitors>,
+) -> anyhow::Result<ExitCode> {
     // Every environment the run names (training mixture and evaluations), each loaded once.
-    let loader = super::env_loader(&home)?;
+    let loader = super::env_loader(home)?;
     let rt = super::async_runtime()?;
     let mut envs = std::collections::BTreeMap::new();
     let ids = cfg
@@ -61,7 +86,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
         if envs.contains_key(id) {
             continue;
         }
-        let dir = crate::plugin::install::find_installed(&home, id).map_err(|e| {
+        let dir = crate::plugin::install::find_installed(home, id).map_err(|e| {
             anyhow::anyhow!(
                 "environment `{id}` is not installed ({e}); install it with:\n  host env install {id}"
             )
@@ -81,8 +106,16 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
     let progress = |r: crate::rl::metrics::Report<'_>| {
         use crate::rl::metrics::Report;
         let text = match r {
-            Report::Evaluated(l) => l.eval.summary(),
+            Report::Evaluated(l) => {
+                monitors
+                    .borrow_mut()
+                    .log(l.step as u64, &crate::monitor::scalars(l));
+                l.eval.summary()
+            }
             Report::Stepped(l) => {
+                monitors
+                    .borrow_mut()
+                    .log(l.step as u64, &crate::monitor::scalars(l));
                 bar.set_position(l.step as u64);
                 bar.set_message(format!("reward {:.3}", l.reward));
                 l.terminal_text()
@@ -94,11 +127,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
             bar.println(text);
         }
     };
-    let out = opts
-        .output_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("outputs/rl"));
-    let lines = crate::rl::run::run(cfg, &opts, envs, &progress)?;
+    let lines = crate::rl::run::run(cfg, opts, envs, &progress)?;
     bar.finish_and_clear();
     if let (Some(first), Some(last)) = (lines.first(), lines.last()) {
         println!(

@@ -12,7 +12,7 @@ use crate::rl::sft::{self, SftOptions};
 use crate::rl::trainer::{OptimConfig, Schedule, Trainer};
 
 /// Arguments of `host sft`.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, serde::Serialize)]
 pub struct SftArgs {
     /// The model to start from: a folder or hub id (with its tokenizer and chat template).
     #[arg(short = 'm', long = "model", visible_alias = "model.name")]
@@ -60,9 +60,25 @@ pub struct SftArgs {
     /// CPU threads for libtorch.
     #[arg(long)]
     threads: Option<usize>,
+    /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
+    /// `--monitor.mlflow.tracking-uri URI`.
+    #[command(flatten)]
+    #[serde(skip)]
+    monitor: crate::monitor::MonitorConfig,
 }
 
 pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
+    a.monitor.check(Err(
+        "host sft runs no inference engine; watch it with monitor.tensorboard or monitor.mlflow",
+    ))?;
+    let mut monitors = super::start_monitors(&a.monitor, "host sft", &a, &a.out, None)?;
+    let result = train(&a, &mut monitors);
+    monitors.finish(result.is_err());
+    result
+}
+
+/// The warm start itself, each step's figures logged to `monitors`.
+fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result<ExitCode> {
     if let Some(t) = a.threads {
         tch::set_num_threads(t as i32);
     }
@@ -140,7 +156,26 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
         usize::MAX
     };
     let started = std::time::Instant::now();
+    let mut last_step = std::time::Instant::now();
     sft::train(&mut trainer, &samples, &opts, &mut |step, s, trainer| {
+        let step_s = last_step.elapsed().as_secs_f64();
+        last_step = std::time::Instant::now();
+        if monitors.active() {
+            let figures = [
+                ("loss", s.loss),
+                ("grad_norm", s.grad_norm),
+                ("lr", s.lr),
+                ("entropy", s.entropy),
+                ("tokens", s.tokens as f64),
+                ("tokens_per_s", s.tokens as f64 / step_s.max(1e-9)),
+                ("step_s", step_s),
+                ("skipped", f64::from(u8::from(s.skipped))),
+            ];
+            monitors.log(
+                step as u64,
+                &figures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            );
+        }
         first.get_or_insert(s.loss);
         last = s.loss;
         bar.set_position(step as u64);

@@ -16,6 +16,7 @@ mod install;
 mod interop;
 mod math_verify;
 mod model;
+mod monitor;
 mod python_plugin;
 mod registry;
 mod rl;

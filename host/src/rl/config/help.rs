@@ -25,12 +25,12 @@ pub struct KeyDoc {
 }
 
 /// Every key of `host rl`'s configuration, in declaration order of the sections (trainer,
-/// orchestrator, inference), each table's keys in the schema's order.
+/// orchestrator, inference, monitor), each table's keys in the schema's order.
 pub fn keys() -> Vec<KeyDoc> {
     let schema = schemars::schema_for!(RlConfig);
     let root = schema.as_value();
     let mut out = Vec::new();
-    for section in ["trainer", "orchestrator", "inference"] {
+    for section in ["trainer", "orchestrator", "inference", "monitor"] {
         let node = &root["properties"][section];
         walk(root, node, section, &mut out);
     }
@@ -209,13 +209,13 @@ scored rollouts, a trainer steps on them, the engine gets the new weights (prime
 trainer / orchestrator / inference split).
 
 Usage: host rl [--plugin NAME] [--trainer @ FILE] [--orchestrator @ FILE] [--inference @ FILE]
-               [--SECTION.KEY VALUE]... [--model.name MODEL] [--output-dir DIR] [--resume]
+               [--monitor @ FILE] [--SECTION.KEY VALUE]... [--model.name MODEL] [--output-dir DIR] [--resume]
 
 Options:
   --plugin NAME
           Train on environment NAME, starting from configs/NAME/rl/{train,orch,infer}.toml
           when they exist (their values are the defaults the other flags change)
-  --trainer @ FILE, --orchestrator @ FILE, --inference @ FILE
+  --trainer @ FILE, --orchestrator @ FILE, --inference @ FILE, --monitor @ FILE
           Read a section from a TOML file; flags override it
   --model.name MODEL
           The model of every section (the policy trained and served)

@@ -33,6 +33,8 @@ pub struct RlConfig {
     pub orchestrator: OrchConfig,
     /// The colocated inference engine.
     pub inference: InferConfig,
+    /// Where the run is watched besides metrics.jsonl: TensorBoard, MLflow, Prometheus.
+    pub monitor: crate::monitor::MonitorConfig,
 }
 
 /// Options of a run that are not configuration.
@@ -75,6 +77,9 @@ pub enum RlConfigError {
     /// The `[inference]` section holds a value the engine cannot take.
     #[error("inference")]
     Inference(#[source] InferConfigError),
+    /// A `[monitor]` key would do nothing.
+    #[error(transparent)]
+    Monitor(#[from] crate::monitor::MonitorRefused),
 }
 
 const SECTIONS: [&str; 3] = ["trainer", "orchestrator", "inference"];
@@ -84,6 +89,7 @@ fn section_alias(s: &str) -> Option<&'static str> {
         "trainer" => Some("trainer"),
         "orchestrator" | "orch" => Some("orchestrator"),
         "inference" | "infer" => Some("inference"),
+        "monitor" => Some("monitor"),
         _ => None,
     }
 }
@@ -263,7 +269,7 @@ pub fn parse(args: &[String], configs: &Path) -> Result<(RlConfig, RunOptions), 
                 if v == "@" {
                     let section = section_alias(flag).ok_or_else(|| {
                         RlConfigError::Usage(format!(
-                            "`--{flag} @ FILE`: the sections are trainer, orchestrator, inference"
+                            "`--{flag} @ FILE`: the sections are trainer, orchestrator, inference, monitor"
                         ))
                     })?;
                     files.push((section, PathBuf::from(next(&mut i, a)?)));
@@ -314,7 +320,7 @@ pub fn parse(args: &[String], configs: &Path) -> Result<(RlConfig, RunOptions), 
         }
         let Some(section) = path.first().and_then(|s| section_alias(s)) else {
             return Err(RlConfigError::Usage(format!(
-                "unknown flag --{}: keys start with trainer., orchestrator., inference. or model. (see host rl --help)",
+                "unknown flag --{}: keys start with trainer., orchestrator., inference., monitor. or model. (see host rl --help)",
                 path.join(".")
             )));
         };
@@ -351,6 +357,15 @@ fn typed(tree: toml::Table) -> Result<RlConfig, RlConfigError> {
 pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError> {
     cfg.trainer.loss.check().map_err(RlConfigError::Loss)?;
     cfg.inference.check().map_err(RlConfigError::Inference)?;
+    cfg.monitor
+        .check(if cfg.orchestrator.client.base_urls.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                "the run generates on orchestrator.client.base_urls, whose servers serve their own \
+             /metrics (host inference and vLLM do)",
+            )
+        })?;
     let refuse = |key: &str, reason: &str| RlConfigError::Refused {
         key: key.to_owned(),
         reason: reason.to_owned(),
