@@ -26,7 +26,7 @@ use self::tensorboard::EventWriter;
 pub const DEFAULT_EXPERIMENT: &str = "rlhost";
 
 /// Monitors of a run, any combination at once.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, clap::Args)]
 #[serde(deny_unknown_fields, default)]
 pub struct MonitorConfig {
     /// TensorBoard: write event files (every scalar per step, the configuration as text) to
@@ -41,6 +41,23 @@ pub struct MonitorConfig {
     /// -m`, which run an engine).
     #[arg(long = "monitor.prometheus-port", value_name = "PORT")]
     pub prometheus_port: Option<u16>,
+    /// Address the Prometheus port listens on (`0.0.0.0`: scraped from other machines too).
+    #[arg(long = "monitor.prometheus-host", value_name = "ADDR", default_value = DEFAULT_PROMETHEUS_HOST)]
+    pub prometheus_host: String,
+}
+
+/// Where the Prometheus port listens unless told otherwise: this machine only.
+pub const DEFAULT_PROMETHEUS_HOST: &str = "127.0.0.1";
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        Self {
+            tensorboard: None,
+            mlflow: MlflowConfig::default(),
+            prometheus_port: None,
+            prometheus_host: DEFAULT_PROMETHEUS_HOST.to_owned(),
+        }
+    }
 }
 
 /// An MLflow tracking server and the names of the run in it.
@@ -129,6 +146,18 @@ impl MonitorConfig {
             return Err(MonitorRefused {
                 key: "mlflow.experiment",
                 reason: "is empty".into(),
+            });
+        }
+        if self.prometheus_port.is_none() && self.prometheus_host != DEFAULT_PROMETHEUS_HOST {
+            return Err(MonitorRefused {
+                key: "prometheus_host",
+                reason: "no Prometheus port: set monitor.prometheus_port".into(),
+            });
+        }
+        if self.prometheus_host.parse::<std::net::IpAddr>().is_err() {
+            return Err(MonitorRefused {
+                key: "prometheus_host",
+                reason: format!("{:?} is not an IP address", self.prometheus_host),
             });
         }
         if let (Some(_), Err(why)) = (self.prometheus_port, engine) {
