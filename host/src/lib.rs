@@ -17,6 +17,8 @@
 //!   server, the rollout loop's generators and clients share.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, Extism, Python,
 //!   native libraries).
+//! - [`prometheus`]: counters, gauges and histograms in Prometheus' text format (the engine's
+//!   `GET /metrics`).
 //! - [`rl`]: `host rl` and `host sft`: configs, the orchestrator (rollouts into groups,
 //!   advantages, merged samples), the trainer (objectives, optimiser, shared prefixes), weight
 //!   updates, checkpoints, metrics.
@@ -37,6 +39,7 @@ pub mod home;
 pub mod model;
 pub mod openai;
 pub mod plugin;
+pub mod prometheus;
 pub mod rl;
 pub mod rollout;
 pub mod sandbox;
