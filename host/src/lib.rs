@@ -19,6 +19,8 @@
 //!   server, the rollout loop's generators and clients share.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, Extism, Python,
 //!   native libraries).
+//! - [`prometheus`]: counters, gauges and histograms in Prometheus' text format (the engine's
+//!   `GET /metrics`).
 //! - [`rl`]: `host rl` and `host sft`: configs, the orchestrator (rollouts into groups,
 //!   advantages, merged samples), the trainer (objectives, optimiser, shared prefixes), weight
 //!   updates, checkpoints, metrics.
@@ -40,6 +42,7 @@ pub mod model;
 pub mod monitor;
 pub mod openai;
 pub mod plugin;
+pub mod prometheus;
 pub mod rl;
 pub mod rollout;
 pub mod sandbox;

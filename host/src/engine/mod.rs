@@ -4,12 +4,14 @@
 //! copied to `n` slots. Every token comes back as an [`Event`] with the sampler's
 //! log-probability and the policy version that produced it; [`Engine::generate`] collects them
 //! into [`Completion`]s. Weights can be replaced between steps ([`Engine::update_weights`]),
-//! which bumps the policy version.
+//! which bumps the policy version. What it does is counted as it happens, under vLLM's metric
+//! names ([`metrics`], served at `GET /metrics`).
 //!
 //! The engine is in-process: the RL loop calls it directly, and `host inference` serves it over
 //! HTTP (`crate::server`).
 
 pub mod detok;
+pub mod metrics;
 pub mod prefix;
 pub mod sampling;
 
@@ -25,6 +27,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use crate::model::qwen3::{SlotCache, read_checkpoint};
 use crate::model::{ChatTemplate, ModelError, Qwen3, Tokenizer};
 use detok::TextState;
+use metrics::{EngineMetrics, SampleTimes};
 use prefix::PrefixCache;
 pub use sampling::{Rng, SamplingParams};
 
@@ -385,6 +388,23 @@ struct Pending {
     params: Arc<SamplingParams>,
     n: usize,
     events: tmpsc::UnboundedSender<Event>,
+    /// When [`Engine::submit`] accepted it.
+    arrived: Instant,
+}
+
+impl Pending {
+    /// The timeline of its samples before they start: arrived, scheduled at `scheduled` (if
+    /// it was), nothing generated.
+    fn times(&self, scheduled: Option<Instant>) -> SampleTimes {
+        SampleTimes {
+            arrived: self.arrived,
+            scheduled,
+            first_token: None,
+            last_token: None,
+            prompt_tokens: self.prompt.len(),
+            generated: 0,
+        }
+    }
 }
 
 /// What clients may read about a running engine.
@@ -407,6 +427,7 @@ pub struct EngineInfo {
     prompt_computed: AtomicU64,
     cache_blocks: AtomicUsize,
     cache_max_blocks: AtomicUsize,
+    metrics: EngineMetrics,
 }
 
 /// Prefill counters of an engine since it started.
@@ -453,6 +474,12 @@ impl EngineInfo {
     /// Requests admitted and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The engine's Prometheus metrics (vLLM's names; [`EngineMetrics::render`] writes them
+    /// out for a `GET /metrics`).
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
     }
 }
 
@@ -531,6 +558,7 @@ impl Engine {
         config.max_model_len = config
             .max_model_len
             .min(model.cfg.max_position_embeddings as usize);
+        let metrics = EngineMetrics::new(name, config.max_model_len);
         let info = Arc::new(EngineInfo {
             name: name.to_string(),
             tokenizer: Arc::new(tokenizer),
@@ -544,6 +572,7 @@ impl Engine {
             prompt_computed: AtomicU64::new(0),
             cache_blocks: AtomicUsize::new(0),
             cache_max_blocks: AtomicUsize::new(0),
+            metrics,
         });
         let (tx, rx) = mpsc::channel();
         let worker = Worker::new(model, info.clone());
@@ -606,6 +635,7 @@ impl Engine {
             params: Arc::new(params),
             n,
             events,
+            arrived: Instant::now(),
         };
         if self.tx.send(Command::Generate(Box::new(pending))).is_err() {
             self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -630,6 +660,7 @@ impl Engine {
     /// with a NaN or an infinity are refused ([`check_finite`]) and the engine keeps serving its
     /// current ones: nothing changes unless every tensor is present, shaped right and finite.
     pub async fn update_weights(&self, source: WeightSource) -> Result<u64, EngineError> {
+        let started = Instant::now();
         let refused = |e: String| EngineError::Invalid(format!("new weights refused: {e}"));
         // Read and checked off the engine thread, so decoding goes on meanwhile.
         let weights = tokio::task::spawn_blocking(move || -> Result<_, String> {
@@ -647,7 +678,15 @@ impl Engine {
         self.tx
             .send(Command::UpdateWeights(weights, reply))
             .map_err(|_| EngineError::Stopped)?;
-        rx.await.map_err(|_| EngineError::Stopped)?.map_err(refused)
+        let version = rx
+            .await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(refused)?;
+        let m = &self.info.metrics;
+        m.weight_updates.inc();
+        m.weight_update_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(version)
     }
 
     /// Forgets every cached prefix (vLLM's `POST /reset_prefix_cache`); requests after it
@@ -719,6 +758,23 @@ struct Seq {
     /// Policy version when its first key was computed: a sequence whose keys span a weight
     /// update never enters the prefix cache.
     kv_version: u64,
+    /// When its first and its latest token were sampled.
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl Seq {
+    /// Its timeline so far.
+    fn times(&self) -> SampleTimes {
+        SampleTimes {
+            arrived: self.request.arrived,
+            scheduled: Some(self.request.scheduled),
+            first_token: self.first_token,
+            last_token: self.last_token,
+            prompt_tokens: self.prompt_len,
+            generated: self.ids.len() - self.prompt_len,
+        }
+    }
 }
 
 /// What the samples of one request share.
@@ -728,6 +784,9 @@ struct RequestState {
     remaining: AtomicUsize,
     /// Prompt tokens not computed for it.
     cached: usize,
+    /// When [`Engine::submit`] accepted it, and when its prefill was scheduled.
+    arrived: Instant,
+    scheduled: Instant,
 }
 
 /// A request admitted this step: its cached prefix is in its slot, the rest is to prefill.
@@ -738,6 +797,8 @@ struct Admitted {
     cached: usize,
     /// Requests with the very same prompt admitted in the same step: they share its prefill.
     followers: Vec<Pending>,
+    /// When it was admitted (its followers too).
+    scheduled: Instant,
 }
 
 /// A prompt too long for one step, prefilled chunk by chunk in the staging slot (the slot past
@@ -748,15 +809,8 @@ struct Partial {
     done: usize,
     cached: usize,
     kv_version: u64,
-}
-
-fn request_state(p: &Pending, cached: usize) -> Arc<RequestState> {
-    Arc::new(RequestState {
-        params: p.params.clone(),
-        events: p.events.clone(),
-        remaining: AtomicUsize::new(p.n),
-        cached,
-    })
+    /// When its first chunk was scheduled.
+    scheduled: Instant,
 }
 
 fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version: u64) -> Seq {
@@ -770,6 +824,8 @@ fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version
         }),
         text: TextState::default(),
         kv_version,
+        first_token: None,
+        last_token: None,
     }
 }
 
@@ -855,8 +911,35 @@ impl Worker {
             if !self.running.is_empty() {
                 self.decode_step();
             }
+            self.publish_queue();
             self.log_hits();
         }
+    }
+
+    /// Sets the running and waiting gauges, in samples: running = decoding, or being
+    /// prefilled in chunks; waiting = queued, not started.
+    fn publish_queue(&self) {
+        let m = &self.info.metrics;
+        let partial = self.partial.as_ref().map_or(0, |j| j.p.n);
+        m.running.set((self.running.len() + partial) as f64);
+        m.waiting
+            .set(self.waiting.iter().map(|p| p.n).sum::<usize>() as f64);
+    }
+
+    /// The shared state of a request whose samples start now, `cached` of its prompt tokens
+    /// not computed; counts its prompt.
+    fn start_request(&self, p: &Pending, cached: usize, scheduled: Instant) -> Arc<RequestState> {
+        self.info
+            .metrics
+            .prompt_started(p.prompt.len(), cached, self.prefix.is_some());
+        Arc::new(RequestState {
+            params: p.params.clone(),
+            events: p.events.clone(),
+            remaining: AtomicUsize::new(p.n),
+            cached,
+            arrived: p.arrived,
+            scheduled,
+        })
     }
 
     /// Copies in weights already read and checked finite by [`Engine::update_weights`]. Every
@@ -865,6 +948,7 @@ impl Worker {
     fn update(&mut self, weights: BTreeMap<String, Tensor>) -> Result<u64, String> {
         self.model.assign(weights).map_err(|e| e.to_string())?;
         let version = self.info.version.fetch_add(1, Ordering::SeqCst) + 1;
+        self.info.metrics.policy_version.set(version as f64);
         self.reset_prefix();
         if let Some(job) = self.partial.as_mut() {
             job.done = 0;
@@ -878,6 +962,7 @@ impl Worker {
         if let Some(p) = self.prefix.as_mut() {
             p.clear();
             self.info.cache_blocks.store(0, Ordering::Relaxed);
+            self.info.metrics.kv_cache_usage.set(0.0);
         }
     }
 
@@ -901,7 +986,12 @@ impl Worker {
     }
 
     fn abort_all(&mut self) {
+        let m = &self.info.metrics;
+        let now = Instant::now();
+        m.running.set(0.0);
+        m.waiting.set(0.0);
         for seq in self.running.drain(..) {
+            m.finished(FinishReason::Abort, &seq.times(), now, 1);
             let _ = seq.request.events.send(Event::Finished {
                 index: seq.index,
                 reason: FinishReason::Abort,
@@ -914,8 +1004,10 @@ impl Worker {
                 Ordering::SeqCst,
             );
         }
-        let partial = self.partial.take().map(|j| j.p);
-        for p in self.waiting.drain(..).chain(partial) {
+        let partial = self.partial.take().map(|j| (j.p, Some(j.scheduled)));
+        let waiting = self.waiting.drain(..).map(|p| (p, None));
+        for (p, scheduled) in waiting.chain(partial) {
+            m.finished(FinishReason::Abort, &p.times(scheduled), now, p.n);
             for index in 0..p.n {
                 let _ = p.events.send(Event::Finished {
                     index,
@@ -935,6 +1027,7 @@ impl Worker {
     fn admit(&mut self) {
         let cfg = self.info.config.clone();
         let mut budget = cfg.max_num_batched_tokens.max(1);
+        let now = Instant::now();
         if self.partial.is_some() {
             budget = budget.saturating_sub(self.prefill_chunk(budget));
         }
@@ -943,8 +1036,10 @@ impl Worker {
         let mut same: HashMap<Vec<u32>, usize> = HashMap::new();
         while let Some(p) = self.waiting.front() {
             if p.events.is_closed() {
-                self.waiting.pop_front();
+                let p = self.waiting.pop_front().expect("front");
                 self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                let m = &self.info.metrics;
+                m.finished(FinishReason::Abort, &p.times(None), now, p.n);
                 continue;
             }
             if slots + p.n > cfg.max_batch_size {
@@ -984,6 +1079,7 @@ impl Worker {
                     done: cached,
                     cached,
                     kv_version: self.info.version(),
+                    scheduled: now,
                 });
                 continue;
             }
@@ -996,8 +1092,12 @@ impl Worker {
                 chain,
                 cached,
                 followers: Vec::new(),
+                scheduled: now,
             });
         }
+        // Before the first tokens go out: a client that hears its request end reads gauges
+        // that already count it as started.
+        self.publish_queue();
         if !batch.is_empty() {
             self.prefill(batch);
         }
@@ -1016,9 +1116,14 @@ impl Worker {
     fn store_prefix(&mut self, tokens: &[u32], valid: usize, slot: i64) {
         if let Some(c) = self.prefix.as_mut() {
             c.store(tokens, valid, &mut self.cache, slot);
+            let stats = c.stats();
             self.info
                 .cache_blocks
-                .store(c.stats().blocks, Ordering::Relaxed);
+                .store(stats.blocks, Ordering::Relaxed);
+            if stats.max_blocks > 0 {
+                let usage = stats.blocks as f64 / stats.max_blocks as f64;
+                self.info.metrics.kv_cache_usage.set(usage);
+            }
         }
     }
 
@@ -1087,6 +1192,8 @@ impl Worker {
             r = end;
         }
         let logits = Tensor::cat(&last_logits, 0).to_kind(Kind::Float);
+        let computed: usize = rest.iter().sum();
+        self.info.metrics.iteration_tokens.observe(computed as f64);
         let version = self.info.version();
         for (k, a) in batch.iter().enumerate() {
             self.count_prompt(a.p.prompt.len(), rest[k]);
@@ -1098,7 +1205,7 @@ impl Worker {
         let mut rows: Vec<i64> = Vec::new();
         let mut requests = Vec::with_capacity(batch.len());
         for (k, a) in batch.iter().enumerate() {
-            let request = request_state(&a.p, a.cached);
+            let request = self.start_request(&a.p, a.cached, a.scheduled);
             self.running
                 .push(new_seq(&request, &a.p.prompt, 0, version));
             rows.push(k as i64);
@@ -1115,7 +1222,7 @@ impl Worker {
                 rows.push(k as i64);
             }
             for f in a.followers {
-                let request = request_state(&f, len);
+                let request = self.start_request(&f, len, a.scheduled);
                 for index in 0..f.n {
                     self.cache
                         .copy_slot(from, self.running.len() as i64, len as i64);
@@ -1136,6 +1243,9 @@ impl Worker {
             return 0;
         };
         if job.p.events.is_closed() {
+            let m = &self.info.metrics;
+            let times = job.p.times(Some(job.scheduled));
+            m.finished(FinishReason::Abort, &times, Instant::now(), job.p.n);
             self.partial = None;
             self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
             return 0;
@@ -1162,6 +1272,7 @@ impl Worker {
             &last,
         );
         self.threads.finish(probe);
+        self.info.metrics.iteration_tokens.observe(take as f64);
         let job = self.partial.as_mut().expect("the job");
         job.done += take;
         self.info
@@ -1174,7 +1285,7 @@ impl Worker {
         }
         let job = self.partial.take().expect("the job");
         let base = self.running.len();
-        let request = request_state(&job.p, job.cached);
+        let request = self.start_request(&job.p, job.cached, job.scheduled);
         for index in 0..job.p.n {
             self.cache
                 .copy_slot(staging, self.running.len() as i64, len as i64);
@@ -1206,6 +1317,7 @@ impl Worker {
         let ids = Tensor::from_slice(&last).to_device(device).unsqueeze(1);
         let positions = Tensor::from_slice(&pos).to_device(device).unsqueeze(1);
         let probe = self.threads.start(false, b as usize);
+        self.info.metrics.iteration_tokens.observe(b as f64);
         let logits = self
             .model
             .forward_slots(&ids, &positions, &mut self.cache, 0, key_len)
@@ -1231,12 +1343,26 @@ impl Worker {
                 .collect();
             sampling::sample(logits, &mut rows)
         };
+        // The step's time stamps every token it sampled (vLLM's engine-core timestamp).
+        let now = Instant::now();
+        let metrics = &self.info.metrics;
+        metrics.generation_tokens.inc_by(sampled.len() as f64);
+        // Sequences still running, for the gauge set before each end is reported.
+        let mut live = self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n);
         let max_len = self.info.config.max_model_len;
         let mut finished: Vec<usize> = Vec::new();
         let mut keep: Vec<usize> = Vec::new();
         for (k, s) in sampled.into_iter().enumerate() {
             let i = from + k;
             let seq = &mut self.running[i];
+            match seq.last_token {
+                None => metrics
+                    .ttft
+                    .observe((now - seq.request.arrived).as_secs_f64()),
+                Some(last) => metrics.itl.observe((now - last).as_secs_f64()),
+            }
+            seq.first_token.get_or_insert(now);
+            seq.last_token = Some(now);
             let s_token = s.token;
             let params = seq.request.params.clone();
             seq.ids.push(s.token);
@@ -1274,8 +1400,12 @@ impl Worker {
                 })
                 .is_ok();
             if let Some(reason) = reason {
-                // Capacity is released before the client hears of the end, so a client that
-                // submits again at once is never refused for its own finished request.
+                // Capacity is released and the end is counted before the client hears of it,
+                // so a client that submits again at once is never refused for its own finished
+                // request, and one that reads the metrics next finds it there.
+                live -= 1;
+                metrics.running.set(live as f64);
+                metrics.finished(reason, &seq.times(), now, 1);
                 if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
                     self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -1298,6 +1428,9 @@ impl Worker {
                 }
             } else if !alive {
                 // The client went away: free the slot.
+                live -= 1;
+                metrics.running.set(live as f64);
+                metrics.finished(FinishReason::Abort, &seq.times(), now, 1);
                 if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
                     self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
                 }

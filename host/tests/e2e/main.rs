@@ -15,6 +15,7 @@ mod inference;
 mod install;
 mod interop;
 mod math_verify;
+mod metrics;
 mod model;
 mod monitor;
 mod python_plugin;

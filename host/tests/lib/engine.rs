@@ -2,7 +2,7 @@
 //! never changes a request's greedy tokens, reported log-probs equal a full forward pass,
 //! seeds reproduce, `n` samples share a prefill, stop rules end sequences with the right
 //! reason, weights change under a running engine (and bad ones, misshapen or not finite, are refused), shutdown and
-//! overload are clean.
+//! overload are clean, and the Prometheus metrics count what the engine did.
 
 use std::path::Path;
 use std::time::Duration;
@@ -745,4 +745,133 @@ fn chunked_prefill_is_exact() {
     assert_eq!(chunked.info().prefill_stats().computed, 160);
     chunked.shutdown();
     whole.shutdown();
+}
+
+// ---- Prometheus metrics ----
+
+/// The value of one series of the engine's `/metrics` text: `name` with the engine's labels
+/// and `extra` ones (`,finished_reason="stop"`).
+fn metric(e: &Engine, name: &str, extra: &str) -> f64 {
+    let series = format!("{name}{{model_name=\"tiny\",engine=\"0\"{extra}}} ");
+    let text = e.info().metrics().render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// Polls `what` for up to 10 s until it holds.
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The metrics on the paths HTTP tests rarely take: a prompt prefilled in chunks with two
+/// samples, identical prompts submitted together, a request whose client goes away, requests
+/// running and waiting at shutdown. Counters equal what the completions report; every sampled
+/// token is either a sample's first (time to first token) or timed since its previous one.
+#[test]
+fn metrics_count_chunked_prefills_shared_prompts_cancels_and_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 16);
+    let e = engine(
+        tmp.path(),
+        EngineConfig {
+            max_batch_size: 4,
+            max_num_batched_tokens: 16,
+            kv_cache_tokens: Some(4096),
+            ..EngineConfig::default()
+        },
+    );
+    let rt = rt();
+    let success = |reason: &str| {
+        let r = format!(",finished_reason=\"{reason}\"");
+        metric(&e, "vllm:request_success_total", &r)
+    };
+    // Chunked (60 > 16 tokens per step), two samples.
+    let a = rt
+        .block_on(e.generate(prompt(1, 60), greedy(3), 2))
+        .unwrap();
+    // The same 12-token prompt twice at once: shared in one prefill, or the second one later.
+    let same = prompt(2, 12);
+    let (mut r1, mut r2) = (
+        e.submit(same.clone(), greedy(2), 1).unwrap(),
+        e.submit(same.clone(), greedy(2), 1).unwrap(),
+    );
+    let b = rt
+        .block_on(rlhost::engine::collect(&mut r1, 1, 12))
+        .unwrap();
+    let c = rt
+        .block_on(rlhost::engine::collect(&mut r2, 1, 12))
+        .unwrap();
+    let done: Vec<&Completion> = a.iter().chain(&b).chain(&c).collect();
+    let cached: usize = [&a[0], &b[0], &c[0]].iter().map(|c| c.cached_tokens).sum();
+    assert_eq!(metric(&e, "vllm:prompt_tokens_total", ""), 84.0);
+    assert_eq!(metric(&e, "vllm:prefix_cache_queries_total", ""), 84.0);
+    assert_eq!(
+        metric(&e, "vllm:prefix_cache_hits_total", ""),
+        cached as f64
+    );
+    let generated: usize = done.iter().map(|c| c.token_ids.len()).sum();
+    assert_eq!(generated, 10);
+    assert_eq!(
+        metric(&e, "vllm:generation_tokens_total", ""),
+        generated as f64
+    );
+    assert_eq!(success("length"), 4.0);
+    let computed = metric(
+        &e,
+        "vllm:prompt_tokens_by_source_total",
+        ",source=\"local_compute\"",
+    );
+    assert_eq!(computed, (84 - cached) as f64);
+    // Every prompt token computed once, in chunks or not, then one token per decode.
+    let itl = metric(&e, "vllm:inter_token_latency_seconds_count", "");
+    assert_eq!(itl, (generated - 4) as f64);
+    assert_eq!(
+        metric(&e, "vllm:iteration_tokens_total_sum", ""),
+        computed + itl
+    );
+    // A client that goes away after its first token: its sample ends as an abort.
+    let mut gone = e.submit(prompt(3, 8), greedy(400), 1).unwrap();
+    assert!(matches!(
+        rt.block_on(gone.recv()),
+        Some(rlhost::engine::Event::Token { .. })
+    ));
+    drop(gone);
+    eventually("the cancelled request is counted", || {
+        success("abort") == 1.0
+    });
+    eventually("nothing runs", || {
+        metric(&e, "vllm:num_requests_running", "") == 0.0
+    });
+    let ttft = metric(&e, "vllm:time_to_first_token_seconds_count", "");
+    let itl = metric(&e, "vllm:inter_token_latency_seconds_count", "");
+    assert_eq!(ttft, 5.0);
+    assert_eq!(metric(&e, "vllm:generation_tokens_total", ""), ttft + itl);
+    assert_eq!(
+        metric(&e, "vllm:e2e_request_latency_seconds_count", ""),
+        5.0
+    );
+    // Four slots, five samples: four run, one waits; shutdown aborts all five.
+    let _rxs: Vec<_> = [2, 2, 1]
+        .into_iter()
+        .zip(10..)
+        .map(|(n, seed)| e.submit(prompt(seed, 6), greedy(3000), n))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    eventually("four running, one waiting", || {
+        metric(&e, "vllm:num_requests_running", "") == 4.0
+            && metric(&e, "vllm:num_requests_waiting", "") == 1.0
+    });
+    e.shutdown();
+    assert_eq!(success("abort"), 6.0);
+    assert_eq!(metric(&e, "vllm:num_requests_running", ""), 0.0);
+    assert_eq!(metric(&e, "vllm:num_requests_waiting", ""), 0.0);
+    assert_eq!(
+        metric(&e, "vllm:e2e_request_latency_seconds_count", ""),
+        10.0
+    );
 }

@@ -15,6 +15,7 @@ mod model_parity;
 mod objectives;
 mod plugin_flavours;
 mod plugin_runtime;
+mod prometheus;
 mod rl;
 mod rl_config;
 mod sandbox;
