@@ -195,6 +195,9 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     }
     let rt = super::async_runtime()?;
     let loader = super::env_loader(&home)?;
+    // `monitor.prometheus_port` with -m: the engine's metrics while the evaluation runs.
+    let mut port = None;
+    let mut shown = std::collections::BTreeMap::new();
     let (generator, model_name): (Box<dyn Generator>, String) = match (&a.model, &a.base_url) {
         (Some(m), _) => {
             let dir = crate::model::hub::resolve(m)?;
@@ -218,6 +221,15 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             a.cache.apply(&mut engine_cfg)?;
             let engine =
                 crate::engine::Engine::load(&dir, m, device, precision.kind(), engine_cfg)?;
+            if let Some(p) = a.monitor.prometheus_port {
+                let e = engine.clone();
+                port = Some(crate::monitor::PrometheusPort::start(
+                    &rt,
+                    &a.monitor.prometheus_host,
+                    p,
+                    move || e.info().metrics().render(),
+                )?);
+            }
             let api = crate::server::Api::new(
                 engine,
                 crate::server::ServerConfig {
@@ -383,6 +395,10 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             print!("{}", summary.to_text());
         }
         monitors.log(0, &summary_scalars(name, &summary));
+        if let Some(p) = &port {
+            shown.extend(summary_scalars(name, &summary));
+            p.set_step(0, &shown);
+        }
         summaries.push(summary);
         if interrupted {
             break;

@@ -11,6 +11,7 @@
 //! TensorBoard folder that cannot be made.
 
 pub mod mlflow;
+pub mod prometheus_port;
 pub mod tensorboard;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub use self::prometheus_port::PrometheusPort;
 
 use self::mlflow::{MlflowRun, MlflowTarget};
 use self::tensorboard::EventWriter;

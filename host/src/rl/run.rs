@@ -248,6 +248,19 @@ pub fn run(
         .enable_all()
         .build()?;
     let (generator, sink, served) = generators(&cfg, &rt, &out)?;
+    // `monitor.prometheus_port` (refused with remote servers, which serve their own).
+    let port = match (cfg.monitor.prometheus_port, &sink) {
+        (Some(p), WeightSink::Engine(engine)) => {
+            let engine = engine.clone();
+            Some(crate::monitor::PrometheusPort::start(
+                &rt,
+                &cfg.monitor.prometheus_host,
+                p,
+                move || engine.info().metrics().render(),
+            )?)
+        }
+        _ => None,
+    };
     let start = resume(&mut trainer, &out, opts.resume)?;
     let mut version = sink.initial(&rt, &trainer, start)?;
     let producer = Producer {
@@ -263,6 +276,9 @@ pub fn run(
     if evals.due_at_start(start) {
         let line = EvalLine::new(rt.block_on(evals.run(generator.as_ref(), 0, version)));
         metrics::append(&log, &line)?;
+        if let Some(p) = &port {
+            p.set_step(0, &crate::monitor::scalars(&line));
+        }
         progress(Report::Evaluated(&line));
     }
     let mut lines = Vec::new();
@@ -280,6 +296,9 @@ pub fn run(
             .then(|| rt.block_on(evals.run(generator.as_ref(), step + 1, version)));
         let line = StepLine::new(&batch, &stats, Phases { train_s, sync_s }, eval);
         metrics::append(&log, &line)?;
+        if let Some(p) = &port {
+            p.set_step(line.step as u64, &crate::monitor::scalars(&line));
+        }
         progress(Report::Stepped(&line));
         lines.push(line);
         let (done, interval) = (step + 1, cfg.trainer.ckpt.interval);

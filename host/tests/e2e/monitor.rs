@@ -407,3 +407,114 @@ fn monitor_keys_that_cannot_act_are_refused() {
         "{err}"
     );
 }
+
+/// Parses Prometheus text with the official parser: `{name: [(labels, value)]}` as JSON.
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        out.setdefault(s.name, []).append([s.labels, s.value])
+print(json.dumps(out))
+"#;
+
+/// `host rl --monitor.prometheus-port` serves the in-process engine's metrics (vLLM's names)
+/// and the last step's figures while it trains: scraped mid-run and parsed by
+/// `prometheus_client`, the engine has generated, the weights have been updated, and the
+/// figures are those of the step metrics.jsonl has.
+#[test]
+fn rl_serves_prometheus_metrics_while_it_trains() {
+    let Some(python) = common::reference_python("rl_serves_prometheus_metrics_while_it_trains")
+    else {
+        return;
+    };
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 7);
+    let run_dir = tmp.path().join("run");
+    let port = free_port();
+    let mut child = common::host(&home)
+        .args(rl_args(&model, &run_dir, 40))
+        .args(["--monitor.prometheus-port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let parse = |text: &str| -> serde_json::Value {
+        use std::io::Write;
+        let mut p = Command::new(&python)
+            .args(["-c", PARSE])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = p.wait_with_output().unwrap();
+        assert!(out.status.success(), "the parser refused:\n{text}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let value = |m: &serde_json::Value, name: &str| -> f64 {
+        m[name]
+            .as_array()
+            .map_or(0.0, |s| s.iter().map(|x| x[1].as_f64().unwrap()).sum())
+    };
+    let started = Instant::now();
+    let scraped = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no step shown in 300 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "host rl ended early");
+        if std::net::TcpStream::connect(common::addr_of(&url)).is_ok() {
+            let (code, ctype, text) = common::raw_request(
+                &url,
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                Vec::new(),
+            );
+            assert_eq!(code, 200, "{text}");
+            assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+            let m = parse(&text);
+            if value(&m, "rlhost:train_step") >= 2.0 {
+                break m;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let step = value(&scraped, "rlhost:train_step");
+    assert!(
+        value(&scraped, "vllm:generation_tokens_total") > 0.0,
+        "{scraped}"
+    );
+    assert!(
+        value(&scraped, "vllm:prompt_tokens_total") > 0.0,
+        "{scraped}"
+    );
+    assert!(
+        value(&scraped, "rlhost:weight_updates_total") >= step,
+        "every step's weights reached the engine: {scraped}"
+    );
+    assert_eq!(
+        scraped["vllm:generation_tokens_total"][0][0]["model_name"],
+        model.display().to_string()
+    );
+    // The figures are those of the step's metrics.jsonl line.
+    let lines = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let line: serde_json::Value = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["step"].as_f64() == Some(step))
+        .expect("the step shown is logged");
+    let figure = |key: &str| {
+        scraped["rlhost:train_figure"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s[0]["key"] == key)
+            .map(|s| s[1].as_f64().unwrap())
+    };
+    for key in ["reward", "loss", "grad_norm", "samples"] {
+        assert_eq!(figure(key), line[key].as_f64(), "{key}");
+    }
+}
