@@ -36,9 +36,6 @@ pub struct MonitorConfig {
     /// this folder; watch with `tensorboard --logdir` on it or on its parent to compare runs.
     #[arg(long = "monitor.tensorboard", value_name = "DIR")]
     pub tensorboard: Option<PathBuf>,
-    /// MLflow: the run's params and metrics go to this tracking server.
-    #[command(flatten)]
-    pub mlflow: MlflowConfig,
     /// Prometheus: serve the engine's metrics (vLLM's names, as `host inference`'s `/metrics`)
     /// and the last step's figures on this port while the run lasts (`host rl` and `host eval
     /// -m`, which run an engine).
@@ -47,6 +44,9 @@ pub struct MonitorConfig {
     /// Address the Prometheus port listens on (`0.0.0.0`: scraped from other machines too).
     #[arg(long = "monitor.prometheus-host", value_name = "ADDR", default_value = DEFAULT_PROMETHEUS_HOST)]
     pub prometheus_host: String,
+    /// MLflow: the run's params and metrics go to this tracking server.
+    #[command(flatten)]
+    pub mlflow: MlflowConfig,
 }
 
 /// Where the Prometheus port listens unless told otherwise: this machine only.

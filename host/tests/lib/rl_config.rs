@@ -35,6 +35,12 @@ fn special(path: &str) -> Option<&'static str> {
         "orchestrator.client.api_key_var" => "KEY",
         "orchestrator.env" => "[{id = \"arith\"}]",
         "orchestrator.eval.env" => "[{id = \"arith\", split = \"test-d1\"}]",
+        // What the monitor keys do is read back by TensorBoard, MLflow and prometheus_client in
+        // the e2e `monitor::` tests; here they reach the configuration or are refused by name.
+        "monitor.tensorboard" => "tb",
+        "monitor.mlflow.tracking_uri" => "http://127.0.0.1:5000",
+        "monitor.mlflow.experiment" | "monitor.mlflow.run_name" => "mine",
+        "monitor.prometheus_host" => "0.0.0.0",
         _ if path.ends_with("[].id") => "arith-tools",
         _ if path.ends_with("[].split") => "other",
         _ if path.ends_with("[].args") => "{max_turns = 1}",

@@ -209,7 +209,8 @@ scored rollouts, a trainer steps on them, the engine gets the new weights (prime
 trainer / orchestrator / inference split).
 
 Usage: host rl [--plugin NAME] [--trainer @ FILE] [--orchestrator @ FILE] [--inference @ FILE]
-               [--monitor @ FILE] [--SECTION.KEY VALUE]... [--model.name MODEL] [--output-dir DIR] [--resume]
+               [--monitor @ FILE] [--SECTION.KEY VALUE]... [--model.name MODEL]
+               [--output-dir DIR] [--resume]
 
 Options:
   --plugin NAME
