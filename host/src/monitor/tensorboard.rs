@@ -4,7 +4,7 @@
 //! fields, encoded here by hand:
 //!
 //! - `Event`: `wall_time` (1, double), `step` (2, int64), `file_version` (3, string),
-//!   `summary` (5), `session_log` (6);
+//!   `summary` (5), `session_log` (7);
 //! - `Summary`: repeated `value` (1); `Summary.Value`: `tag` (1), `simple_value` (2, float),
 //!   `tensor` (8), `metadata` (9);
 //! - `SummaryMetadata.plugin_data` (1) → `plugin_name` (1): `"text"` for the text plugin,
@@ -204,7 +204,7 @@ impl EventWriter {
     pub fn session_start(&mut self, step: u64) -> std::io::Result<()> {
         let mut log = Msg::default();
         log.int(1, 1); // START
-        self.write(&event(now(), step, |e| e.msg(6, log)))
+        self.write(&event(now(), step, |e| e.msg(7, log)))
     }
 }
 

@@ -338,7 +338,14 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
             })
             .collect()
     };
-    let out = common::run(common::host(&home).args(rl_args(&model, &run_dir, 4)));
+    // TensorBoard as well: the resumed run's points replace the redone steps' there too.
+    let tb = tmp.path().join("tb");
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, 4))
+            .arg("--monitor.tensorboard")
+            .arg(&tb),
+    );
     assert!(out.status.success(), "{}", common::texts(&out).1);
     assert_eq!(steps_of(), [1, 2, 3, 4]);
     // As if the process died after logging step 4 but before its checkpoint was published,
@@ -355,7 +362,9 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
     let out = common::run(
         common::host(&home)
             .args(rl_args(&model, &run_dir, 5))
-            .arg("--resume"),
+            .arg("--resume")
+            .arg("--monitor.tensorboard")
+            .arg(&tb),
     );
     let (stdout, stderr) = common::texts(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
@@ -364,6 +373,30 @@ fn resume_redoes_the_steps_after_its_checkpoint_without_duplicate_metrics() {
         "resumed at step 3: {stdout}"
     );
     assert_eq!(steps_of(), [1, 2, 3, 4, 5], "each step once, in order");
+    if let Some(python) = common::reference_python("resume_redoes_the_steps (tensorboard)") {
+        // TensorBoard's reader, with the session start the resumed run wrote at step 3: each
+        // step once, with the value metrics.jsonl kept (the redone steps' new values).
+        let check = std::process::Command::new(python)
+            .args([
+                "-c",
+                r#"
+import json, sys
+import numpy as np
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0})
+acc.Reload()
+got = [(e.step, e.value) for e in acc.Scalars("rollout_s")]
+want = [(l["step"], float(np.float32(l["rollout_s"]))) for l in map(json.loads, open(sys.argv[2]))]
+assert got == want, (got, want)
+"#,
+            ])
+            .arg(&tb)
+            .arg(run_dir.join("metrics.jsonl"))
+            .output()
+            .unwrap();
+        let (o, e) = common::texts(&check);
+        assert!(check.status.success(), "{o}{e}");
+    }
     // A fresh run into the same folder would mix the two runs: refused, nothing touched.
     let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
     let out = common::run(common::host(&home).args(rl_args(&model, &run_dir, 2)));
