@@ -1,7 +1,7 @@
 //! What a run reports: one [`StepLine`] per step (and an [`EvalLine`] for an evaluation before
 //! the first step), appended to `OUTPUT/metrics.jsonl` and shown on the terminal, and
-//! `OUTPUT/curves.png` (reward, loss and each evaluation's reward per step) drawn from the whole
-//! log. Keys users compare runs by: the objective's statistics (`ratio_mean`, `ratio_max`,
+//! `OUTPUT/curves.png` (reward, evaluations, loss per step: see [`write_curves`]) drawn from the
+//! whole log. Keys users compare runs by: the objective's statistics (`ratio_mean`, `ratio_max`,
 //! `clipped_frac`, `masked_frac`, `mismatch_kl`, `kl`), `entropy`, `policy_lag`,
 //! `stale_dropped`, and each phase's throughput or time (`rollout_tokens_per_s`,
 //! `tokens_per_s` for training, `sync_s`, `eval_s`).
@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::evals::Evaluation;
 use super::loss::LossStats;
 use super::orchestrator::Batch;
+use super::plot::{Mark, Panel, Series};
 use super::trainer::StepStats;
 
 /// What one step reports (a line of `metrics.jsonl`).
@@ -340,79 +341,322 @@ pub fn append(path: &Path, line: &impl Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Draws `out/curves.png` from the per-step log `log`: reward and loss per step, and the
-/// reward of each environment evaluated during training (at the steps it was evaluated, the
-/// evaluation before the first step at step 0).
+/// Draws `out` (a run's `curves.png`) from the per-step log `log`, one panel each for: reward
+/// (training, and each environment evaluated during training at the steps it was evaluated, the
+/// evaluation before the first step at step 0); each evaluated environment's other metrics
+/// (`correct`, `avg@k`, `pass@k`, …); the training reward of each environment when training on
+/// several; the training rollouts' rubric metrics; loss. An absent or empty log gives empty
+/// reward and loss panels.
 pub fn write_curves(log: &Path, out: &Path) -> anyhow::Result<()> {
     let text = match std::fs::read_to_string(log) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", log.display())),
     };
-    let series = curves(&text);
-    let series: Vec<(&str, Vec<(f64, f64)>)> = series
-        .iter()
-        .map(|(n, p)| (n.as_str(), p.clone()))
-        .collect();
-    super::plot::write_png(out, &series).with_context(|| format!("writing {}", out.display()))
+    super::plot::write_png(out, &curves(&text).panels())
+        .with_context(|| format!("drawing {} from {}", out.display(), log.display()))
 }
 
-/// The curves of a per-step log: `(name, (step, value) points)` for `reward`, `loss` and each
-/// `eval/<id>/reward`, in that order.
-fn curves(log: &str) -> Vec<(String, Vec<(f64, f64)>)> {
-    let mut out: Vec<(String, Vec<(f64, f64)>)> =
-        vec![("reward".into(), Vec::new()), ("loss".into(), Vec::new())];
+/// `(step, value)` points of one quantity, in log order.
+type Points = Vec<(u64, f64)>;
+
+/// What `curves.png` shows, read back from a per-step log: numbers only (a value that is not a
+/// number, such as the `null` serde writes for NaN, is no point), lines that do not parse (a
+/// torn last line) left out.
+#[derive(Debug, Default, PartialEq)]
+struct Curves {
+    /// `reward`: the mean reward of each step's training rollouts.
+    reward: Points,
+    /// `loss`.
+    loss: Points,
+    /// `metrics`: each rubric metric's mean over each step's training rollouts.
+    metrics: BTreeMap<String, Points>,
+    /// `env/<id>/reward` by environment id.
+    env_reward: BTreeMap<String, Points>,
+    /// `eval/<id>/<metric>` (reward included) by environment id, then metric.
+    eval: BTreeMap<String, BTreeMap<String, Points>>,
+}
+
+/// The curves of a per-step log.
+fn curves(log: &str) -> Curves {
+    let mut c = Curves::default();
     for line in log.lines() {
         let Ok(serde_json::Value::Object(l)) = serde_json::from_str(line) else {
             continue;
         };
-        let Some(step) = l.get("step").and_then(serde_json::Value::as_f64) else {
+        let Some(step) = l.get("step").and_then(serde_json::Value::as_u64) else {
             continue;
         };
         for (k, v) in &l {
-            let wanted =
-                k == "reward" || k == "loss" || (k.starts_with("eval/") && k.ends_with("/reward"));
-            let Some(v) = v.as_f64().filter(|_| wanted) else {
+            if k == "metrics" {
+                for (name, v) in v.as_object().into_iter().flatten() {
+                    if let Some(v) = v.as_f64() {
+                        c.metrics.entry(name.clone()).or_default().push((step, v));
+                    }
+                }
                 continue;
-            };
-            match out.iter_mut().find(|(n, _)| n == k) {
-                Some((_, points)) => points.push((step, v)),
-                None => out.push((k.clone(), vec![(step, v)])),
+            }
+            let Some(v) = v.as_f64() else { continue };
+            if k == "reward" {
+                c.reward.push((step, v));
+            } else if k == "loss" {
+                c.loss.push((step, v));
+            } else if let Some(id) = k
+                .strip_prefix("env/")
+                .and_then(|k| k.strip_suffix("/reward"))
+            {
+                c.env_reward
+                    .entry(id.to_owned())
+                    .or_default()
+                    .push((step, v));
+            } else if let Some((id, metric)) =
+                k.strip_prefix("eval/").and_then(|k| k.rsplit_once('/'))
+            {
+                let metrics = c.eval.entry(id.to_owned()).or_default();
+                metrics
+                    .entry(metric.to_owned())
+                    .or_default()
+                    .push((step, v));
             }
         }
     }
-    out
+    c
+}
+
+/// Where an evaluation metric goes among its panel's curves: rubric metrics by name, then
+/// `avg@k` and `pass@k` by k (so `pass@16` follows `pass@4`).
+fn eval_metric_order(name: &str) -> (u8, u64, &str) {
+    let at_k = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|k| k.parse::<u64>().ok())
+    };
+    match (at_k("avg@"), at_k("pass@")) {
+        (Some(k), _) => (1, k, name),
+        (_, Some(k)) => (2, k, name),
+        _ => (0, 0, name),
+    }
+}
+
+impl Curves {
+    /// The panels, in the order `write_curves` documents; those with nothing to show are left
+    /// out, except reward and loss.
+    fn panels(&self) -> Vec<Panel> {
+        let per_step = |label: &str, points: &Points| Series {
+            label: label.to_owned(),
+            points: points.clone(),
+            mark: Mark::PerStep,
+        };
+        let mut reward = vec![per_step("train", &self.reward)];
+        for (id, metrics) in &self.eval {
+            if let Some(points) = metrics.get("reward") {
+                reward.push(Series {
+                    label: format!("eval {id}"),
+                    points: points.clone(),
+                    mark: Mark::Sparse,
+                });
+            }
+        }
+        let mut panels = vec![Panel {
+            title: "Reward".into(),
+            y_desc: "mean reward".into(),
+            series: reward,
+        }];
+        for (id, metrics) in &self.eval {
+            // `failed` counts rollouts: on a 0..1 metric's axis it would flatten the rest.
+            let mut names: Vec<&String> = metrics
+                .keys()
+                .filter(|n| *n != "reward" && *n != "failed")
+                .collect();
+            names.sort_by_key(|n| eval_metric_order(n));
+            if names.is_empty() {
+                continue;
+            }
+            panels.push(Panel {
+                title: format!("Evaluation: {id}"),
+                y_desc: "value".into(),
+                series: names
+                    .into_iter()
+                    .map(|n| Series {
+                        label: n.clone(),
+                        points: metrics[n].clone(),
+                        mark: Mark::Sparse,
+                    })
+                    .collect(),
+            });
+        }
+        if self.env_reward.len() > 1 {
+            panels.push(Panel {
+                title: "Training reward per environment".into(),
+                y_desc: "mean reward".into(),
+                series: self
+                    .env_reward
+                    .iter()
+                    .map(|(id, p)| per_step(id, p))
+                    .collect(),
+            });
+        }
+        if !self.metrics.is_empty() {
+            panels.push(Panel {
+                title: "Rubric metrics of the training rollouts".into(),
+                y_desc: "mean".into(),
+                series: self.metrics.iter().map(|(n, p)| per_step(n, p)).collect(),
+            });
+        }
+        panels.push(Panel {
+            title: "Loss".into(),
+            y_desc: "loss".into(),
+            series: vec![per_step("loss", &self.loss)],
+        });
+        panels
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Evaluation rewards are curves of their own, at the steps they were evaluated (the one
-    /// before the first step at 0); reward and loss come from the step lines only.
+    use crate::rl::plot::testing::{Image, chart_cols, chart_rows};
+    use crate::rl::plot::{PALETTE, PANEL_HEIGHT, WIDTH};
+
+    fn points(p: &[(u64, f64)]) -> Points {
+        p.to_vec()
+    }
+
+    /// Each quantity is a curve of its own, each point at the step of its line (the evaluation
+    /// before the first step at 0); what is not a number, and lines that are not JSON objects
+    /// with a step, are left out.
     #[test]
     fn curves_put_each_point_at_its_step() {
         let log = [
-            r#"{"step":0,"eval/step":0,"eval/arith/reward":0.1}"#,
-            r#"{"step":1,"reward":0.5,"loss":0.2}"#,
-            r#"{"step":2,"reward":0.6,"loss":0.1,"eval/step":2,"eval/arith/reward":0.3}"#,
+            r#"{"step":0,"eval/step":0,"eval/policy_version":0,"eval/arith/reward":0.1,"eval/arith/correct":0.0}"#,
+            r#"{"step":1,"reward":0.5,"loss":0.2,"metrics":{"correct":0.5,"format":1.0},"env/a/reward":0.4,"env/a/rollouts":8,"env/b/reward":0.6}"#,
+            r#"{"step":2,"reward":0.6,"loss":null,"metrics":{"correct":"x"},"eval/step":2,"eval/arith/reward":0.3,"eval/will/math-python/pass@2":0.5}"#,
+            r#"{"reward":0.9}"#,
+            r#"[1,2]"#,
             r#"{"step":3,"rew"#,
         ]
         .join("\n");
         let c = curves(&log);
+        let expected = Curves {
+            reward: points(&[(1, 0.5), (2, 0.6)]),
+            loss: points(&[(1, 0.2)]),
+            metrics: [
+                ("correct".to_owned(), points(&[(1, 0.5)])),
+                ("format".to_owned(), points(&[(1, 1.0)])),
+            ]
+            .into(),
+            env_reward: [
+                ("a".to_owned(), points(&[(1, 0.4)])),
+                ("b".to_owned(), points(&[(1, 0.6)])),
+            ]
+            .into(),
+            eval: [
+                (
+                    "arith".to_owned(),
+                    [
+                        ("reward".to_owned(), points(&[(0, 0.1), (2, 0.3)])),
+                        ("correct".to_owned(), points(&[(0, 0.0)])),
+                    ]
+                    .into(),
+                ),
+                (
+                    "will/math-python".to_owned(),
+                    [("pass@2".to_owned(), points(&[(2, 0.5)]))].into(),
+                ),
+            ]
+            .into(),
+        };
+        assert_eq!(c, expected);
+    }
+
+    /// Panels in the documented order; per-environment reward only with several environments;
+    /// an evaluation's metrics with `avg@k`/`pass@k` by k and without the `failed` count.
+    #[test]
+    fn panels_show_what_the_log_has() {
+        let c = curves(
+            r#"{"step":1,"reward":0.5,"loss":0.2,"env/a/reward":0.4,"eval/x/reward":0.2,"eval/x/failed":3,"eval/x/pass@16":0.9,"eval/x/pass@4":0.7,"eval/x/avg@16":0.3,"eval/x/correct":0.2,"eval/y/reward":0.1}"#,
+        );
+        let titles: Vec<String> = c.panels().into_iter().map(|p| p.title).collect();
+        assert_eq!(titles, ["Reward", "Evaluation: x", "Loss"]);
+        let panels = c.panels();
+        let labels =
+            |i: usize| -> Vec<&str> { panels[i].series.iter().map(|s| s.label.as_str()).collect() };
+        assert_eq!(labels(0), ["train", "eval x", "eval y"]);
+        assert_eq!(labels(1), ["correct", "avg@16", "pass@4", "pass@16"]);
+        assert_eq!(panels[0].series[1].mark, Mark::Sparse);
+
+        let c = curves(
+            r#"{"step":1,"reward":0.5,"metrics":{"c":1},"env/a/reward":0.4,"env/b/reward":0.6}"#,
+        );
+        let titles: Vec<String> = c.panels().into_iter().map(|p| p.title).collect();
         assert_eq!(
-            c,
+            titles,
             [
-                ("reward".to_owned(), vec![(1.0, 0.5), (2.0, 0.6)]),
-                ("loss".to_owned(), vec![(1.0, 0.2), (2.0, 0.1)]),
-                ("eval/arith/reward".to_owned(), vec![(0.0, 0.1), (2.0, 0.3)]),
+                "Reward",
+                "Training reward per environment",
+                "Rubric metrics of the training rollouts",
+                "Loss"
             ]
         );
+        let empty: Vec<String> = curves("").panels().into_iter().map(|p| p.title).collect();
+        assert_eq!(empty, ["Reward", "Loss"]);
+    }
+
+    /// A realistic log: one panel per kind of curve, the evaluation's reward drawn in the reward
+    /// panel in its own colour, the torn last line ignored.
+    #[test]
+    fn write_curves_draws_every_panel() {
+        let mut lines = vec![
+            r#"{"step":0,"eval/step":0,"eval/arith/reward":0.1,"eval/arith/correct":0.1}"#
+                .to_owned(),
+        ];
+        for s in 1..=20u32 {
+            let r = f64::from(s) / 25.0;
+            let mut l = serde_json::json!({
+                "step": s, "reward": r, "loss": 0.5 / f64::from(s), "metrics": {"correct": r},
+                "env/arith/reward": r, "env/chat/reward": r / 2.0,
+            });
+            if s % 5 == 0 {
+                l["eval/arith/reward"] = (r + 0.05).into();
+                l["eval/arith/correct"] = r.into();
+            }
+            lines.push(l.to_string());
+        }
+        lines.push(r#"{"step":21,"rew"#.into());
         let dir = tempfile::tempdir().unwrap();
-        let (log_path, png) = (dir.path().join("m.jsonl"), dir.path().join("c.png"));
-        std::fs::write(&log_path, &log).unwrap();
-        write_curves(&log_path, &png).unwrap();
-        assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+        let (log, png) = (
+            dir.path().join("metrics.jsonl"),
+            dir.path().join("curves.png"),
+        );
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        write_curves(&log, &png).unwrap();
+        let img = Image::read(&png);
+        // Reward, evaluation of arith, reward per environment, rubric metrics, loss.
+        assert_eq!((img.width, img.height), (WIDTH, 5 * PANEL_HEIGHT));
+        for (panel, colors) in [(0, 2), (1, 1), (2, 2), (3, 1), (4, 1)] {
+            for &c in &PALETTE[..colors] {
+                let n = img.count_color(chart_cols(), chart_rows(panel), c);
+                assert!(n > 100, "panel {panel}: {n} pixels of {c:?}");
+            }
+            let n = img.count_color(chart_cols(), chart_rows(panel), PALETTE[colors]);
+            assert_eq!(n, 0, "panel {panel} has {colors} curves");
+        }
+    }
+
+    /// An absent or empty log still gives a valid image (empty reward and loss panels).
+    #[test]
+    fn write_curves_without_a_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, png) = (
+            dir.path().join("metrics.jsonl"),
+            dir.path().join("curves.png"),
+        );
+        write_curves(&log, &png).unwrap();
+        let img = Image::read(&png);
+        assert_eq!((img.width, img.height), (WIDTH, 2 * PANEL_HEIGHT));
+        std::fs::write(&log, "").unwrap();
+        write_curves(&log, &png).unwrap();
+        assert_eq!(Image::read(&png).height, 2 * PANEL_HEIGHT);
     }
 
     #[test]
