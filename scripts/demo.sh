@@ -108,4 +108,4 @@ def correct(path):
 before, after = (correct(p) for p in sys.argv[1:])
 print(f"Correct {before:.3f} -> {after:.3f} ({after - before:+.3f})")
 PY
-echo "reward and loss curves: $DEMO/rl/curves.png"
+echo "training curves: $DEMO/rl/curves.png"
