@@ -394,10 +394,13 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         if !a.json {
             print!("{}", summary.to_text());
         }
-        monitors.log(0, &summary_scalars(name, &summary));
-        if let Some(p) = &port {
-            shown.extend(summary_scalars(name, &summary));
-            p.set_step(0, &shown);
+        if monitors.active() || port.is_some() {
+            let figures = summary_scalars(name, &summary);
+            monitors.log(0, &figures);
+            if let Some(p) = &port {
+                shown.extend(figures);
+                p.set_step(0, &shown);
+            }
         }
         summaries.push(summary);
         if interrupted {

@@ -103,19 +103,24 @@ fn train(
         )
         .expect("valid template"),
     );
+    // Figures gathered only when a monitor listens.
+    let log = |step: usize, figures: std::collections::BTreeMap<String, f64>| {
+        monitors.borrow_mut().log(step as u64, &figures);
+    };
+    let active = monitors.borrow().active();
     let progress = |r: crate::rl::metrics::Report<'_>| {
         use crate::rl::metrics::Report;
         let text = match r {
             Report::Evaluated(l) => {
-                monitors
-                    .borrow_mut()
-                    .log(l.step as u64, &crate::monitor::scalars(l));
+                if active {
+                    log(l.step, crate::monitor::scalars(l));
+                }
                 l.eval.summary()
             }
             Report::Stepped(l) => {
-                monitors
-                    .borrow_mut()
-                    .log(l.step as u64, &crate::monitor::scalars(l));
+                if active {
+                    log(l.step, crate::monitor::scalars(l));
+                }
                 bar.set_position(l.step as u64);
                 bar.set_message(format!("reward {:.3}", l.reward));
                 l.terminal_text()

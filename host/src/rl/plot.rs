@@ -107,13 +107,13 @@ pub fn write_png(path: &Path, panels: &[Panel]) -> anyhow::Result<()> {
 fn render(panels: &[Panel]) -> anyhow::Result<(u32, u32, Vec<u8>)> {
     let font =
         FontRef::try_from_slice(FONT).context("the bundled font (DejaVu Sans) did not parse")?;
-    let placeholder = [Panel {
+    let empty = [Panel {
         title: "no curves yet".into(),
         y_desc: "value".into(),
         series: Vec::new(),
     }];
     let panels = if panels.is_empty() {
-        &placeholder[..]
+        &empty[..]
     } else {
         panels
     };

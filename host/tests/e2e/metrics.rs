@@ -7,7 +7,7 @@
 //! labels and buckets.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -66,21 +66,7 @@ fn parser_python() -> Option<std::path::PathBuf> {
 }
 
 fn parse(python: &std::path::Path, text: &str) -> Scrape {
-    use std::io::Write;
-    let mut child = Command::new(python)
-        .args(["-c", PARSE])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::run_python(python, PARSE, text);
     let (stdout, stderr) = common::texts(&out);
     assert!(
         out.status.success(),

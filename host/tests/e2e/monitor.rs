@@ -96,46 +96,21 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `host rl` on arith for `steps` steps with an evaluation at the start and every 2 steps.
+/// `host rl` on arith for `steps` steps (the rl tests' run) with an evaluation at the start
+/// and every 2 steps.
 fn rl_args(model: &Path, out: &Path, steps: usize) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "rl",
-        "--plugin",
-        "arith",
-        "--orchestrator.env[0].args",
-        "{tools = \"none\"}",
-        "--orchestrator.batch-size",
-        "8",
-        "--orchestrator.rollouts-per-example",
-        "4",
-        "--orchestrator.sampling.max-tokens",
-        "12",
-        "--orchestrator.eval.env",
-        "[{id = \"arith\", split = \"test-d1\", num_examples = 4, rollouts_per_example = 2, args = {tools = \"none\"}}]",
-        "--orchestrator.eval.interval",
-        "2",
-        "--orchestrator.eval.at-start",
-        "true",
-        "--inference.max-model-len",
-        "256",
-        "--trainer.data.seq-len",
-        "256",
-        "--trainer.optim.lr",
-        "1e-3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend([
-        "--trainer.max-steps".into(),
-        steps.to_string(),
-        "--orchestrator.max-steps".into(),
-        steps.to_string(),
-        "--model.name".into(),
-        model.display().to_string(),
-        "--output-dir".into(),
-        out.display().to_string(),
-    ]);
+    let mut args = crate::rl::rl_args(model, out, steps);
+    args.extend(
+        [
+            "--orchestrator.eval.env",
+            "[{id = \"arith\", split = \"test-d1\", num_examples = 4, rollouts_per_example = 2, args = {tools = \"none\"}}]",
+            "--orchestrator.eval.interval",
+            "2",
+            "--orchestrator.eval.at-start",
+            "true",
+        ]
+        .map(String::from),
+    );
     args
 }
 
@@ -167,7 +142,7 @@ for l in lines:
     s.pop("step")
     for k, v in s.items():
         expected.setdefault(k, {})[l["step"]] = v
-assert len(lines) == 4, lines  # the start's evaluation and 3 steps
+assert [l["step"] for l in lines] == [0, 1, 2, 3, 4], lines  # the start's evaluation, 4 steps
 assert any(k.startswith("eval/arith/") for k in expected), sorted(expected)
 
 def same32(a, b):
@@ -196,7 +171,9 @@ assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(sft.Tags()["scalars"])
 
 c = MlflowClient(tracking_uri=uri)
 exp = c.get_experiment_by_name("e2e")
-runs = {r.info.run_name: r for r in c.search_runs([exp.experiment_id])}
+found = c.search_runs([exp.experiment_id])
+assert len(found) == 4, [r.info.run_name for r in found]  # the resume reopened its run
+runs = {r.info.run_name: r for r in found}
 assert set(runs) == {"tiny-arith", "broken", "eval-arith", "sft"}, sorted(runs)
 r = runs["tiny-arith"]
 assert r.info.status == "FINISHED", r.info.status
@@ -220,7 +197,8 @@ assert [m.step for m in c.get_metric_history(s.info.run_id, "loss")] == [1, 2, 3
 print(f"tensorboard: {points} points of {len(expected)} scalars; mlflow: {metrics} metric values, 4 runs")
 "#;
 
-/// One `mlflow server` takes a 3-step `host rl` run (with evaluations), a run that fails after
+/// One `mlflow server` takes a 3-step `host rl` run (with evaluations) resumed for a fourth step
+/// into the same MLflow run, a run that fails after
 /// its monitors started, a `host eval -m` and a `host sft`; TensorBoard gets the rl and sft runs.
 /// Both trackers' own readers find every scalar of metrics.jsonl at its step, the resolved
 /// config as params and as TensorBoard text, and each run's final status.
@@ -257,6 +235,18 @@ fn runs_reach_tensorboard_and_mlflow() {
         run_dir.join("mlflow-run.json").is_file(),
         "the run id is kept for --resume"
     );
+    // Resumed for a fourth step: the same MLflow run goes on (the check below finds 4 runs, and
+    // step 4's metrics in tiny-arith), the same TensorBoard folder gets the step.
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, 4))
+            .arg("--resume")
+            .arg("--monitor.tensorboard")
+            .arg(&tb)
+            .args(tracker("tiny-arith")),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
 
     // A run that fails once its monitors are up (its environment is not installed).
     let broken = tmp.path().join("broken");
@@ -441,15 +431,7 @@ fn rl_serves_prometheus_metrics_while_it_trains() {
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let parse = |text: &str| -> serde_json::Value {
-        use std::io::Write;
-        let mut p = Command::new(&python)
-            .args(["-c", PARSE])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = p.wait_with_output().unwrap();
+        let out = common::run_python(&python, PARSE, text);
         assert!(out.status.success(), "the parser refused:\n{text}");
         serde_json::from_slice(&out.stdout).unwrap()
     };

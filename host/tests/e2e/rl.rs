@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<String> {
+pub(crate) fn rl_args(model: &std::path::Path, out: &std::path::Path, steps: usize) -> Vec<String> {
     [
         "rl",
         "--plugin",

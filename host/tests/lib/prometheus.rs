@@ -3,7 +3,7 @@
 //! Prometheus' official Python parser when the reference venv has it, the registration errors,
 //! and `rlhost::server::serve_metrics` answering a real HTTP client on loopback.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use rlhost::prometheus::{MetricError, Registry, format_float};
@@ -113,21 +113,7 @@ print(json.dumps([[f.name, f.type, f.documentation,
                    [[s.name, s.labels, s.value] for s in f.samples]]
                   for f in text_string_to_metric_families(sys.stdin.read())]))
 "#;
-    let mut child = Command::new(&python)
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(DEMO.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::run_python(&python, script, DEMO);
     let (stdout, stderr) = common::texts(&out);
     assert!(out.status.success(), "{stderr}");
     type Sample = (String, std::collections::BTreeMap<String, String>, f64);

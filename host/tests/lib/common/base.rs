@@ -71,6 +71,26 @@ pub fn reference_python(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// Runs `python -c script` with `input` on its stdin and returns what it did (stdout, stderr,
+/// status): how tests hand text to a reference reader (`prometheus_client`'s parser, say).
+pub fn run_python(python: &Path, script: &str, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Records that `test` skipped (part of) its work and why: printed, and appended to the file named
 /// by `$RLHOST_SKIP_LOG` so `make test` can show it (cargo hides passing tests' output).
 pub fn skip(test: &str, why: &str) {
