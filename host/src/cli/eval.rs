@@ -236,6 +236,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
                     served_name: m.clone(),
                     enable_auto_tool_choice: true,
                     tool_call_parser: a.tool_call_parser.clone(),
+                    reasoning_parser: None,
                 },
             )
             .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;

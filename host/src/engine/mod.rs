@@ -238,6 +238,16 @@ impl FinishReason {
     }
 }
 
+/// What ended a sample that stopped on request (vLLM's `stop_reason`); an end-of-sequence token
+/// is not one (`None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopCause {
+    /// One of the request's stop strings (not part of the text).
+    Text(String),
+    /// One of the request's `stop_token_ids`.
+    Token(u32),
+}
+
 /// What the engine reports about one request, sample by sample (`index` < n).
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -262,8 +272,9 @@ pub enum Event {
         index: usize,
         /// Why.
         reason: FinishReason,
-        /// The stop string or token that ended it, if any.
-        stop: Option<String>,
+        /// The stop string or stop token that ended it (`None` for end-of-sequence, length,
+        /// abort).
+        stop: Option<StopCause>,
         /// Remaining visible text.
         text: String,
         /// Prompt tokens this request did not compute: found in the prefix cache, or shared
@@ -287,6 +298,8 @@ pub struct Completion {
     pub text: String,
     /// Why it ended.
     pub finish_reason: FinishReason,
+    /// The stop string or stop token that ended it, if one did.
+    pub stop: Option<StopCause>,
     /// Policy version of each token's weights.
     pub versions: Vec<u64>,
     /// Prompt length in tokens.
@@ -306,6 +319,7 @@ impl Completion {
             top_logprobs: Vec::new(),
             text: String::new(),
             finish_reason: FinishReason::Abort,
+            stop: None,
             versions: Vec::new(),
             prompt_tokens,
             cached_tokens: 0,
@@ -733,12 +747,13 @@ pub async fn collect(
             Event::Finished {
                 index,
                 reason,
+                stop,
                 text,
                 cached_tokens,
-                ..
             } => {
                 out[index].text.push_str(&text);
                 out[index].finish_reason = reason;
+                out[index].stop = stop;
                 out[index].cached_tokens = cached_tokens;
                 done += 1;
             }
@@ -1339,6 +1354,7 @@ impl Worker {
                     params: &s.request.params,
                     rng: &mut s.rng,
                     seen: &s.ids,
+                    prompt_len: s.prompt_len,
                 })
                 .collect();
             sampling::sample(logits, &mut rows)
@@ -1413,9 +1429,9 @@ impl Worker {
                     index: seq.index,
                     reason,
                     stop: if stop_str {
-                        seq.text.stopped_by.clone()
-                    } else if eos || stop_token {
-                        self.info.tokenizer.decode(&[s_token], false).ok()
+                        seq.text.stopped_by.clone().map(StopCause::Text)
+                    } else if stop_token && !eos {
+                        Some(StopCause::Token(s_token))
                     } else {
                         None
                     },

@@ -1,8 +1,10 @@
 //! Sampling: request parameters (OpenAI / vLLM semantics) and one batched sampling step over
 //! the last position's logits of every running sequence.
 //!
-//! The whole batch is processed with a handful of tensor ops: repetition penalty (rows that ask
-//! for it), temperature, min-p, top-k and top-p (rows that ask for them; top-p on the top-k
+//! The whole batch is processed with a handful of tensor ops: `logit_bias`, then the repetition
+//! penalty (over prompt and output) and the frequency and presence penalties (over the output,
+//! OpenAI's definition: `logit -= frequency × count + presence × [count > 0]`), each only for the
+//! rows that ask for it, then temperature, min-p, top-k and top-p (rows that ask for them; top-p on the top-k
 //! renormalised distribution, as vLLM), then **inverse-CDF sampling**: one cumulative sum per
 //! row and one uniform number per row, located with `searchsorted`. It is exact, costs O(vocab)
 //! vectorised work instead of `multinomial`'s per-call overhead, and draws its uniform numbers
@@ -10,7 +12,7 @@
 //! shares its batch.
 //!
 //! The log-probability reported for a token is the sampler's: `log_softmax(logits / T)` after
-//! the repetition penalty and before the top-k/top-p/min-p truncation — what the trainer
+//! the bias and the penalties and before the top-k/top-p/min-p truncation — what the trainer
 //! recomputes for the importance ratio (`Qwen3::token_logprobs` at the same temperature). Greedy
 //! rows (temperature 0) report `log_softmax(logits)`.
 
@@ -36,6 +38,13 @@ pub struct SamplingParams {
     pub min_p: f64,
     /// Divide positive (multiply negative) logits of tokens already in the prompt or output.
     pub repetition_penalty: f64,
+    /// Subtract this × the number of times a token occurs in the output so far (-2 to 2).
+    pub frequency_penalty: f64,
+    /// Subtract this from the logit of every token the output already has (-2 to 2).
+    pub presence_penalty: f64,
+    /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`; each
+    /// bias in [-100, 100]).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of this request's generator (with `n` > 1, sample `i` uses `seed + i`).
     pub seed: Option<u64>,
     /// Most tokens to generate (`None`: up to the context limit).
@@ -60,6 +69,9 @@ impl Default for SamplingParams {
             top_k: -1,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
             max_tokens: None,
             stop: Vec::new(),
@@ -96,6 +108,23 @@ impl SamplingParams {
             return Err(format!(
                 "repetition_penalty must be > 0, got {}",
                 self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
+                return Err(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
+        {
+            return Err(format!(
+                "logit_bias values must be in [-100, 100], got {b} for token {t}"
             ));
         }
         if self.max_tokens == Some(0) {
@@ -158,8 +187,10 @@ pub struct Row<'a> {
     pub params: &'a SamplingParams,
     /// The sequence's generator.
     pub rng: &'a mut Rng,
-    /// Prompt and output so far (for the repetition penalty).
+    /// Prompt and output so far (for the penalties).
     pub seen: &'a [u32],
+    /// How many of `seen` are the prompt (the frequency and presence penalties count the rest).
+    pub prompt_len: usize,
 }
 
 /// A sampled token.
@@ -184,18 +215,7 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
     let device = logits.device();
     let logits = logits.to_kind(Kind::Float).copy();
     for (r, row) in rows.iter().enumerate() {
-        let p = row.params.repetition_penalty;
-        if p == 1.0 || row.seen.is_empty() {
-            continue;
-        }
-        let mut seen: Vec<i64> = row.seen.iter().map(|&t| i64::from(t)).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        let idx = Tensor::from_slice(&seen).to_device(device);
-        let mut line = logits.get(r as i64);
-        let vals = line.index_select(0, &idx);
-        let penalised = (&vals / p).where_self(&vals.gt(0.0), &(&vals * p));
-        let _ = line.index_copy_(0, &idx, &penalised);
+        adjust_row(&logits.get(r as i64), row, v, device);
     }
     let col = |f: &dyn Fn(&SamplingParams) -> f64| {
         let vals: Vec<f32> = rows.iter().map(|r| f(r.params) as f32).collect();
@@ -269,13 +289,73 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
         .collect()
 }
 
+/// Applies `row`'s logit bias and penalties to its logits `line` `[vocab]` in place; rows that ask
+/// for none cost nothing. Every step is a sparse update over the tokens concerned.
+fn adjust_row(line: &Tensor, row: &Row<'_>, vocab: i64, device: tch::Device) {
+    let p = row.params;
+    let mut line = line.shallow_clone();
+    let add = |line: &mut Tensor, pairs: Vec<(i64, f32)>| {
+        let (idx, val): (Vec<i64>, Vec<f32>) = pairs
+            .into_iter()
+            .filter(|&(t, _)| (0..vocab).contains(&t))
+            .unzip();
+        if !idx.is_empty() {
+            let idx = Tensor::from_slice(&idx).to_device(device);
+            let val = Tensor::from_slice(&val).to_device(device);
+            let _ = line.index_add_(0, &idx, &val);
+        }
+    };
+    if !p.logit_bias.is_empty() {
+        add(
+            &mut line,
+            p.logit_bias
+                .iter()
+                .map(|&(t, b)| (i64::from(t), b))
+                .collect(),
+        );
+    }
+    if p.repetition_penalty != 1.0 && !row.seen.is_empty() {
+        let mut seen: Vec<i64> = row.seen.iter().map(|&t| i64::from(t)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.retain(|&t| t < vocab);
+        let idx = Tensor::from_slice(&seen).to_device(device);
+        let vals = line.index_select(0, &idx);
+        let rp = p.repetition_penalty;
+        let penalised = (&vals / rp).where_self(&vals.gt(0.0), &(&vals * rp));
+        let _ = line.index_copy_(0, &idx, &penalised);
+    }
+    let output = &row.seen[row.prompt_len.min(row.seen.len())..];
+    if (p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) && !output.is_empty() {
+        let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+        for &t in output {
+            *counts.entry(t).or_default() += 1;
+        }
+        add(
+            &mut line,
+            counts
+                .into_iter()
+                .map(|(t, c)| {
+                    let d = p.frequency_penalty * f64::from(c) + p.presence_penalty;
+                    (i64::from(t), -d as f32)
+                })
+                .collect(),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run(logits: &[f32], params: &SamplingParams, seen: &[u32], rng: &mut Rng) -> Sampled {
         let t = Tensor::from_slice(logits).unsqueeze(0);
-        let mut rows = [Row { params, rng, seen }];
+        let mut rows = [Row {
+            params,
+            rng,
+            seen,
+            prompt_len: 0,
+        }];
         sample(&t, &mut rows).remove(0)
     }
 
@@ -377,6 +457,74 @@ mod tests {
         assert_eq!(run(&[3.0, 2.0, 0.0], &p, &[2], &mut Rng::new(0)).token, 0);
     }
 
+    /// OpenAI's definitions on output tokens only: `logit - frequency × count - presence`; the
+    /// bias is added first and shows in the reported log-prob; the prompt is not counted.
+    #[test]
+    fn frequency_presence_and_bias_follow_openai() {
+        let logits = [3.0f32, 2.5, 0.0, 1.0];
+        let greedy = |p: SamplingParams, seen: &[u32], prompt_len: usize| {
+            let t = Tensor::from_slice(&logits).unsqueeze(0);
+            let mut rng = Rng::new(0);
+            let mut rows = [Row {
+                params: &p,
+                rng: &mut rng,
+                seen,
+                prompt_len,
+            }];
+            sample(&t, &mut rows).remove(0)
+        };
+        let base = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        // Token 0 twice in the output: 3.0 - 0.3 × 2 = 2.4 < 2.5.
+        let freq = SamplingParams {
+            frequency_penalty: 0.3,
+            ..base.clone()
+        };
+        assert_eq!(greedy(freq.clone(), &[0, 0], 0).token, 1);
+        assert_eq!(greedy(freq.clone(), &[0], 0).token, 0);
+        // The same tokens in the prompt are not counted.
+        assert_eq!(greedy(freq, &[0, 0], 2).token, 0);
+        // Presence is once per token, whatever the count.
+        let pres = SamplingParams {
+            presence_penalty: 0.6,
+            ..base.clone()
+        };
+        assert_eq!(greedy(pres.clone(), &[0], 0).token, 1);
+        // Both seen: each loses 0.6 once (2.4 > 1.9), and the log-prob is the shifted one's.
+        let s = greedy(pres, &[0, 0, 0, 1], 0);
+        assert_eq!(s.token, 0);
+        let shifted = [2.4f32, 1.9, 0.0, 1.0];
+        let z: f32 = shifted.iter().map(|x| x.exp()).sum();
+        assert!((s.logprob - (2.4 - z.ln())).abs() < 1e-5, "{}", s.logprob);
+        // A negative penalty favours repeats.
+        let neg = SamplingParams {
+            frequency_penalty: -1.0,
+            ..base.clone()
+        };
+        assert_eq!(greedy(neg, &[1], 0).token, 1);
+        // Bias: -100 bans, +100 forces; the log-prob is the biased distribution's.
+        let bias = SamplingParams {
+            logit_bias: vec![(0, -100.0), (2, 1.0)],
+            ..base.clone()
+        };
+        let s = greedy(bias, &[], 0);
+        assert_eq!(s.token, 1);
+        let biased = [-97.0f32, 2.5, 1.0, 1.0];
+        let z: f32 = biased.iter().map(|x| x.exp()).sum();
+        assert!((s.logprob - (2.5 - z.ln())).abs() < 1e-5);
+        let forced = SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(2, 100.0)],
+            ..Default::default()
+        };
+        let mut rng = Rng::new(5);
+        for _ in 0..200 {
+            assert_eq!(run(&logits, &forced, &[], &mut rng).token, 2);
+        }
+    }
+
     #[test]
     fn a_seeded_row_ignores_its_batch() {
         let p = SamplingParams::default();
@@ -392,6 +540,7 @@ mod tests {
                 params: &p,
                 rng: &mut rng,
                 seen: &[],
+                prompt_len: 0,
             }];
             (0..50)
                 .map(|_| sample(&logits.get(0).unsqueeze(0), &mut rows)[0].token)
@@ -406,11 +555,13 @@ mod tests {
                             params: &p,
                             rng: &mut a,
                             seen: &[],
+                            prompt_len: 0,
                         },
                         Row {
                             params: &other,
                             rng: &mut b,
                             seen: &[],
+                            prompt_len: 0,
                         },
                     ];
                     sample(&logits, &mut rows)[0].token
@@ -450,6 +601,27 @@ mod tests {
                     ..Default::default()
                 },
                 "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: 2.5,
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: f64::NAN,
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 101.0)],
+                    ..Default::default()
+                },
+                "logit_bias",
             ),
         ];
         for (p, name) in bad {

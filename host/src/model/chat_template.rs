@@ -216,6 +216,14 @@ impl ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// Whether the template reads the variable `name` (a request setting one it never reads
+    /// would change nothing).
+    pub fn reads(&self, name: &str) -> bool {
+        self.env
+            .get_template("chat")
+            .is_ok_and(|t| t.undeclared_variables(false).contains(name))
+    }
+
     /// transformers' `apply_chat_template(messages, tools=tools, **kwargs)`: `kwargs` holds
     /// `add_generation_prompt` (default false) and the template's other variables.
     pub fn apply(

@@ -6,6 +6,7 @@ pub mod chat_template;
 pub mod config;
 pub mod hub;
 pub mod qwen3;
+pub mod reasoning;
 pub mod safetensors;
 pub mod tiny_tokenizer;
 pub mod tokenizer;

@@ -23,9 +23,10 @@ pub use request::{
 };
 pub use response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Delta,
-    FunctionCall, ModelCard, ModelList, PromptTokensDetails, ResponseHeader, ResponseMessage,
-    StopReason, TextChoice, TextChunkChoice, TextCompletion, TextCompletionChunk, TextLogprobs,
-    TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, TopLogprobMap, UpdateWeightsResponse, Usage,
+    FunctionCall, FunctionCallDelta, ModelCard, ModelList, PromptTokensDetails, ResponseHeader,
+    ResponseMessage, StopReason, TextChoice, TextChunkChoice, TextCompletion, TextCompletionChunk,
+    TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, TopLogprobMap,
+    UpdateWeightsResponse, Usage,
 };
 
 use serde::{Deserialize, Deserializer};

@@ -56,12 +56,15 @@ pub struct GenerationParams {
     /// vLLM: repetition penalty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repetition_penalty: Option<f64>,
-    /// Not supported unless 0.
+    /// Subtracted from the logit of every token the output already has (-2 to 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence_penalty: Option<f64>,
-    /// Not supported unless 0.
+    /// Subtracted × the token's count in the output so far (-2 to 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f64>,
+    /// Token id (as a string key) → bias added to its logit (-100 to 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Most tokens to generate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<i64>,
@@ -328,6 +331,10 @@ pub struct ChatRequest {
     /// With `logprobs`, this many alternatives per token (at most 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<usize>,
+    /// How hard a reasoning model thinks (`low`, `medium`, `high`): passed to the chat template
+    /// as `reasoning_effort`, refused for a template that does not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
     /// Extra chat-template variables (`enable_thinking`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,

@@ -71,19 +71,32 @@ impl ToolCall {
     }
 }
 
-/// A tool call in a stream's last chunk of a choice (OpenAI's delta shape, with its index).
+/// A piece of a tool call in a stream chunk (OpenAI's delta shape, with its index): the call's
+/// first piece has `id`, `type` and `function.name`; later pieces of the same `index` carry
+/// text to append to `function.arguments`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallChunk {
     /// Position among the choice's calls.
     pub index: usize,
-    /// The call's id.
-    #[serde(default)]
+    /// The call's id (first piece).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// Always `function`.
-    #[serde(rename = "type", default)]
+    /// Always `function` (first piece).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    /// The call (whole: rlhost sends each call in one delta).
-    pub function: FunctionCall,
+    /// The function's name and/or a piece of its arguments.
+    pub function: FunctionCallDelta,
+}
+
+/// What a stream chunk adds to a call's function.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    /// The function's name (first piece).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Text to append to the arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// The assistant's message in a chat completion.
@@ -244,7 +257,12 @@ pub struct Delta {
     /// New text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    /// Tool calls (rlhost: all of them, whole, in the choice's last chunk).
+    /// vLLM (`--reasoning-parser`): new reasoning text (what the model wrote inside
+    /// `<think>…</think>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls: a call's first delta has its `id`, `type` and `function.name` (arguments
+    /// empty); later deltas of the same `index` carry pieces of `function.arguments` to append.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallChunk>>,
     /// vLLM (`return_token_ids`): the new token ids.
@@ -265,6 +283,9 @@ pub struct ChatChunkChoice {
     /// Set in the choice's last chunk.
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// vLLM: what stopped it (a stop string or stop token id), in the choice's last chunk.
+    #[serde(default)]
+    pub stop_reason: Option<StopReason>,
     /// rlhost: the policy version, in the choice's last chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<u64>,
@@ -394,6 +415,9 @@ pub struct TextChunkChoice {
     /// Set in the choice's last chunk.
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// vLLM: what stopped it (a stop string or stop token id), in the choice's last chunk.
+    #[serde(default)]
+    pub stop_reason: Option<StopReason>,
 }
 
 /// A text completion stream chunk.

@@ -973,6 +973,7 @@ mod tests {
                 served_name: "tiny".into(),
                 enable_auto_tool_choice: false,
                 tool_call_parser: "hermes".into(),
+                reasoning_parser: None,
             },
         )
         .unwrap();

@@ -10,6 +10,7 @@
 //! must complete a call. Every choice carries the policy version of its weights. Bad requests
 //! get a 400 naming the problem; a full queue a 503.
 
+mod output;
 pub mod request;
 
 use std::convert::Infallible;
@@ -25,13 +26,14 @@ use serde::Serialize;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::engine::{Completion, Engine, EngineError, Event, FinishReason};
-use crate::model::tool_parsers::{self, ParseOutcome, ToolCallParser};
+use crate::model::reasoning::ReasoningParser;
+use crate::model::tool_parsers::{self, ToolCallParser};
 use crate::openai::{
     self, ApiError, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs,
-    ChatRequest, CompletionRequest, Delta, GenerationParams, ModelCard, ModelList, Prompt,
-    ResponseHeader, ResponseMessage, TextChoice, TextChunkChoice, TextCompletion,
-    TextCompletionChunk, TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob,
-    TopLogprobMap, UpdateWeightsRequest, UpdateWeightsResponse, Usage,
+    ChatRequest, CompletionRequest, Delta, FunctionCallDelta, GenerationParams, ModelCard,
+    ModelList, Prompt, ResponseHeader, ResponseMessage, StopReason, TextChoice, TextChunkChoice,
+    TextCompletion, TextCompletionChunk, TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk,
+    TopLogprob, TopLogprobMap, UpdateWeightsRequest, UpdateWeightsResponse, Usage,
 };
 use request::ToolChoice;
 
@@ -44,6 +46,8 @@ pub struct ServerConfig {
     pub enable_auto_tool_choice: bool,
     /// The tool-call wire format (`--tool-call-parser`).
     pub tool_call_parser: String,
+    /// Split `<think>…</think>` into `reasoning_content` (`--reasoning-parser`; off: `None`).
+    pub reasoning_parser: Option<String>,
 }
 
 /// The API over an engine, without HTTP: the server's handlers call it, and so does the
@@ -52,6 +56,7 @@ pub struct Api {
     engine: Engine,
     cfg: ServerConfig,
     parser: Box<dyn ToolCallParser>,
+    reasoning: Option<ReasoningParser>,
     created: u64,
 }
 
@@ -69,6 +74,11 @@ impl Api {
     /// The API over `engine`.
     pub fn new(engine: Engine, cfg: ServerConfig) -> Result<Self, String> {
         let parser = tool_parsers::parser(&cfg.tool_call_parser)?;
+        let reasoning = cfg
+            .reasoning_parser
+            .as_deref()
+            .map(crate::model::reasoning::parser)
+            .transpose()?;
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -76,6 +86,7 @@ impl Api {
             engine,
             cfg,
             parser,
+            reasoning,
             created,
         })
     }
@@ -422,6 +433,21 @@ struct ToolPlan {
     /// Text written into the prompt to force a call (prepended to the output for parsing).
     forced: String,
     tools: Vec<rlhost_sdk::types::Tool>,
+    /// The prompt ends inside a reasoning block (the output starts in the reasoning).
+    opened: bool,
+}
+
+impl ToolPlan {
+    fn reader<'a>(&'a self, st: &'a AppState) -> output::Reader<'a> {
+        output::Reader {
+            parser: st.parser.as_ref(),
+            reasoning: st.reasoning.as_ref(),
+            opened: self.opened,
+            parse: self.parse,
+            forced: &self.forced,
+            tools: &self.tools,
+        }
+    }
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -467,11 +493,12 @@ async fn chat_impl(
         }
         _ => None,
     };
-    let plan = ToolPlan {
+    let mut plan = ToolPlan {
         parse: forced_name.is_some()
             || (choice == ToolChoice::Auto && st.cfg.enable_auto_tool_choice && !tools.is_empty()),
         forced: forced_name.map_or(String::new(), |n| st.parser.call_prefix(n)),
         tools,
+        opened: false,
     };
     let info = st.engine.info();
     let template = info.template.as_ref().ok_or_else(|| {
@@ -480,7 +507,25 @@ async fn chat_impl(
             "this model has no chat template (tokenizer_config.json chat_template or chat_template.jinja); use /v1/completions",
         )
     })?;
-    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = &req.reasoning_effort {
+        let param = || Some("reasoning_effort".to_string());
+        if !["low", "medium", "high"].contains(&effort.as_str()) {
+            return Err(ApiError::bad(
+                param(),
+                format!("reasoning_effort must be low, medium or high, got {effort:?}"),
+            ));
+        }
+        if !template.reads("reasoning_effort") {
+            return Err(ApiError::bad(
+                param(),
+                "reasoning_effort cannot be honoured: this model's chat template does not read                  `reasoning_effort` (Qwen3 templates switch thinking on and off with                  chat_template_kwargs {\"enable_thinking\": false})",
+            ));
+        }
+        kwargs
+            .entry("reasoning_effort")
+            .or_insert_with(|| effort.as_str().into());
+    }
     let ids = match &req.history_token_ids {
         Some(history) => continue_history(
             info,
@@ -525,7 +570,15 @@ async fn chat_impl(
         }
         (false, _) => 0,
     };
-    let params = request::sampling_params(&req.params, top)?;
+    if let Some(r) = &st.reasoning {
+        let tail_from = ids.len().saturating_sub(8);
+        let tail = info
+            .tokenizer
+            .decode(&ids[tail_from..], false)
+            .unwrap_or_default();
+        plan.opened = r.opens_in(&tail);
+    }
+    let params = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
     let prompt_tokens = ids.len();
     let rx = st
@@ -551,7 +604,7 @@ async fn chat_impl(
                     content: logprob_items(&st, c, meta.as_ids),
                 }),
                 finish_reason: finish.to_string(),
-                stop_reason: None,
+                stop_reason: stop_reason(&c.stop),
                 policy_version: Some(
                     c.versions
                         .last()
@@ -715,37 +768,37 @@ fn chat_message(
     plan: &ToolPlan,
     c: &Completion,
 ) -> (ResponseMessage, &'static str, Option<String>) {
-    let message = |content: Option<String>, tool_calls: Vec<ToolCall>| ResponseMessage {
-        role: "assistant".into(),
-        content,
-        tool_calls,
-        reasoning_content: None,
+    let view = plan.reader(st).read(&c.text, true);
+    let finish = match c.finish_reason {
+        FinishReason::Stop if !view.calls.is_empty() => "tool_calls",
+        other => other.as_str(),
     };
-    let finish = c.finish_reason.as_str();
-    if !plan.parse {
-        return (message(Some(c.text.clone()), Vec::new()), finish, None);
-    }
-    let text = format!("{}{}", plan.forced, c.text);
-    let out: ParseOutcome = st.parser.parse(&text, &plan.tools);
-    if out.calls.is_empty() {
-        let content = if plan.forced.is_empty() {
-            c.text.clone()
-        } else {
-            text
-        };
-        return (message(Some(content), Vec::new()), finish, out.error);
-    }
-    let calls: Vec<ToolCall> = out
+    let calls: Vec<ToolCall> = view
         .calls
         .iter()
         .map(|call| ToolCall::function(&random_id("call"), &call.name, &call.arguments))
         .collect();
-    let finish = if c.finish_reason == FinishReason::Stop {
-        "tool_calls"
+    // With calls, empty content is no content (as the parsers say); without, the text as is.
+    let content = if calls.is_empty() {
+        (!(view.content.is_empty() && view.reasoning.is_some())).then_some(view.content)
     } else {
-        finish
+        (!view.content.is_empty()).then_some(view.content)
     };
-    (message(out.content, calls), finish, out.error)
+    let message = ResponseMessage {
+        role: "assistant".into(),
+        content,
+        tool_calls: calls,
+        reasoning_content: view.reasoning,
+    };
+    (message, finish, view.error)
+}
+
+/// vLLM's `stop_reason` for what the engine says stopped a sample.
+fn stop_reason(c: &Option<crate::engine::StopCause>) -> Option<StopReason> {
+    c.as_ref().map(|c| match c {
+        crate::engine::StopCause::Text(s) => StopReason::Text(s.clone()),
+        crate::engine::StopCause::Token(t) => StopReason::Token(*t),
+    })
 }
 
 fn token_text(st: &AppState, id: u32, as_ids: bool) -> String {
@@ -812,9 +865,11 @@ fn payload<T: Serialize>(chunk: &T) -> String {
     serde_json::to_string(chunk).expect("chunks serialise")
 }
 
-/// Streams a chat completion: a role chunk per choice, content deltas as tokens arrive
-/// (text that may start a tool call held back when calls are parsed), tool calls and the finish
-/// reason at the end, usage if asked, then `[DONE]`.
+/// Streams a chat completion: a role chunk per choice, then reasoning, content and tool-call
+/// pieces as tokens arrive (text that may start a tool call or end the reasoning held back; a
+/// call's id and name once its name is complete, then its arguments as they grow), the rest and
+/// the finish reason at the end, usage if asked, then `[DONE]`. The pieces of a choice add up to
+/// the message the same request gets unstreamed.
 fn chat_stream(
     st: Arc<AppState>,
     mut rx: tmpsc::UnboundedReceiver<Event>,
@@ -836,12 +891,13 @@ fn chat_stream(
             delta,
             logprobs: None,
             finish_reason: None,
+            stop_reason: None,
             policy_version: None,
             tool_call_error: None,
         };
-        let marker = "<tool_call>";
+        let reader = plan.reader(&st);
         let mut texts = vec![String::new(); n];
-        let mut shown = vec![0usize; n];
+        let mut sent = vec![Sent::default(); n];
         let mut done: Vec<Completion> = Vec::new();
         let mut partial: Vec<Completion> = (0..n)
             .map(|index| Completion::empty(index, meta.prompt_ids.len()))
@@ -873,35 +929,21 @@ fn chat_stream(
                 } => {
                     partial[index].push_token(id, logprob, top.clone(), &text, version);
                     texts[index].push_str(&text);
-                    // What may be shown: everything, or (parsing calls) the text before a call
-                    // starts, minus a tail that could begin the marker.
-                    let t = &texts[index];
-                    let ready = if !plan.parse {
-                        t.len()
-                    } else if !plan.forced.is_empty() {
-                        0
-                    } else if let Some(i) = t.find(marker) {
-                        i
-                    } else {
-                        (1..marker.len())
-                            .rev()
-                            .find(|&k| t.ends_with(&marker[..k]))
-                            .map_or(t.len(), |k| t.len() - k)
-                    };
-                    let ready = ready.max(shown[index]);
-                    let delta = &t[shown[index]..ready];
+                    let view = reader.read(&texts[index], false);
+                    let mut delta = sent[index].advance(&view);
                     let lp = meta.logprobs.then(|| ChatLogprobs {
                         content: vec![logprob_item(&st, id, logprob, &top, meta.as_ids)],
                     });
-                    if !delta.is_empty() || lp.is_some() {
-                        let d = Delta {
-                            content: Some(delta.to_string()),
-                            token_ids: meta.return_ids.then(|| vec![id]),
-                            ..Default::default()
-                        };
-                        let mut c = choice(index, d);
+                    if delta != Delta::default() || lp.is_some() || meta.return_ids {
+                        delta.token_ids = meta.return_ids.then(|| vec![id]);
+                        if delta.content.is_none()
+                            && delta.reasoning_content.is_none()
+                            && delta.tool_calls.is_none()
+                        {
+                            delta.content = Some(String::new());
+                        }
+                        let mut c = choice(index, delta);
                         c.logprobs = lp;
-                        shown[index] = ready;
                         if tx.send(chunk(vec![c], None)).await.is_err() {
                             return;
                         }
@@ -910,40 +952,33 @@ fn chat_stream(
                 Event::Finished {
                     index,
                     reason,
+                    stop,
                     text,
                     cached_tokens,
-                    ..
                 } => {
                     texts[index].push_str(&text);
                     let mut c = partial[index].clone();
                     c.text = texts[index].clone();
                     c.finish_reason = reason;
+                    c.stop = stop;
                     c.cached_tokens = cached_tokens;
                     let (message, finish, parse_error) = chat_message(&st, &plan, &c);
-                    let mut delta = Delta::default();
-                    let content = message.content.as_deref().unwrap_or_default();
-                    if content.len() > shown[index]
-                        && content.starts_with(&texts[index][..shown[index]])
-                    {
-                        delta.content = Some(content[shown[index]..].to_string());
-                    }
-                    if !message.tool_calls.is_empty() {
-                        delta.tool_calls = Some(
-                            message
-                                .tool_calls
-                                .into_iter()
-                                .enumerate()
-                                .map(|(i, call)| ToolCallChunk {
-                                    index: i,
-                                    id: Some(call.id),
-                                    kind: Some(call.kind),
-                                    function: call.function,
-                                })
-                                .collect(),
-                        );
-                    }
-                    let mut last = choice(index, delta);
+                    let view = output::View {
+                        reasoning: message.reasoning_content.clone(),
+                        content: message.content.clone().unwrap_or_default(),
+                        calls: message
+                            .tool_calls
+                            .iter()
+                            .map(|t| tool_parsers::ParsedCall {
+                                name: t.function.name.clone(),
+                                arguments: t.function.arguments.clone(),
+                            })
+                            .collect(),
+                        error: None,
+                    };
+                    let mut last = choice(index, sent[index].advance(&view));
                     last.finish_reason = Some(finish.to_string());
+                    last.stop_reason = stop_reason(&c.stop);
                     last.policy_version = c.versions.last().copied();
                     last.tool_call_error = parse_error;
                     if tx.send(chunk(vec![last], None)).await.is_err() {
@@ -960,6 +995,62 @@ fn chat_stream(
         let _ = tx.send("[DONE]".to_string()).await;
     });
     out
+}
+
+/// What a chat stream has sent of one choice.
+#[derive(Debug, Clone, Default)]
+struct Sent {
+    reasoning: String,
+    content: String,
+    /// Each call's id and the arguments sent.
+    calls: Vec<(String, String)>,
+}
+
+impl Sent {
+    /// The delta that brings what was sent up to `view`, and notes it as sent. A part that no
+    /// longer extends what was sent (a finished output read differently from its prefixes: a
+    /// call that turned out malformed) sends nothing more; the last chunk says why.
+    fn advance(&mut self, view: &output::View) -> Delta {
+        let mut delta = Delta::default();
+        let piece = |text: &str, sent: &mut String| {
+            (text.len() > sent.len() && text.starts_with(sent.as_str())).then(|| {
+                let p = text[sent.len()..].to_string();
+                sent.push_str(&p);
+                p
+            })
+        };
+        if let Some(r) = &view.reasoning {
+            delta.reasoning_content = piece(r, &mut self.reasoning);
+        }
+        delta.content = piece(&view.content, &mut self.content);
+        let mut calls = Vec::new();
+        for (i, call) in view.calls.iter().enumerate() {
+            if i == self.calls.len() {
+                self.calls.push((random_id("call"), call.arguments.clone()));
+                calls.push(ToolCallChunk {
+                    index: i,
+                    id: Some(self.calls[i].0.clone()),
+                    kind: Some("function".into()),
+                    function: FunctionCallDelta {
+                        name: Some(call.name.clone()),
+                        arguments: Some(call.arguments.clone()),
+                    },
+                });
+            } else if let Some(p) = piece(&call.arguments, &mut self.calls[i].1) {
+                calls.push(ToolCallChunk {
+                    index: i,
+                    id: None,
+                    kind: None,
+                    function: FunctionCallDelta {
+                        name: None,
+                        arguments: Some(p),
+                    },
+                });
+            }
+        }
+        delta.tool_calls = (!calls.is_empty()).then_some(calls);
+        delta
+    }
 }
 
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -1012,7 +1103,7 @@ async fn completions_impl(
             ),
         ));
     }
-    let params = request::sampling_params(&req.params, top)?;
+    let params = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
     let meta = Meta::new(
         &st,
@@ -1044,7 +1135,7 @@ async fn completions_impl(
                 text: c.text.clone(),
                 logprobs: meta.logprobs.then(|| text_logprobs(&st, c, meta.as_ids)),
                 finish_reason: c.finish_reason.as_str().to_string(),
-                stop_reason: None,
+                stop_reason: stop_reason(&c.stop),
                 policy_version: c.versions.last().copied(),
                 token_ids: meta.return_ids.then(|| c.token_ids.clone()),
                 prompt_token_ids: meta.return_ids.then(|| p.clone()),
@@ -1119,7 +1210,7 @@ fn completion_stream(
             let mut finished = 0;
             while finished < n {
                 let Some(ev) = rx.recv().await else { break };
-                let (index, text, finish, lp) = match ev {
+                let (index, text, finish, lp, stop) = match ev {
                     Event::Token {
                         index,
                         id,
@@ -1135,20 +1226,21 @@ fn completion_stream(
                             top_logprobs: vec![top_map(&st, &top, meta.as_ids)],
                             text_offset: None,
                         });
-                        (index, text, None, lp)
+                        (index, text, None, lp, None)
                     }
                     Event::Finished {
                         index,
                         reason,
+                        stop,
                         text,
                         cached_tokens,
-                        ..
                     } => {
                         finished += 1;
                         if index == 0 {
                             cached += cached_tokens;
                         }
-                        (index, text, Some(reason.as_str().to_string()), None)
+                        let stop = stop_reason(&stop);
+                        (index, text, Some(reason.as_str().to_string()), None, stop)
                     }
                 };
                 if text.is_empty() && finish.is_none() && lp.is_none() {
@@ -1159,6 +1251,7 @@ fn completion_stream(
                     text,
                     logprobs: lp,
                     finish_reason: finish,
+                    stop_reason: stop,
                 };
                 if tx.send(chunk(vec![c], None)).await.is_err() {
                     return;

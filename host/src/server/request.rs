@@ -8,21 +8,37 @@ use crate::openai::{
     ApiError, ChatMessage, GenerationParams, MessageContent, Stop, ToolChoiceParam, ToolDef,
 };
 
-/// The engine's parameters for `p`; `top_logprobs` from the endpoint's own field.
+/// The engine's parameters for `p`; `top_logprobs` from the endpoint's own field; `vocab` the
+/// model's vocabulary size (`logit_bias` keys must be token ids below it).
 pub fn sampling_params(
     p: &GenerationParams,
     top_logprobs: usize,
+    vocab: usize,
 ) -> Result<SamplingParams, ApiError> {
-    for (name, v) in [
-        ("presence_penalty", p.presence_penalty),
-        ("frequency_penalty", p.frequency_penalty),
-    ] {
-        if v.is_some_and(|v| v != 0.0) {
+    let mut logit_bias = Vec::new();
+    for (key, &bias) in p.logit_bias.iter().flatten() {
+        let param = || Some(format!("logit_bias.{key}"));
+        let id = key.trim().parse::<u32>().map_err(|_| {
+            ApiError::bad(
+                param(),
+                format!("logit_bias keys are token ids (integers as strings), got {key:?}"),
+            )
+        })?;
+        if id as usize >= vocab {
             return Err(ApiError::bad(
-                Some(name.to_string()),
-                format!("{name} is not supported by this server (use repetition_penalty)"),
+                param(),
+                format!(
+                    "token_id {id} in logit_bias contains out-of-vocab token id; the vocabulary has {vocab} tokens"
+                ),
             ));
         }
+        if !(bias.is_finite() && (-100.0..=100.0).contains(&bias)) {
+            return Err(ApiError::bad(
+                param(),
+                format!("logit_bias values must be in [-100, 100], got {bias} for token {id}"),
+            ));
+        }
+        logit_bias.push((id, bias as f32));
     }
     if p.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(ApiError::bad(
@@ -51,6 +67,9 @@ pub fn sampling_params(
         top_k: p.top_k.unwrap_or(-1),
         min_p: p.min_p.unwrap_or(0.0),
         repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: p.presence_penalty.unwrap_or(0.0),
+        logit_bias,
         seed: p.seed,
         max_tokens,
         stop: match &p.stop {

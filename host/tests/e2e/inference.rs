@@ -62,6 +62,21 @@ pub(crate) fn tool_conversation() -> (Value, Value) {
 
 /// A tiny model taught three answers by overfitting (Adam on the target tokens only).
 pub(crate) fn taught_model(dir: &Path) {
+    let (first, after) = tool_conversation();
+    let plain = json!([{"role": "user", "content": QUESTION}]);
+    teach(
+        dir,
+        &[
+            (plain, None, "42<|im_end|>"),
+            (first, Some(tools()), CALL),
+            (after, Some(tools()), ANSWER),
+        ],
+    );
+}
+
+/// A tiny model (tiny tokenizer and template) in `dir`, taught each example's answer to its
+/// conversation (messages, tools) by overfitting: 400 Adam steps on the answers' tokens only.
+pub(crate) fn teach(dir: &Path, examples: &[(Value, Option<Value>, &str)]) {
     let cfg = Qwen3Config::preset(Preset::Tiny);
     let model = common::seeded_model(cfg, 11);
     model.save(dir).unwrap();
@@ -69,27 +84,12 @@ pub(crate) fn taught_model(dir: &Path) {
     let tok = Tokenizer::load(dir).unwrap();
     let tpl = ChatTemplate::load(dir).unwrap();
     let none = serde_json::Map::new();
-    let (first, after) = tool_conversation();
-    let plain = json!([{"role": "user", "content": QUESTION}]);
-    let examples: Vec<(String, &str)> = vec![
-        (
-            tpl.render(&plain, None, true, &none).unwrap(),
-            "42<|im_end|>",
-        ),
-        (
-            tpl.render(&first, Some(&tools()), true, &none).unwrap(),
-            CALL,
-        ),
-        (
-            tpl.render(&after, Some(&tools()), true, &none).unwrap(),
-            ANSWER,
-        ),
-    ];
     let seqs: Vec<(Vec<i64>, usize)> = examples
         .iter()
-        .map(|(p, t)| {
-            let p = tok.encode(p).unwrap();
-            let t = tok.encode(t).unwrap();
+        .map(|(messages, tools, answer)| {
+            let p = tpl.render(messages, tools.as_ref(), true, &none).unwrap();
+            let p = tok.encode(&p).unwrap();
+            let t = tok.encode(answer).unwrap();
             let all: Vec<i64> = p.iter().chain(&t).map(|&x| i64::from(x)).collect();
             (all, p.len())
         })
@@ -127,7 +127,7 @@ fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
     (tmp, server)
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -135,7 +135,7 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+pub(crate) async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
     let r = client
         .post(url)
         .header("content-type", "application/json")

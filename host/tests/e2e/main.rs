@@ -7,6 +7,7 @@
 #[allow(dead_code)]
 mod common;
 
+mod chat_fields;
 mod cli;
 mod doctor;
 mod env_init;

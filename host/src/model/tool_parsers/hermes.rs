@@ -13,7 +13,7 @@
 
 use rlhost_sdk::types::Tool;
 
-use super::{ParseOutcome, ParsedCall, ToolCallParser};
+use super::{ParseOutcome, ParsedCall, ToolCallParser, json_prefix};
 use crate::model::chat_template::python_json;
 
 /// The hermes parser.
@@ -41,6 +41,22 @@ fn bodies(text: &str) -> Vec<&str> {
     out
 }
 
+/// A call body's name and what follows `"arguments":`, once both are written in that order.
+fn head(body: &str) -> Option<(String, &str)> {
+    fn token<'a>(s: &'a str, t: &str) -> Option<&'a str> {
+        s.trim_start().strip_prefix(t)
+    }
+    let rest = token(body, "{")?;
+    let rest = token(rest, "\"name\"")?;
+    let rest = token(rest, ":")?.trim_start();
+    let mut de = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = de.next()?.ok()?;
+    let rest = &rest[de.byte_offset()..];
+    let rest = token(rest, ",")?;
+    let rest = token(rest, "\"arguments\"")?;
+    Some((name, token(rest, ":")?))
+}
+
 impl ToolCallParser for Hermes {
     fn name(&self) -> &'static str {
         "hermes"
@@ -51,6 +67,25 @@ impl ToolCallParser for Hermes {
             Some(n) => format!("{OPEN}\n{{\"name\": \"{n}\", \"arguments\": "),
             None => format!("{OPEN}\n{{\"name\": \""),
         }
+    }
+
+    fn partial(&self, text: &str, _tools: &[Tool]) -> Vec<ParsedCall> {
+        let mut out = vec![];
+        for body in bodies(text) {
+            // `{"name": "NAME", "arguments": ` then the arguments, as models write it; another
+            // order is read when the call is complete.
+            let Some((name, args)) = head(body) else {
+                break;
+            };
+            let arguments = if args.trim_start().starts_with('"') {
+                // Arguments given as JSON text: known when the call is.
+                String::new()
+            } else {
+                json_prefix(args)
+            };
+            out.push(ParsedCall { name, arguments });
+        }
+        out
     }
 
     fn parse(&self, text: &str, _tools: &[Tool]) -> ParseOutcome {
@@ -108,6 +143,38 @@ impl ToolCallParser for Hermes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every prefix's calls are prefixes of the finished output's calls: names whole, arguments
+    /// growing towards the final text.
+    #[test]
+    fn partial_calls_grow_into_the_parsed_ones() {
+        let text = "Let me see.\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expr\":\"6*7\",\n \"n\": [1,2.50, {\"a\": null}], \"s\": \"caf\\u00e9 \\\"q\\\"\", \"big\": 1e3}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        let whole = Hermes.parse(text, &[]);
+        assert_eq!(whole.calls.len(), 2, "{whole:?}");
+        assert_eq!(
+            whole.calls[0].arguments,
+            r#"{"expr": "6*7", "n": [1, 2.5, {"a": null}], "s": "café \"q\"", "big": 1000.0}"#
+        );
+        let mut grew = 0;
+        let mut last = 0;
+        for cut in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            let part = Hermes.partial(&text[..cut], &[]);
+            for (p, w) in part.iter().zip(&whole.calls) {
+                assert_eq!(p.name, w.name);
+                assert!(w.arguments.starts_with(&p.arguments), "at {cut}: {p:?}");
+            }
+            assert!(part.len() <= whole.calls.len());
+            let len: usize = part.iter().map(|p| p.arguments.len()).sum();
+            grew += usize::from(len > last);
+            last = len;
+        }
+        assert_eq!(
+            Hermes.partial(text, &[])[0].arguments,
+            whole.calls[0].arguments
+        );
+        // The arguments arrive in many pieces, not in one at the end.
+        assert!(grew > 10, "{grew}");
+    }
 
     fn call(name: &str, args: &str) -> ParsedCall {
         ParsedCall {

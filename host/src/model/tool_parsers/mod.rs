@@ -44,6 +44,85 @@ pub trait ToolCallParser: Send + Sync {
     /// function, or `required` with no name): the model continues from there, and the parser
     /// reads prefix + continuation.
     fn call_prefix(&self, name: Option<&str>) -> String;
+    /// The calls readable so far in an unfinished output `text` (content before the calls
+    /// included), for streaming: each call whose name is complete, with the part of its
+    /// arguments that the finished output's [`parse`](Self::parse) will begin with (so pieces
+    /// sent as they grow add up to the final arguments).
+    fn partial(&self, text: &str, tools: &[Tool]) -> Vec<ParsedCall>;
+}
+
+/// The arguments JSON at the start of `text`, as far as it goes, in the form
+/// [`python_json`](crate::model::chat_template::python_json) gives the whole value (`", "` and
+/// `": "` separators, strings and numbers re-encoded), token by token: only complete tokens are
+/// written (a number once what follows it shows it ended), so the result is a prefix of the
+/// finished value's `python_json`. Stops at the end of the value or at anything that is not JSON.
+pub fn json_prefix(text: &str) -> String {
+    use crate::model::chat_template::python_json;
+    let b = text.as_bytes();
+    let mut out = String::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    loop {
+        while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        let Some(&c) = b.get(i) else { return out };
+        match c {
+            b'{' | b'[' => {
+                out.push(c as char);
+                depth += 1;
+                i += 1;
+            }
+            b'}' | b']' => {
+                if depth == 0 {
+                    return out;
+                }
+                out.push(c as char);
+                depth -= 1;
+                i += 1;
+            }
+            b',' | b':' if depth > 0 => {
+                out.push_str(if c == b',' { ", " } else { ": " });
+                i += 1;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                loop {
+                    match b.get(j) {
+                        None => return out,
+                        Some(b'\\') => j += 2,
+                        Some(b'"') => break,
+                        Some(_) => j += 1,
+                    }
+                }
+                let Ok(s) = serde_json::from_str::<String>(&text[i..=j]) else {
+                    return out;
+                };
+                out.push_str(&python_json(&serde_json::Value::String(s), None));
+                i = j + 1;
+            }
+            _ => {
+                let mut j = i;
+                while b
+                    .get(j)
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || b"+-.".contains(c))
+                {
+                    j += 1;
+                }
+                if j == b.len() || j == i {
+                    return out;
+                }
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&text[i..j]) else {
+                    return out;
+                };
+                out.push_str(&python_json(&v, None));
+                i = j;
+            }
+        }
+        if depth == 0 {
+            return out;
+        }
+    }
 }
 
 /// The parser called `name`.

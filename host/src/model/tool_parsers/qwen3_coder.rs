@@ -344,6 +344,44 @@ impl ToolCallParser for Qwen3Coder {
         }
     }
 
+    fn partial(&self, text: &str, tools: &[Tool]) -> Vec<ParsedCall> {
+        let mut out = vec![];
+        if !text.contains(FUNC) {
+            return out;
+        }
+        for (_, block) in blocks(text) {
+            let Some(f) = block.find(FUNC) else { break };
+            let rest = &block[f + FUNC.len()..];
+            let Some(gt) = rest.find('>') else { break };
+            let name = &rest[..gt];
+            if !valid_name(name) {
+                break;
+            }
+            let body = &rest[gt + 1..];
+            // A parameter is settled once the next one starts or the function ends after it.
+            let starts = param_starts(body);
+            let settled = match body.rfind(END_FUNC) {
+                Some(e) => starts.iter().filter(|&&s| s < e).count(),
+                None => starts.len().saturating_sub(1),
+            };
+            let mut arguments = String::from("{");
+            for (k, (param, raw)) in parameters(body).into_iter().take(settled).enumerate() {
+                if k > 0 {
+                    arguments.push_str(", ");
+                }
+                let value = convert(&raw, schema(tools, name, &param).as_ref());
+                arguments.push_str(&python_json(&serde_json::Value::String(param), None));
+                arguments.push_str(": ");
+                arguments.push_str(&python_json(&value, None));
+            }
+            out.push(ParsedCall {
+                name: name.to_string(),
+                arguments,
+            });
+        }
+        out
+    }
+
     fn parse(&self, text: &str, tools: &[Tool]) -> ParseOutcome {
         if !text.contains(FUNC) {
             return ParseOutcome {
@@ -404,6 +442,26 @@ mod tests {
             description: String::new(),
             parameters: r#"{"type":"object","properties":{"city":{"type":"string"},"state":{"type":"string"},"unit":{"type":"string"},"days":{"type":"integer"},"temp":{"type":"number"},"metric":{"type":"boolean"},"dimensions":{"type":"object"},"tags":{"type":["array","null"]}}}"#.into(),
         }
+    }
+
+    /// Every prefix's calls are prefixes of the finished output's: parameter by parameter.
+    #[test]
+    fn partial_calls_grow_into_the_parsed_ones() {
+        let text = "Checking.\n<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_current_weather>\n</function>\n</tool_call>";
+        let tools = [weather()];
+        let whole = Qwen3Coder.parse(text, &tools);
+        assert_eq!(whole.calls.len(), 2);
+        let mut sizes = std::collections::BTreeSet::new();
+        for cut in 0..=text.len() {
+            let part = Qwen3Coder.partial(&text[..cut], &tools);
+            for (p, w) in part.iter().zip(&whole.calls) {
+                assert_eq!(p.name, w.name);
+                assert!(w.arguments.starts_with(&p.arguments), "at {cut}: {p:?}");
+            }
+            sizes.insert(part.first().map_or(0, |p| p.arguments.len()));
+        }
+        // Nothing, the opening brace, then one size per parameter.
+        assert!(sizes.len() >= 4, "{sizes:?}");
     }
 
     #[test]

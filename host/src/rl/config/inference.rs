@@ -31,6 +31,10 @@ pub struct InferConfig {
     /// Tool-call wire format: `hermes` (Qwen3) or `qwen3_coder`.
     #[arg(long, default_value = "hermes")]
     pub tool_call_parser: String,
+    /// Move the model's `<think>…</think>` out of `content` into `reasoning_content`
+    /// (`qwen3`; unset: off, as in vLLM).
+    #[arg(long, value_name = "NAME")]
+    pub reasoning_parser: Option<String>,
     /// Address `host inference` listens on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -80,6 +84,7 @@ impl Default for InferConfig {
             served_model_name: None,
             enable_auto_tool_choice: false,
             tool_call_parser: "hermes".into(),
+            reasoning_parser: None,
             host: "127.0.0.1".into(),
             port: 8000,
             dtype: "auto".into(),
@@ -140,6 +145,9 @@ impl InferConfig {
         };
         crate::model::tool_parsers::parser(&self.tool_call_parser)
             .map_err(|e| bad("tool_call_parser", &e))?;
+        if let Some(name) = &self.reasoning_parser {
+            crate::model::reasoning::parser(name).map_err(|e| bad("reasoning_parser", &e))?;
+        }
         for (key, v) in [
             ("max_batch_size", self.max_batch_size),
             ("max_queue", self.max_queue),
@@ -173,6 +181,7 @@ impl InferConfig {
             served_model_name,
             enable_auto_tool_choice,
             tool_call_parser,
+            reasoning_parser,
             // Where to listen: read by `host inference`, which owns the listener.
             host: _,
             port: _,
@@ -229,6 +238,7 @@ impl InferConfig {
                     .unwrap_or_else(|| model.name.clone()),
                 enable_auto_tool_choice: *enable_auto_tool_choice,
                 tool_call_parser: tool_call_parser.clone(),
+                reasoning_parser: reasoning_parser.clone(),
             },
         })
     }

@@ -499,6 +499,7 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             served_model_name,
             enable_auto_tool_choice,
             tool_call_parser,
+            reasoning_parser,
             host,
             port,
             dtype,
@@ -527,6 +528,7 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             *enable_auto_tool_choice != b.enable_auto_tool_choice,
         );
         note("tool_call_parser", *tool_call_parser != b.tool_call_parser);
+        note("reasoning_parser", *reasoning_parser != b.reasoning_parser);
         note("host", *host != b.host);
         note("port", *port != b.port);
         note("dtype", *dtype != b.dtype);
