@@ -74,7 +74,7 @@ fn generators(
                 .with_context(|| format!("orchestrator.client.api_key_var: ${v} is not set"))
         });
         let key = key.transpose()?;
-        let clients: Vec<crate::rollout::OpenAiClient> = client
+        let mut clients: Vec<crate::rollout::OpenAiClient> = client
             .base_urls
             .iter()
             .map(|u| {
@@ -86,6 +86,7 @@ fn generators(
                 .track_versions(0)
             })
             .collect();
+        clients = render_where_configured(cfg, rt, clients)?;
         let served = rt
             .block_on(clients[0].first_model())
             .with_context(|| format!("asking {} for its model", client.base_urls[0]))?;
@@ -114,6 +115,54 @@ fn generators(
         WeightSink::Engine(engine),
         served,
     ))
+}
+
+/// Gives each client the renderer `orchestrator.client.render` asks for: `client` everywhere,
+/// `server` nowhere, `auto` for servers that are not rlhost's (`GET /v1/models`' `owned_by`).
+fn render_where_configured(
+    cfg: &RlConfig,
+    rt: &tokio::runtime::Runtime,
+    clients: Vec<crate::rollout::OpenAiClient>,
+) -> anyhow::Result<Vec<crate::rollout::OpenAiClient>> {
+    use crate::rollout::Render;
+    let client = &cfg.orchestrator.client;
+    let mut here = Vec::with_capacity(clients.len());
+    for c in &clients {
+        here.push(match client.render {
+            Render::Client => true,
+            Render::Server => false,
+            Render::Auto => {
+                let models = rt
+                    .block_on(c.models())
+                    .with_context(|| format!("asking {} what it is", c.base_url()))?;
+                models.data.first().is_none_or(|m| m.owned_by != "rlhost")
+            }
+        });
+    }
+    if !here.contains(&true) {
+        return Ok(clients);
+    }
+    let dir = crate::model::hub::resolve(&cfg.orchestrator.model.name)
+        .context("orchestrator.model.name: the model whose template renders turns here")?;
+    let render = Arc::new(
+        crate::rollout::ClientRender::load(&dir, &client.tool_call_parser)
+            .context("orchestrator.client.render")?,
+    );
+    Ok(clients
+        .into_iter()
+        .zip(here)
+        .map(|(c, here)| {
+            if here {
+                tracing::info!(
+                    "{}: turns rendered here, generated from token ids (/v1/completions)",
+                    c.base_url()
+                );
+                c.render_here(render.clone())
+            } else {
+                c
+            }
+        })
+        .collect())
 }
 
 /// The training environments with their examples.

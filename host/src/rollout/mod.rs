@@ -23,8 +23,38 @@ use crate::openai::{
 };
 use crate::plugin::{Environment, RewardFn};
 
+mod render;
 mod sync;
+pub use render::{ClientRender, RenderError};
 pub use sync::{SyncTarget, WeightSync};
+
+/// Where a remote server's chat turns become token ids.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Render {
+    /// `client` for servers that are not rlhost's (their `GET /v1/models` `owned_by`), `server`
+    /// for rlhost's (which takes `history_token_ids` itself).
+    #[default]
+    Auto,
+    /// The server renders: `POST /v1/chat/completions` with the messages.
+    Server,
+    /// This process renders with the trained model's template and tokenizer (earlier turns as
+    /// produced) and the server generates from the token ids (`POST /v1/completions`); tool
+    /// calls are parsed here.
+    Client,
+}
 
 /// Sampling of every turn (OpenAI request fields).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -263,6 +293,8 @@ pub struct OpenAiClient {
     /// Stamp the tracked version on every completion, replacing what the server reports (a
     /// pool mixing servers that count versions with servers that do not).
     pinned: std::sync::atomic::AtomicBool,
+    /// Render turns here and generate from token ids ([`Render::Client`]).
+    render: Option<Arc<ClientRender>>,
 }
 
 /// [`OpenAiClient`] tracks no policy version.
@@ -278,7 +310,46 @@ impl OpenAiClient {
             timeout,
             tracked: std::sync::atomic::AtomicU64::new(UNTRACKED),
             pinned: std::sync::atomic::AtomicBool::new(false),
+            render: None,
         }
+    }
+
+    /// Renders turns here with `render` and generates them from token ids on the server
+    /// (see [`Render::Client`]).
+    pub fn render_here(mut self, render: Arc<ClientRender>) -> Self {
+        self.render = Some(render);
+        self
+    }
+
+    /// Whether turns are rendered here.
+    pub fn renders_here(&self) -> bool {
+        self.render.is_some()
+    }
+
+    /// A turn rendered here, generated from its token ids by the server's completions route.
+    async fn complete_from_ids(
+        &self,
+        render: &ClientRender,
+        req: &ChatRequest,
+    ) -> Result<ChatCompletion, GenError> {
+        let ids = render
+            .prompt(req)
+            .map_err(|e| GenError::Fatal(e.to_string()))?;
+        let body = render.completion_request(req, ids.clone());
+        let (status, text) = self
+            .post(&format!("{}/completions", self.base_url), &body)
+            .await?;
+        if status == 429 || status >= 500 {
+            return Err(GenError::Transient(format!("HTTP {status}: {text}")));
+        }
+        if status != 200 {
+            return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
+        }
+        let c: openai::TextCompletion = openai::parse_response(&text)
+            .map_err(|e| GenError::Fatal(format!("unreadable text completion: {e}")))?;
+        render
+            .chat_completion(req, ids, c)
+            .map_err(|e| GenError::Fatal(e.to_string()))
     }
 
     /// Sends `req` with the key and timeout; transport failures are transient.
@@ -350,17 +421,22 @@ impl Generator for OpenAiClient {
 
     async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
         let tracked = self.tracked.load(std::sync::atomic::Ordering::SeqCst);
-        let (status, text) = self
-            .post(&format!("{}/chat/completions", self.base_url), req)
-            .await?;
-        if status == 429 || status >= 500 {
-            return Err(GenError::Transient(format!("HTTP {status}: {text}")));
-        }
-        if status != 200 {
-            return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
-        }
-        let mut c: ChatCompletion = openai::parse_response(&text)
-            .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))?;
+        let mut c = match &self.render {
+            Some(render) => self.complete_from_ids(render, req).await?,
+            None => {
+                let (status, text) = self
+                    .post(&format!("{}/chat/completions", self.base_url), req)
+                    .await?;
+                if status == 429 || status >= 500 {
+                    return Err(GenError::Transient(format!("HTTP {status}: {text}")));
+                }
+                if status != 200 {
+                    return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
+                }
+                openai::parse_response::<ChatCompletion>(&text)
+                    .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))?
+            }
+        };
         // Servers that report no policy version get the one tracked when the request was sent.
         if tracked != UNTRACKED {
             let pinned = self.pinned.load(std::sync::atomic::Ordering::SeqCst);

@@ -10,7 +10,7 @@
 //! must complete a call. Every choice carries the policy version of its weights. Bad requests
 //! get a 400 naming the problem; a full queue a 503.
 
-mod output;
+pub(crate) mod output;
 pub mod request;
 
 use std::convert::Infallible;
@@ -528,7 +528,7 @@ async fn chat_impl(
     }
     let ids = match &req.history_token_ids {
         Some(history) => continue_history(
-            info,
+            &info.tokenizer,
             template,
             history,
             &messages,
@@ -630,8 +630,8 @@ async fn chat_impl(
 /// results, a user turn) up to the generation prompt. When the history does not end with the
 /// template's end-of-turn marker (a stop string ended the turn), the marker is added first, as
 /// a re-render would.
-fn continue_history(
-    info: &crate::engine::EngineInfo,
+pub(crate) fn continue_history(
+    tokenizer: &crate::model::Tokenizer,
     template: &crate::model::ChatTemplate,
     history: &[u32],
     messages: &serde_json::Value,
@@ -655,13 +655,7 @@ fn continue_history(
         return Err(ApiError::bad(param(), "history_token_ids is empty"));
     }
     let delta = template
-        .render_delta(
-            &info.tokenizer,
-            &list[..=last],
-            &list[last + 1..],
-            tools,
-            kwargs,
-        )
+        .render_delta(tokenizer, &list[..=last], &list[last + 1..], tools, kwargs)
         .map_err(|e| {
             ApiError::bad(
                 Some("messages".into()),
@@ -671,8 +665,7 @@ fn continue_history(
     let mut text = String::new();
     let closes = template.eos_token.as_deref().is_none_or(|eos| {
         eos.is_empty()
-            || info
-                .tokenizer
+            || tokenizer
                 .decode(&history[history.len() - 1..], false)
                 .ok()
                 .as_deref()
@@ -685,7 +678,7 @@ fn continue_history(
     text.push_str(forced);
     let mut ids = history.to_vec();
     ids.extend(
-        info.tokenizer
+        tokenizer
             .encode(&text)
             .map_err(|e| ApiError::bad(Some("messages".into()), e.to_string()))?,
     );

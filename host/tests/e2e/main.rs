@@ -9,6 +9,7 @@ mod common;
 
 mod chat_fields;
 mod cli;
+mod client_render;
 mod doctor;
 mod env_init;
 mod eval;

@@ -550,6 +550,39 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
         out
     };
     let changed = changed(infer, &baseline.inference);
+    let client = &orch.client;
+    if client.tool_call_parser != ClientConfig::default().tool_call_parser {
+        if let Err(e) = crate::model::tool_parsers::parser(&client.tool_call_parser) {
+            return Err(refuse("orchestrator.client.tool_call_parser", &e));
+        }
+        if client.render == crate::rollout::Render::Server {
+            return Err(refuse(
+                "orchestrator.client.tool_call_parser",
+                "is read when turns are rendered here, but orchestrator.client.render = \"server\" \
+                 leaves tool calls to the servers' parser",
+            ));
+        }
+    }
+    if !remote {
+        for (key, set) in [
+            (
+                "orchestrator.client.render",
+                client.render != crate::rollout::Render::default(),
+            ),
+            (
+                "orchestrator.client.tool_call_parser",
+                client.tool_call_parser != ClientConfig::default().tool_call_parser,
+            ),
+        ] {
+            if set {
+                return Err(refuse(
+                    key,
+                    "applies to remote servers, but orchestrator.client.base_urls is empty: the \
+                     colocated engine renders turns itself (set inference.tool_call_parser)",
+                ));
+            }
+        }
+    }
     if remote {
         if let Some(key) = changed.first() {
             return Err(refuse(

@@ -54,7 +54,7 @@ impl Default for SamplingConfig {
 }
 
 /// Where rollouts are generated.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientConfig {
     /// OpenAI-compatible servers to generate on (empty: the colocated in-process engine).
@@ -63,6 +63,26 @@ pub struct ClientConfig {
     pub api_key_var: Option<String>,
     /// How the servers load each step's weights (remote mode only): the route of their kind.
     pub weight_sync: crate::rollout::WeightSync,
+    /// Where turns become token ids (remote mode only): `client` renders them here with the
+    /// trained model's template, earlier turns as produced, and generates from the ids on the
+    /// servers' `/v1/completions` (multi-turn rollouts stay one token stream on any server);
+    /// `server` sends the messages to `/v1/chat/completions`; `auto` is `server` for rlhost's
+    /// servers and `client` for others.
+    pub render: crate::rollout::Render,
+    /// Tool-call format read from the output when rendering here (`hermes`, `qwen3_coder`).
+    pub tool_call_parser: String,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            base_urls: Vec::new(),
+            api_key_var: None,
+            weight_sync: crate::rollout::WeightSync::default(),
+            render: crate::rollout::Render::default(),
+            tool_call_parser: "hermes".into(),
+        }
+    }
 }
 
 /// One environment evaluated during training (`[[orchestrator.eval.env]]`).
