@@ -10,8 +10,9 @@
 //! 3. rl: `host rl` with `base_urls = [VLLM]`, `weight_sync = "vllm"` trains from a warm start;
 //!    every step's weights reach vLLM (synchronous steps whose sampler log-probs match the
 //!    trainer's, `/weight_info` at the last step, its log-probs on a fixed prompt equal rlhost's
-//!    on the run's final folder); its rewards track the in-process run's under the same
-//!    `history = "template"` (vLLM cannot continue from token ids);
+//!    on the run's final folder); turns are rendered by the orchestrator and generated from
+//!    token ids (`render = "auto"`), so multi-turn rollouts stay as produced; its rewards track
+//!    the in-process run's;
 //! 4. two servers: vLLM and `host inference` in `base_urls` (`weight_sync = "auto"`), round
 //!    robin, both loaded each step's weights.
 //!
@@ -534,17 +535,14 @@ fn vllm_interop() {
     );
 
     // 3. host rl generating on vLLM, weights synced every step, against the in-process run. vLLM
-    // takes no `history_token_ids` (it re-renders each turn's conversation), so both runs use
-    // `history = "template"` to compare like with like; synchronous (`async_level = 0`), so each
-    // step's rollouts come from the weights the trainer holds and vLLM's log-probs must match the
-    // trainer's (`mismatch_kl`) on every step, which holds only if every update reached it.
+    // takes no `history_token_ids`, so the orchestrator renders turns itself (`render = "auto"`
+    // is `client` for a server that is not rlhost's) and vLLM generates from the token ids: every
+    // multi-turn rollout stays one token stream (merged into one sample, none rewritten), as in
+    // process. Synchronous (`async_level = 0`), so each step's rollouts come from the weights the
+    // trainer holds and vLLM's log-probs must match the trainer's (`mismatch_kl`) on every step,
+    // which holds only if every update reached it.
     let steps = 6;
-    let same = [
-        "--orchestrator.history",
-        "template",
-        "--orchestrator.async-level",
-        "0",
-    ];
+    let same = ["--orchestrator.async-level", "0"];
     let local = tmp.path().join("rl-local");
     rl(&home, &warm, &local, steps, &same);
     let remote = tmp.path().join("rl-vllm");
@@ -578,6 +576,14 @@ fn vllm_interop() {
         mismatch.iter().all(|m| m.abs() < 1e-4),
         "vLLM sampled from other weights than the trainer's: mismatch_kl {mismatch:?}"
     );
+    let (merged, unmerged) = (
+        column(&lines_vllm, "merged_rollouts").iter().sum::<f64>(),
+        column(&lines_vllm, "unmerged_rollouts").iter().sum::<f64>(),
+    );
+    assert!(
+        merged > 0.0 && unmerged == 0.0,
+        "multi-turn rollouts on vLLM: {merged} merged, {unmerged} rewritten"
+    );
     let lags = column(&lines_vllm, "policy_lag");
     assert!(lags.iter().all(|&l| l == 0.0), "policy_lag {lags:?}");
     let (rl_local, rl_vllm) = (
@@ -592,8 +598,9 @@ fn vllm_interop() {
         "rl",
         format!(
             "{steps} steps on vLLM: each step's weights served (mismatch_kl at most {:.1e}, the \
-             final folder's log-probs within {sync_diff:.1e}); reward per step vLLM {rl_vllm:.3?}, \
-             in process {rl_local:.3?} (history = template on both)",
+             final folder's log-probs within {sync_diff:.1e}); turns rendered here: {merged} \
+             multi-turn rollouts kept as produced, none rewritten; reward per step vLLM \
+             {rl_vllm:.3?}, in process {rl_local:.3?}",
             mismatch.iter().fold(0.0f64, |a, &b| a.max(b.abs()))
         ),
     );
