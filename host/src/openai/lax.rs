@@ -269,6 +269,7 @@ mod tests {
             let e = read(&format!(r#"{{"i": {v}}}"#)).unwrap_err();
             assert!(e.contains("an integer"), "{v}: {e}");
         }
+        assert_eq!(read(r#"{"u": "7"}"#).unwrap().u, Some(7));
         assert!(read(r#"{"u": "-1"}"#).is_err());
         for (v, want) in [
             (r#""0.5""#, 0.5),

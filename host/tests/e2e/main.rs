@@ -8,6 +8,7 @@
 mod common;
 
 mod cli;
+mod dialect;
 mod doctor;
 mod env_init;
 mod eval;
