@@ -7,15 +7,23 @@
 //! generator hands a [`ChatRequest`] to the server's API and gets a [`ChatCompletion`] back
 //! without any JSON in between, and the HTTP client serialises the same request and reads any
 //! OpenAI-compatible server's response into the same type. Reading is tolerant where the wire is
-//! (unknown fields are ignored, `null` stands for absent) and strict where it must be: a
+//! (`null` stands for absent, numbers may come as strings as vLLM allows; unknown request fields
+//! are refused by name by [`fields`] before the types read a body) and strict where it must be: a
 //! response without `choices`, a choice without `message` or `finish_reason`, is an error at
 //! the seam, not an empty value found later.
 
 mod error;
+pub mod fields;
+mod generate;
+pub mod lax;
 mod request;
 mod response;
 
 pub use error::{ApiError, ErrorBody, ErrorDetail};
+pub use generate::{
+    ChatTokensRequest, GenerateChoice, GenerateRequest, GenerateResponse, GenerateStreamResponse,
+    SamplingParamsBody,
+};
 pub use request::{
     ChatMessage, ChatRequest, CompletionRequest, ContentPart, FunctionDef, FunctionName,
     GenerationParams, MessageContent, NamedToolChoice, Prompt, Role, Stop, StreamOptions,

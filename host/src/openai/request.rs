@@ -1,7 +1,8 @@
 //! Request bodies: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /update_weights`.
-//! Only the fields a request sets are written; reading ignores fields this server does not know
-//! (as OpenAI and vLLM do), so the server validates what it honours and refuses what it cannot
-//! honour by name.
+//! Only the fields a request sets are written. Reading ignores fields the types do not know; the
+//! server checks a body's field names against [`super::fields`] first, so an unknown or
+//! unsupported field is refused by name before these types read the rest. Numbers and booleans
+//! are read laxly, as vLLM reads them ([`super::lax`]).
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -27,7 +28,7 @@ pub enum Stop {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StreamOptions {
     /// Send a last chunk with token usage.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lax::boolean")]
     pub include_usage: bool,
 }
 
@@ -39,37 +40,77 @@ pub struct GenerationParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Samples per prompt.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub n: Option<usize>,
     /// Temperature (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub temperature: Option<f64>,
     /// Nucleus mass.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub top_p: Option<f64>,
     /// vLLM: top-k (-1 off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub top_k: Option<i64>,
     /// vLLM: min-p.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub min_p: Option<f64>,
     /// vLLM: repetition penalty.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub repetition_penalty: Option<f64>,
     /// Subtracted from the logit of every token the output already has (-2 to 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub presence_penalty: Option<f64>,
     /// Subtracted × the token's count in the output so far (-2 to 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub frequency_penalty: Option<f64>,
     /// Token id (as a string key) → bias added to its logit (-100 to 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Most tokens to generate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_tokens: Option<i64>,
     /// Same, newer name (wins over `max_tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_completion_tokens: Option<i64>,
     /// Stop strings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,30 +119,64 @@ pub struct GenerationParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_token_ids: Option<Vec<u32>>,
     /// vLLM: generate past end-of-sequence.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub ignore_eos: bool,
     /// vLLM: leave special tokens out of the text (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_boolean",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub skip_special_tokens: Option<bool>,
     /// Seed for reproducible sampling.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub seed: Option<u64>,
     /// Server-sent events.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub stream: bool,
     /// Streaming options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
     /// vLLM: log-prob tokens as `token_id:N`.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub return_tokens_as_token_ids: bool,
     /// vLLM: `prompt_token_ids` and per-choice `token_ids` in the response.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub return_token_ids: bool,
     /// vLLM: log-probs of the prompt's tokens. Not supported by rlhost's server: refused when
     /// set, so a client never reads a response that silently lacks what it asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Value>,
+    /// vLLM: keep only the last N prompt tokens (`-1`: as many as leave room for `max_tokens`).
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM: the caller's id for the request, used in the response's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// Who speaks a message.
@@ -326,10 +401,18 @@ pub struct ChatRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoiceParam>,
     /// Return the sampled tokens' log-probs.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub logprobs: bool,
     /// With `logprobs`, this many alternatives per token (at most 20).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub top_logprobs: Option<usize>,
     /// How hard a reasoning model thinks (`low`, `medium`, `high`): passed to the chat template
     /// as `reasoning_effort`, refused for a template that does not read it.
@@ -339,7 +422,11 @@ pub struct ChatRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// End the prompt with the assistant's opening (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_boolean",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub add_generation_prompt: Option<bool>,
     /// rlhost extension: the token ids of the conversation up to and including its last
     /// assistant message exactly as the model produced them (the previous turn's prompt and
@@ -377,13 +464,21 @@ pub struct CompletionRequest {
     pub params: GenerationParams,
     /// Legacy completions: the number of top tokens listed with each sampled token's log-prob
     /// (0 lists the sampled token alone); absent, no log-probs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub logprobs: Option<usize>,
     /// Chat's field; present here it is refused rather than silently ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Value>,
     /// Echo the prompt (not supported: refused).
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "super::lax::boolean",
+        skip_serializing_if = "is_false"
+    )]
     pub echo: bool,
 }
 

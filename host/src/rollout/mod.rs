@@ -28,6 +28,21 @@ mod sync;
 pub use render::{ClientRender, RenderError};
 pub use sync::{SyncTarget, WeightSync};
 
+/// A server's answer as an error when it is one: transient (429, 5xx), a prompt refused as too
+/// long (vLLM's words), or fatal.
+fn check_status(status: u16, text: &str) -> Result<(), GenError> {
+    if status == 429 || status >= 500 {
+        return Err(GenError::Transient(format!("HTTP {status}: {text}")));
+    }
+    if status == 400 && is_overlong(text) {
+        return Err(GenError::Overlong(format!("HTTP {status}: {text}")));
+    }
+    if status != 200 {
+        return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
+    }
+    Ok(())
+}
+
 /// Where a remote server's chat turns become token ids.
 #[derive(
     Debug,
@@ -142,6 +157,26 @@ pub enum GenError {
     /// Not worth retrying: the request is refused (4xx) or the response unreadable.
     #[error("{0}")]
     Fatal(String),
+    /// The prompt (with `max_tokens`) does not fit in the model's context: the server refused
+    /// it as vLLM does. After a first turn this ends a rollout as truncated, as verifiers'
+    /// `prompt_too_long` does, instead of failing it.
+    #[error("{0}")]
+    Overlong(String),
+}
+
+/// Whether an HTTP 400's body says the prompt does not fit the context, in the words vLLM
+/// (0.10 to 0.30) and rlhost use: the phrases verifiers matches for its `OverlongPromptError`.
+pub fn is_overlong(body: &str) -> bool {
+    let t = body.to_lowercase();
+    [
+        "maximum context length",
+        "cannot be greater than max_model_len",
+        "is longer than the maximum model length",
+        "is longer than the model's context length",
+        "context_length_exceeded",
+    ]
+    .iter()
+    .any(|p| t.contains(p))
 }
 
 /// What the rollout loop calls for a model turn.
@@ -277,6 +312,9 @@ impl Generator for InProcess {
             Ok(crate::server::Reply::Full(c)) => Ok(c),
             Ok(crate::server::Reply::Stream(_)) => Err(GenError::Fatal("unexpected stream".into())),
             Err(e) if e.status == 503 => Err(GenError::Transient(e.message)),
+            Err(e) if e.status == 400 && is_overlong(&e.message) => {
+                Err(GenError::Overlong(e.to_string()))
+            }
             Err(e) => Err(GenError::Fatal(e.to_string())),
         }
     }
@@ -339,12 +377,7 @@ impl OpenAiClient {
         let (status, text) = self
             .post(&format!("{}/completions", self.base_url), &body)
             .await?;
-        if status == 429 || status >= 500 {
-            return Err(GenError::Transient(format!("HTTP {status}: {text}")));
-        }
-        if status != 200 {
-            return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
-        }
+        check_status(status, &text)?;
         let c: openai::TextCompletion = openai::parse_response(&text)
             .map_err(|e| GenError::Fatal(format!("unreadable text completion: {e}")))?;
         render
@@ -427,12 +460,7 @@ impl Generator for OpenAiClient {
                 let (status, text) = self
                     .post(&format!("{}/chat/completions", self.base_url), req)
                     .await?;
-                if status == 429 || status >= 500 {
-                    return Err(GenError::Transient(format!("HTTP {status}: {text}")));
-                }
-                if status != 200 {
-                    return Err(GenError::Fatal(format!("HTTP {status}: {text}")));
-                }
+                check_status(status, &text)?;
                 openai::parse_response::<ChatCompletion>(&text)
                     .map_err(|e| GenError::Fatal(format!("unreadable chat completion: {e}")))?
             }
@@ -674,9 +702,15 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             ids.extend(&prev.completion_ids);
             req.history_token_ids = Some(ids);
         }
-        let v = complete_with_retries(spec.generator, &req, spec.retries)
-            .await
-            .map_err(|e| format!("model turn {}: {e}", turns + 1))?;
+        let v = match complete_with_retries(spec.generator, &req, spec.retries).await {
+            Ok(v) => v,
+            // The conversation outgrew the context: the rollout ends here, truncated.
+            Err(GenError::Overlong(_)) if turns > 0 => {
+                rec.truncated = true;
+                break;
+            }
+            Err(e) => return Err(format!("model turn {}: {e}", turns + 1)),
+        };
         let turn = parse_turn(&v, spec.require_tokens).map_err(|e| e.to_string())?;
         turns += 1;
         rec.prompt_tokens += turn.prompt_tokens;
@@ -787,6 +821,19 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn overlong_refusals_are_told_from_other_400s() {
+        for body in [
+            r#"{"error":{"message":"This model's maximum context length is 256 tokens. However, you requested 0 output tokens and your prompt contains 300 input tokens, for a total of 300 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=300)","type":"BadRequestError","param":"input_tokens","code":400}}"#,
+            "max_tokens=1000 cannot be greater than max_model_len=max_total_tokens=256. Please request fewer output tokens.",
+            "The decoder prompt (length 300) is longer than the maximum model length of 256.",
+            r#"{"error":{"code":"context_length_exceeded"}}"#,
+        ] {
+            assert!(super::is_overlong(body), "{body}");
+        }
+        assert!(!super::is_overlong("temperature must be >= 0, got -1"));
+    }
+
     use super::*;
     use serde_json::json;
 

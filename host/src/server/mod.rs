@@ -10,6 +10,7 @@
 //! must complete a call. Every choice carries the policy version of its weights. Bad requests
 //! get a 400 naming the problem; a full queue a 503.
 
+pub mod generate;
 pub(crate) mod output;
 pub mod request;
 
@@ -106,7 +107,7 @@ impl Api {
         self: &Arc<Self>,
         req: &ChatRequest,
     ) -> Result<Reply<ChatCompletion>, ApiError> {
-        chat_impl(self.clone(), req).await
+        chat_impl(self.clone(), req, None).await
     }
 
     /// `POST /v1/completions`.
@@ -118,9 +119,17 @@ impl Api {
     }
 }
 
-/// Parses a chat or text completion request body. The shared generation fields are read on
-/// their own first, so a type error there names its field (serde loses paths inside `flatten`).
-fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+/// Parses a chat or text completion request body. Its field names are checked against
+/// `endpoint`'s list first ([`openai::fields`]: unknown or unsupported fields are refused by
+/// name); the shared generation fields are then read on their own, so a type error there names
+/// its field (serde loses paths inside `flatten`).
+fn parse_request<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    endpoint: openai::fields::Endpoint,
+) -> Result<T, ApiError> {
+    if let Ok(fields) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
+        openai::fields::check(endpoint, &fields, "")?;
+    }
     openai::parse::<GenerationParams>(body)?;
     openai::parse(body)
 }
@@ -137,6 +146,8 @@ pub fn router_for(state: Arc<Api>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions/tokens", post(generate::chat_tokens))
+        .route("/inference/v1/generate", post(generate::generate))
         .route("/update_weights", post(update_weights))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route(
@@ -149,7 +160,7 @@ pub fn router_for(state: Arc<Api>) -> Router {
             error(ApiError {
                 status: 404,
                 kind: "not_found_error",
-                message: "no such route; see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache".into(),
+                message: "no such route; see /v1/chat/completions, /v1/chat/completions/tokens, /v1/completions, /inference/v1/generate, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache".into(),
                 param: None,
             })
         })
@@ -413,15 +424,19 @@ async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// A request for a model this server does not serve gets vLLM's 404 (`NotFoundError`, `param`
+/// `model`); the message adds the name that is served.
 fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
-        Some(m) if *m != st.cfg.served_name => Err(ApiError::bad(
-            Some("model".into()),
-            format!(
-                "the model `{m}` does not exist; this server serves `{}`",
+        Some(m) if !m.is_empty() && *m != st.cfg.served_name => Err(ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: format!(
+                "The model `{m}` does not exist. This server serves `{}`.",
                 st.cfg.served_name
             ),
-        )),
+            param: Some("model".into()),
+        }),
         _ => Ok(()),
     }
 }
@@ -451,15 +466,18 @@ impl ToolPlan {
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    match parse_request::<ChatRequest>(&body) {
-        Ok(req) => reply(chat_impl(st, &req).await),
+    match parse_request::<ChatRequest>(&body, openai::fields::Endpoint::Chat) {
+        Ok(req) => reply(chat_impl(st, &req, None).await),
         Err(e) => error(e),
     }
 }
 
+/// A chat completion; `prompt`, when given, is the prompt's token ids, used instead of the
+/// rendering of the messages (prime-rl's `/v1/chat/completions/tokens`).
 async fn chat_impl(
     st: Arc<AppState>,
     req: &ChatRequest,
+    prompt: Option<&[u32]>,
 ) -> Result<Reply<ChatCompletion>, ApiError> {
     check_model(&st, &req.params.model)?;
     let messages = request::template_messages(&req.messages)?;
@@ -519,15 +537,24 @@ async fn chat_impl(
         if !template.reads("reasoning_effort") {
             return Err(ApiError::bad(
                 param(),
-                "reasoning_effort cannot be honoured: this model's chat template does not read                  `reasoning_effort` (Qwen3 templates switch thinking on and off with                  chat_template_kwargs {\"enable_thinking\": false})",
+                "reasoning_effort cannot be honoured: this model's chat template does not read \
+                 `reasoning_effort` (Qwen3 templates switch thinking on and off with \
+                 chat_template_kwargs {\"enable_thinking\": false})",
             ));
         }
         kwargs
             .entry("reasoning_effort")
             .or_insert_with(|| effort.as_str().into());
     }
-    let ids = match &req.history_token_ids {
-        Some(history) => continue_history(
+    let ids = match (prompt, &req.history_token_ids) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                Some("history_token_ids".into()),
+                "history_token_ids and tokens both give the prompt's ids; send one",
+            ));
+        }
+        (Some(tokens), None) => tokens.to_vec(),
+        (None, Some(history)) => continue_history(
             &info.tokenizer,
             template,
             history,
@@ -536,7 +563,7 @@ async fn chat_impl(
             &kwargs,
             &plan.forced,
         )?,
-        None => {
+        (None, None) => {
             let mut prompt = template
                 .render(
                     &messages,
@@ -580,6 +607,7 @@ async fn chat_impl(
     }
     let params = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
+    let ids = request::fit_prompt(ids, &req.params, info.config.max_model_len)?;
     let prompt_tokens = ids.len();
     let rx = st
         .engine
@@ -716,7 +744,10 @@ impl Meta {
         p: &GenerationParams,
     ) -> Self {
         Self {
-            id: random_id(id_prefix),
+            id: match &p.request_id {
+                Some(rid) => format!("{id_prefix}-{rid}"),
+                None => random_id(id_prefix),
+            },
             created: now(),
             model: st.cfg.served_name.clone(),
             prompt_ids,
@@ -1047,7 +1078,7 @@ impl Sent {
 }
 
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    match parse_request::<CompletionRequest>(&body) {
+    match parse_request::<CompletionRequest>(&body, openai::fields::Endpoint::Completions) {
         Ok(req) => reply(completions_impl(st, &req).await),
         Err(e) => error(e),
     }
@@ -1098,6 +1129,10 @@ async fn completions_impl(
     }
     let params = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
+    let prompts = prompts
+        .into_iter()
+        .map(|p| request::fit_prompt(p, &req.params, info.config.max_model_len))
+        .collect::<Result<Vec<_>, _>>()?;
     let meta = Meta::new(
         &st,
         "cmpl",

@@ -1,5 +1,6 @@
-//! What the server makes of a typed request: engine sampling parameters, the tool plan, and the
-//! chat template's input, each refused with a 400 naming the field when it cannot be honoured.
+//! What the server makes of a typed request: engine sampling parameters, the prompt fitted to
+//! the context, the tool plan, and the chat template's input, each refused with a 400 naming the
+//! field when it cannot be honoured.
 
 use serde_json::{Value, json};
 
@@ -87,6 +88,81 @@ pub fn sampling_params(
         ApiError::bad(param, e)
     })?;
     Ok(out)
+}
+
+/// vLLM's 400 for a request that breaks a limit: `type` `BadRequestError`, `param` the
+/// culprit, and vLLM's ` (parameter=…, value=…)` suffix on the message.
+fn limit_error(param: &str, value: impl std::fmt::Display, message: String) -> ApiError {
+    ApiError {
+        status: 400,
+        kind: "BadRequestError",
+        message: format!("{message} (parameter={param}, value={value})"),
+        param: Some(param.to_string()),
+    }
+}
+
+/// The prompt of a chat or text completion made to fit as vLLM 0.30 makes it (its
+/// `TokenizeParams`): `truncate_prompt_tokens` keeps the last N tokens (`-1`: as many as leave
+/// room for the requested output), and the prompt plus `max_tokens` must fit in `max_model_len`
+/// (with `max_tokens` absent, the prompt must leave room for one token) or the request is
+/// refused in vLLM's words, which clients (verifiers, prime-rl) match to tell an overlong prompt
+/// from other errors: `This model's maximum context length is …`.
+pub fn fit_prompt(
+    mut ids: Vec<u32>,
+    p: &GenerationParams,
+    max_model_len: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let (name, requested) = match (p.max_completion_tokens, p.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", m),
+        (None, Some(m)) => ("max_tokens", m),
+        (None, None) => ("max_tokens", 0),
+    };
+    let out = requested.max(0) as usize;
+    if out > max_model_len {
+        return Err(limit_error(
+            name,
+            out,
+            format!(
+                "{name}={out} cannot be greater than max_model_len=max_total_tokens={max_model_len}. Please request fewer output tokens."
+            ),
+        ));
+    }
+    let max_input = max_model_len - out;
+    match p.truncate_prompt_tokens {
+        None => {}
+        Some(n) if n < -1 => {
+            return Err(ApiError::bad(
+                Some("truncate_prompt_tokens".into()),
+                format!("truncate_prompt_tokens must be -1 or at least 0, got {n}"),
+            ));
+        }
+        Some(n) => {
+            let keep = if n == -1 { max_input } else { n as usize };
+            if keep > max_input {
+                return Err(limit_error(
+                    "truncate_prompt_tokens",
+                    keep,
+                    format!(
+                        "truncate_prompt_tokens={keep} cannot be greater than max_model_len - {name} = {max_input}. Please request a smaller truncation size."
+                    ),
+                ));
+            }
+            let drop = ids.len().saturating_sub(keep);
+            ids.drain(..drop);
+        }
+    }
+    let prompt = ids.len();
+    if prompt + out.max(1) > max_model_len {
+        return Err(limit_error(
+            "input_tokens",
+            prompt,
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, you requested {out} output tokens and your prompt contains {prompt} input tokens, for a total of {} tokens. Please reduce the length of the input prompt or the number of requested output tokens.",
+                prompt + out
+            ),
+        ));
+    }
+    Ok(ids)
 }
 
 /// Samples per prompt (default 1).

@@ -10,6 +10,7 @@ mod common;
 mod chat_fields;
 mod cli;
 mod client_render;
+mod dialect;
 mod doctor;
 mod env_init;
 mod eval;
