@@ -11,6 +11,7 @@ mod cli;
 mod doctor;
 mod env_init;
 mod eval;
+mod grammar;
 mod inference;
 mod install;
 mod interop;
