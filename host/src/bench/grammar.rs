@@ -1,6 +1,6 @@
 //! `host bench grammar`: what grammar-constrained decoding costs per token at a real vocabulary.
 //! With a model folder's tokenizer (Qwen3's 151k tokens), it times building the token table,
-//! compiling a `tool_choice: "required"` grammar (hermes calls, JSON-schema arguments), and the
+//! compiling a forced tool-call grammar (hermes, JSON-schema arguments), and the
 //! mask of every token of a valid call replayed through the matcher; then, on a model of the
 //! chosen preset's shape with random weights and that vocabulary, the engine's decode step per
 //! token with and without the same constraint (batch 1, greedy), in the same run. The ratio is
@@ -139,7 +139,8 @@ pub fn run(o: &GrammarBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<G
     let table = crate::engine::grammar::GrammarTokens::new(&tok, &eos, vocab)?;
     let table_s = started.elapsed().as_secs_f64();
     let tools = tools();
-    let g = constrain::tool_call_grammar(&Hermes, &tools, None, false)
+    // Named, so a random model's greedy call stays bounded (`python`'s code is unbounded text).
+    let g = constrain::tool_call_grammar(&Hermes, &tools, Some("get_weather"), false)
         .map_err(|e| anyhow::anyhow!(e.message))?;
     progress("compiling and replaying the call");
     let started = Instant::now();

@@ -289,6 +289,45 @@ mod tests {
         assert!(matches!(e, GrammarError::Compile(_)), "{e}");
     }
 
+    /// Both parsers' call grammars accept the calls the parsers read, with schema-typed values,
+    /// and refuse an undeclared parameter.
+    #[test]
+    fn parser_call_grammars_accept_their_own_format() {
+        use crate::model::tool_parsers::{Hermes, Qwen3Coder, ToolCallParser};
+        let (_d, tok) = tiny();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let g = GrammarTokens::new(&tok, &[eos], 512).unwrap();
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "code": {"type": "string"}, "n": {"type": "integer", "minimum": 0, "maximum": 9},
+            "mode": {"type": "string", "enum": ["a", "b"]}}, "required": ["code", "n"]});
+        let accepts = |p: &dyn ToolCallParser, text: &str| -> bool {
+            let lark = format!("start: c\n{}", p.call_grammar("c", "python", &schema));
+            let mut seq = g.compile_lark(&lark).unwrap().start();
+            tok.encode(text)
+                .unwrap()
+                .into_iter()
+                .all(|t| seq.consume(t).is_ok())
+                && seq.is_accepting()
+        };
+        let hermes = "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(1)\", \"n\": 3}}\n</tool_call>";
+        assert!(accepts(&Hermes, hermes));
+        assert!(!accepts(&Hermes, &hermes.replace("3", "12")));
+        let coder = "<tool_call>\n<function=python>\n<parameter=code>\nif a < b:\n    print('</x>')\n</parameter>\n<parameter=n>\n7\n</parameter>\n<parameter=mode>\nb\n</parameter>\n</function>\n</tool_call>";
+        assert!(accepts(&Qwen3Coder, coder));
+        let read = Qwen3Coder.parse(coder, &[rlhost_sdk::types::Tool {
+            name: "python".into(),
+            description: String::new(),
+            parameters: schema.to_string(),
+        }]);
+        assert_eq!(read.calls.len(), 1);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&read.calls[0].arguments).unwrap(),
+            serde_json::json!({"code": "if a < b:\n    print('</x>')", "n": 7, "mode": "b"})
+        );
+        assert!(!accepts(&Qwen3Coder, &coder.replace("<parameter=mode>\nb", "<parameter=mode>\nc")));
+        assert!(!accepts(&Qwen3Coder, &coder.replace("parameter=n>\n7", "parameter=n>\nx")));
+    }
+
     /// Added tokens that are not special (`<tool_call>`) are text: the grammar's literal accepts
     /// the single token; special ones are reachable only as end-of-sequence.
     #[test]
