@@ -152,7 +152,10 @@ pub fn run(o: &GrammarBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<G
     for &t in &ids {
         let started = Instant::now();
         let mask = seq.mask()?;
-        anyhow::ensure!(mask.is_allowed(t), "the grammar refused token {t} of the call");
+        anyhow::ensure!(
+            mask.is_allowed(t),
+            "the grammar refused token {t} of the call"
+        );
         seq.consume(t)?;
         times.push(started.elapsed().as_secs_f64() * 1e6);
     }
@@ -198,11 +201,7 @@ pub fn run(o: &GrammarBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<G
     for _ in 0..2 {
         let (s, _) = rt.block_on(decode_seconds(&engine, prompt.clone(), free.clone()))?;
         step = step.min(s);
-        let (c, n) = rt.block_on(decode_seconds(
-            &engine,
-            prompt.clone(),
-            constrained.clone(),
-        ))?;
+        let (c, n) = rt.block_on(decode_seconds(&engine, prompt.clone(), constrained.clone()))?;
         cstep = cstep.min(c);
         ctokens = n;
     }

@@ -285,7 +285,9 @@ mod tests {
         assert!(matches!(seq.consume(x), Err(GrammarError::Step(_))));
         // The matcher stays failed: its next mask is an error too.
         assert!(seq.mask().is_err());
-        let e = g.compile_lark("start: %json {\"type\": \"nope\"}").unwrap_err();
+        let e = g
+            .compile_lark("start: %json {\"type\": \"nope\"}")
+            .unwrap_err();
         assert!(matches!(e, GrammarError::Compile(_)), "{e}");
     }
 
@@ -314,18 +316,27 @@ mod tests {
         assert!(!accepts(&Hermes, &hermes.replace("3", "12")));
         let coder = "<tool_call>\n<function=python>\n<parameter=code>\nif a < b:\n    print('</x>')\n</parameter>\n<parameter=n>\n7\n</parameter>\n<parameter=mode>\nb\n</parameter>\n</function>\n</tool_call>";
         assert!(accepts(&Qwen3Coder, coder));
-        let read = Qwen3Coder.parse(coder, &[rlhost_sdk::types::Tool {
-            name: "python".into(),
-            description: String::new(),
-            parameters: schema.to_string(),
-        }]);
+        let read = Qwen3Coder.parse(
+            coder,
+            &[rlhost_sdk::types::Tool {
+                name: "python".into(),
+                description: String::new(),
+                parameters: schema.to_string(),
+            }],
+        );
         assert_eq!(read.calls.len(), 1);
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&read.calls[0].arguments).unwrap(),
             serde_json::json!({"code": "if a < b:\n    print('</x>')", "n": 7, "mode": "b"})
         );
-        assert!(!accepts(&Qwen3Coder, &coder.replace("<parameter=mode>\nb", "<parameter=mode>\nc")));
-        assert!(!accepts(&Qwen3Coder, &coder.replace("parameter=n>\n7", "parameter=n>\nx")));
+        assert!(!accepts(
+            &Qwen3Coder,
+            &coder.replace("<parameter=mode>\nb", "<parameter=mode>\nc")
+        ));
+        assert!(!accepts(
+            &Qwen3Coder,
+            &coder.replace("parameter=n>\n7", "parameter=n>\nx")
+        ));
     }
 
     /// Added tokens that are not special (`<tool_call>`) are text: the grammar's literal accepts

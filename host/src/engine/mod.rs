@@ -1382,7 +1382,10 @@ impl Worker {
                     params: &s.request.params,
                     rng: &mut s.rng,
                     seen: &s.ids,
-                    allowed: m.as_ref().and_then(|m| m.as_ref().ok()).map(|m| m.as_slice()),
+                    allowed: m
+                        .as_ref()
+                        .and_then(|m| m.as_ref().ok())
+                        .map(|m| m.as_slice()),
                 })
                 .collect();
             sampling::sample(logits, &mut rows)

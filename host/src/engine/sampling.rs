@@ -324,9 +324,13 @@ fn apply_masks(logp: &Tensor, rows: &[Row<'_>]) -> Option<Tensor> {
         .to_kind(Kind::Bool);
     let masked = logp.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
     let is_masked: Vec<bool> = rows.iter().map(|r| r.allowed.is_some()).collect();
-    let is_masked = Tensor::from_slice(&is_masked).to_device(device).unsqueeze(1);
+    let is_masked = Tensor::from_slice(&is_masked)
+        .to_device(device)
+        .unsqueeze(1);
     let best = masked.amax(-1, true);
-    let shift = best.zeros_like().where_self(&is_masked.logical_not(), &best);
+    let shift = best
+        .zeros_like()
+        .where_self(&is_masked.logical_not(), &best);
     Some(masked - shift)
 }
 

@@ -18,9 +18,9 @@ mod response;
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 pub use request::{
     ChatMessage, ChatRequest, CompletionRequest, ContentPart, FunctionDef, FunctionName,
-    GenerationParams, JsonSchemaFormat, MessageContent, NamedToolChoice, OutputConstraints,
-    Prompt, ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs, ToolChoiceParam,
-    ToolDef, UpdateWeightsRequest,
+    GenerationParams, JsonSchemaFormat, MessageContent, NamedToolChoice, OutputConstraints, Prompt,
+    ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs, ToolChoiceParam, ToolDef,
+    UpdateWeightsRequest,
 };
 pub use response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Delta,

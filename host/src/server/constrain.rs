@@ -81,7 +81,10 @@ pub fn output_grammar(c: &OutputConstraints) -> Result<Option<GrammarSource>, Ap
     for (name, set) in [
         ("guided_grammar", c.guided_grammar.is_some()),
         ("structural_tag", c.structural_tag.is_some()),
-        ("guided_whitespace_pattern", c.guided_whitespace_pattern.is_some()),
+        (
+            "guided_whitespace_pattern",
+            c.guided_whitespace_pattern.is_some(),
+        ),
     ] {
         if set {
             return Err(bad(
@@ -163,7 +166,10 @@ pub fn output_grammar(c: &OutputConstraints) -> Result<Option<GrammarSource>, Ap
         }
     }
     if let Some(s) = &c.guided_json {
-        add(json_grammar(&schema_value(s, "guided_json")?), "guided_json");
+        add(
+            json_grammar(&schema_value(s, "guided_json")?),
+            "guided_json",
+        );
     }
     if let Some(rx) = &c.guided_regex {
         add(regex_grammar(rx), "guided_regex");

@@ -500,9 +500,7 @@ async fn chat_impl(
         tools,
     };
     let info = st.engine.info();
-    let constraint = grammar
-        .map(|g| constrain::compile(info, &g))
-        .transpose()?;
+    let constraint = grammar.map(|g| constrain::compile(info, &g)).transpose()?;
     let template = info.template.as_ref().ok_or_else(|| {
         ApiError::bad(
             None,
@@ -675,7 +673,9 @@ fn grammar_failure(done: &[Completion]) -> Result<(), ApiError> {
             message: format!(
                 "sample {}: {}",
                 c.index,
-                c.error.as_deref().unwrap_or("grammar-constrained decoding failed")
+                c.error
+                    .as_deref()
+                    .unwrap_or("grammar-constrained decoding failed")
             ),
             param: None,
         }),

@@ -47,7 +47,10 @@ impl ToolCallParser for Hermes {
     }
 
     fn call_grammar(&self, rule: &str, name: &str, parameters: &serde_json::Value) -> String {
-        let head = format!("{OPEN}\n{{\"name\": {}, \"arguments\": ", serde_json::json!(name));
+        let head = format!(
+            "{OPEN}\n{{\"name\": {}, \"arguments\": ",
+            serde_json::json!(name)
+        );
         format!(
             "{rule}: {} {} {}\n",
             super::lark_literal(&head),
