@@ -2,6 +2,7 @@
 //! run (a ratio, never an absolute target baked into a test).
 
 pub mod generate;
+pub mod grammar;
 pub mod math_verify;
 pub mod plugins;
 pub mod sandbox;

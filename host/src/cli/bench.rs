@@ -92,6 +92,26 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Grammar-constrained decoding per token at a real vocabulary: the token table, a tool-call
+    /// grammar's compile time, the mask per token of a replayed call, and the engine's decode
+    /// step with and without the constraint on a random-weights model of `--preset`'s shape.
+    Grammar {
+        /// A model folder whose tokenizer is used (e.g. Qwen3's; weights are not read).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// Shape of the random-weights model timed for the decode step.
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Tokens generated unconstrained.
+        #[arg(long, default_value_t = 48)]
+        new_tokens: usize,
+        /// CPU threads of the engine (default: it chooses per step).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serving throughput over HTTP: rlhost's OpenAI server (`host inference`) against vLLM's on
     /// the same model folder, same client and requests (greedy, fixed length), at several
     /// concurrency levels, on independent prompts and on the RL loop's shared-prefix groups.
@@ -238,6 +258,28 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             emit(json, &report, report.to_text())
         }
         BenchCommand::MathVerify(args) => math_verify(args),
+        BenchCommand::Grammar {
+            tokenizer,
+            preset,
+            new_tokens,
+            threads,
+            json,
+        } => {
+            let options = crate::bench::grammar::GrammarBenchOptions {
+                tokenizer,
+                preset,
+                new_tokens,
+                threads,
+            };
+            let progress = |what: &str| {
+                if !json {
+                    eprintln!("{what}");
+                }
+            };
+            let report = crate::bench::grammar::run(&options, &progress)
+                .context("benchmarking grammar-constrained decoding")?;
+            emit(json, &report, report.to_text())
+        }
         BenchCommand::Generate {
             model,
             batch_sizes,

@@ -337,7 +337,8 @@ impl EngineMetrics {
         let index = match reason {
             FinishReason::Stop => 0,
             FinishReason::Length => 1,
-            FinishReason::Abort => 2,
+            // A grammar failure counts as an abort (vLLM's labels have no error).
+            FinishReason::Abort | FinishReason::Error => 2,
         };
         for _ in 0..samples {
             self.success[index].inc();

@@ -11,6 +11,7 @@
 //! HTTP (`crate::server`).
 
 pub mod detok;
+pub mod grammar;
 pub mod metrics;
 pub mod prefix;
 pub mod sampling;
@@ -18,7 +19,7 @@ pub mod sampling;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
@@ -27,6 +28,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use crate::model::qwen3::{SlotCache, read_checkpoint};
 use crate::model::{ChatTemplate, ModelError, Qwen3, Tokenizer};
 use detok::TextState;
+use grammar::{GrammarError, GrammarTokens, SequenceGrammar};
 use metrics::{EngineMetrics, SampleTimes};
 use prefix::PrefixCache;
 pub use sampling::{Rng, SamplingParams};
@@ -225,6 +227,8 @@ pub enum FinishReason {
     Length,
     /// Cancelled (shutdown).
     Abort,
+    /// The request's grammar failed ([`grammar`]); the event says why.
+    Error,
 }
 
 impl FinishReason {
@@ -234,6 +238,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -280,6 +285,8 @@ pub enum Event {
         /// Prompt tokens this request did not compute: found in the prefix cache, or shared
         /// with an identical prompt prefilled in the same step.
         cached_tokens: usize,
+        /// Why it failed ([`FinishReason::Error`]).
+        error: Option<String>,
     },
 }
 
@@ -307,6 +314,8 @@ pub struct Completion {
     /// Prompt tokens taken from the prefix cache rather than computed (OpenAI's
     /// `prompt_tokens_details.cached_tokens`).
     pub cached_tokens: usize,
+    /// Why it failed, when it ended with [`FinishReason::Error`].
+    pub error: Option<String>,
 }
 
 impl Completion {
@@ -323,6 +332,7 @@ impl Completion {
             versions: Vec::new(),
             prompt_tokens,
             cached_tokens: 0,
+            error: None,
         }
     }
 
@@ -442,6 +452,8 @@ pub struct EngineInfo {
     cache_blocks: AtomicUsize,
     cache_max_blocks: AtomicUsize,
     metrics: EngineMetrics,
+    /// The token table of grammar-constrained decoding, built by the first request that needs it.
+    grammar: OnceLock<Result<Arc<GrammarTokens>, GrammarError>>,
 }
 
 /// Prefill counters of an engine since it started.
@@ -494,6 +506,23 @@ impl EngineInfo {
     /// out for a `GET /metrics`).
     pub fn metrics(&self) -> &EngineMetrics {
         &self.metrics
+    }
+
+    /// The token table grammars compile against ([`grammar`]): built on first use (at Qwen3's
+    /// 151k tokens that takes a moment, logged), then shared.
+    pub fn grammar(&self) -> Result<&Arc<GrammarTokens>, GrammarError> {
+        self.grammar
+            .get_or_init(|| {
+                let g = GrammarTokens::new(&self.tokenizer, &self.eos, self.vocab_size)?;
+                tracing::info!(
+                    "grammar token table: {} tokens in {:.3} s",
+                    g.vocab_size(),
+                    g.build_seconds()
+                );
+                Ok(Arc::new(g))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 }
 
@@ -587,6 +616,7 @@ impl Engine {
             cache_blocks: AtomicUsize::new(0),
             cache_max_blocks: AtomicUsize::new(0),
             metrics,
+            grammar: OnceLock::new(),
         });
         let (tx, rx) = mpsc::channel();
         let worker = Worker::new(model, info.clone());
@@ -750,11 +780,14 @@ pub async fn collect(
                 stop,
                 text,
                 cached_tokens,
+                error,
+                ..
             } => {
                 out[index].text.push_str(&text);
                 out[index].finish_reason = reason;
                 out[index].stop = stop;
                 out[index].cached_tokens = cached_tokens;
+                out[index].error = error;
                 done += 1;
             }
         }
@@ -776,6 +809,8 @@ struct Seq {
     /// When its first and its latest token were sampled.
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// Its place in the request's grammar, if it has one.
+    grammar: Option<SequenceGrammar>,
 }
 
 impl Seq {
@@ -841,6 +876,7 @@ fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version
         kv_version,
         first_token: None,
         last_token: None,
+        grammar: request.params.constraint.as_ref().map(|c| c.start()),
     }
 }
 
@@ -1010,6 +1046,7 @@ impl Worker {
             let _ = seq.request.events.send(Event::Finished {
                 index: seq.index,
                 reason: FinishReason::Abort,
+                error: None,
                 stop: None,
                 text: String::new(),
                 cached_tokens: seq.request.cached,
@@ -1027,6 +1064,7 @@ impl Worker {
                 let _ = p.events.send(Event::Finished {
                     index,
                     reason: FinishReason::Abort,
+                    error: None,
                     stop: None,
                     text: String::new(),
                     cached_tokens: 0,
@@ -1347,14 +1385,24 @@ impl Worker {
     /// the sequences that finished.
     fn sample_and_advance(&mut self, logits: &Tensor, from: usize) {
         let version = self.info.version();
+        // Constrained rows only: their grammars' masks (a failed grammar ends its sequence).
+        let masks: Vec<Option<Result<_, GrammarError>>> = self.running[from..]
+            .iter_mut()
+            .map(|s| s.grammar.as_mut().map(SequenceGrammar::mask))
+            .collect();
         let sampled = {
             let mut rows: Vec<sampling::Row<'_>> = self.running[from..]
                 .iter_mut()
-                .map(|s| sampling::Row {
+                .zip(&masks)
+                .map(|(s, m)| sampling::Row {
                     params: &s.request.params,
                     rng: &mut s.rng,
                     seen: &s.ids,
                     prompt_len: s.prompt_len,
+                    allowed: m
+                        .as_ref()
+                        .and_then(|m| m.as_ref().ok())
+                        .map(|m| m.as_slice()),
                 })
                 .collect();
             sampling::sample(logits, &mut rows)
@@ -1368,9 +1416,35 @@ impl Worker {
         let max_len = self.info.config.max_model_len;
         let mut finished: Vec<usize> = Vec::new();
         let mut keep: Vec<usize> = Vec::new();
-        for (k, s) in sampled.into_iter().enumerate() {
+        for (k, (s, mask)) in sampled.into_iter().zip(masks).enumerate() {
             let i = from + k;
             let seq = &mut self.running[i];
+            let failed = match (mask, seq.grammar.as_mut()) {
+                (Some(Err(e)), _) => Some(e),
+                (_, Some(g)) if !self.info.eos.contains(&s.token) => g.consume(s.token).err(),
+                _ => None,
+            };
+            if let Some(e) = failed {
+                // The token is not reported: the sample ends here, with the grammar's complaint.
+                tracing::warn!("request sample {}: {e}", seq.index);
+                live -= 1;
+                metrics.running.set(live as f64);
+                metrics.finished(FinishReason::Error, &seq.times(), now, 1);
+                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+                let text = seq.text.take_ready(&seq.request.params.stop, true);
+                let _ = seq.request.events.send(Event::Finished {
+                    index: seq.index,
+                    reason: FinishReason::Error,
+                    stop: None,
+                    text,
+                    cached_tokens: seq.request.cached,
+                    error: Some(e.to_string()),
+                });
+                finished.push(i);
+                continue;
+            }
             match seq.last_token {
                 None => metrics
                     .ttft
@@ -1437,6 +1511,7 @@ impl Worker {
                     },
                     text: String::new(),
                     cached_tokens: seq.request.cached,
+                    error: None,
                 });
                 finished.push(i);
                 if seq.kv_version == version {

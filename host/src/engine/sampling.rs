@@ -14,9 +14,15 @@
 //! The log-probability reported for a token is the sampler's: `log_softmax(logits / T)` after
 //! the bias and the penalties and before the top-k/top-p/min-p truncation — what the trainer
 //! recomputes for the importance ratio (`Qwen3::token_logprobs` at the same temperature). Greedy
-//! rows (temperature 0) report `log_softmax(logits)`.
+//! rows (temperature 0) report `log_softmax(logits)`. A grammar's token mask
+//! ([`super::grammar`]) is truncation too: it restricts what is drawn (and the greedy argmax), not
+//! the reported log-probability.
+
+use std::sync::Arc;
 
 use tch::{Kind, Tensor};
+
+use super::grammar::Constraint;
 
 /// Temperatures below this are greedy (as vLLM).
 pub const GREEDY_BELOW: f64 = 1e-5;
@@ -59,6 +65,9 @@ pub struct SamplingParams {
     pub top_logprobs: usize,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// A grammar every sample must follow ([`super::grammar`]): only tokens it allows are
+    /// drawn, and once it is complete only end-of-sequence.
+    pub constraint: Option<Arc<Constraint>>,
 }
 
 impl Default for SamplingParams {
@@ -79,6 +88,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             top_logprobs: 0,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }
@@ -139,6 +149,12 @@ impl SamplingParams {
         if self.stop.iter().any(String::is_empty) {
             return Err("stop strings must not be empty".into());
         }
+        if self.ignore_eos && self.constraint.is_some() {
+            return Err(
+                "ignore_eos cannot be combined with a grammar constraint (a complete grammar allows only end-of-sequence)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -191,6 +207,9 @@ pub struct Row<'a> {
     pub seen: &'a [u32],
     /// How many of `seen` are the prompt (the frequency and presence penalties count the rest).
     pub prompt_len: usize,
+    /// The tokens a grammar allows next, as bit words (bit `i % 32` of word `i / 32` is token
+    /// `i`); `None` allows every token.
+    pub allowed: Option<&'a [u32]>,
 }
 
 /// A sampled token.
@@ -223,10 +242,12 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
     };
     let temps = col(&|p| if p.greedy() { 1.0 } else { p.temperature });
     let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
+    let drawn_from = apply_masks(&logp, rows);
+    let drawn_from = drawn_from.as_ref().unwrap_or(&logp);
     let any_sampled = rows.iter().any(|r| !r.params.greedy());
-    let mut chosen = logp.argmax(-1, false);
+    let mut chosen = drawn_from.argmax(-1, false);
     if any_sampled {
-        let mut probs = logp.exp();
+        let mut probs = drawn_from.exp();
         if rows.iter().any(|r| r.params.min_p > 0.0) {
             let floor = probs.amax(-1, true) * col(&|p| p.min_p);
             probs = probs.masked_fill(&probs.lt_tensor(&floor), 0.0);
@@ -344,6 +365,50 @@ fn adjust_row(line: &Tensor, row: &Row<'_>, vocab: i64, device: tch::Device) {
     }
 }
 
+/// The log-probabilities to draw from when some rows carry a grammar mask: disallowed tokens at
+/// -inf, and each masked row shifted so its best allowed token is at 0 (the allowed mass can be
+/// too small for `exp` in f32; the draw only needs ratios). Unmasked rows are left exactly as
+/// they are, so a seeded row draws the same tokens whatever shares its batch. `None` when no row
+/// is masked (the common case costs nothing).
+fn apply_masks(logp: &Tensor, rows: &[Row<'_>]) -> Option<Tensor> {
+    if rows.iter().all(|r| r.allowed.is_none()) {
+        return None;
+    }
+    let (b, v) = logp.size2().expect("[rows, vocab]");
+    let device = logp.device();
+    let words = (v as usize).div_ceil(32);
+    let mut bits: Vec<i32> = vec![-1; b as usize * words];
+    for (r, row) in rows.iter().enumerate() {
+        if let Some(a) = row.allowed {
+            let line = &mut bits[r * words..(r + 1) * words];
+            line.fill(0);
+            for (dst, &src) in line.iter_mut().zip(a) {
+                *dst = src as i32;
+            }
+        }
+    }
+    // Unpack the bit words on the device: [b, words, 32] → [b, v].
+    let shifts = Tensor::arange(32, (Kind::Int, device));
+    let allowed = Tensor::from_slice(&bits)
+        .to_device(device)
+        .view([b, words as i64, 1])
+        .bitwise_right_shift(&shifts)
+        .bitwise_and(1)
+        .view([b, words as i64 * 32])
+        .narrow(1, 0, v)
+        .to_kind(Kind::Bool);
+    let masked = logp.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
+    let is_masked: Vec<bool> = rows.iter().map(|r| r.allowed.is_some()).collect();
+    let is_masked = Tensor::from_slice(&is_masked)
+        .to_device(device)
+        .unsqueeze(1);
+    let best = masked.amax(-1, true);
+    let shift = best
+        .zeros_like()
+        .where_self(&is_masked.logical_not(), &best);
+    Some(masked - shift)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +420,7 @@ mod tests {
             rng,
             seen,
             prompt_len: 0,
+            allowed: None,
         }];
         sample(&t, &mut rows).remove(0)
     }
@@ -445,6 +511,53 @@ mod tests {
         }
     }
 
+    /// A mask restricts what is drawn, greedy or sampled, even to tokens whose probability
+    /// underflows; the reported log-prob stays the unmasked one.
+    #[test]
+    fn a_mask_restricts_the_draw_but_not_the_logprob() {
+        let logits = [0.0f32, 200.0, 1.0, 2.0, -300.0];
+        // Tokens 2 and 4 allowed (bits 2 and 4).
+        let allowed = [0b10100u32];
+        let z: f32 = logits.iter().map(|&x| (x - 200.0).exp()).sum::<f32>().ln() + 200.0;
+        for temperature in [0.0, 1.0] {
+            let p = SamplingParams {
+                temperature,
+                top_k: 1,
+                ..Default::default()
+            };
+            let mut rng = Rng::new(5);
+            for _ in 0..50 {
+                let t = Tensor::from_slice(&logits).unsqueeze(0);
+                let mut rows = [Row {
+                    params: &p,
+                    rng: &mut rng,
+                    seen: &[],
+                    prompt_len: 0,
+                    allowed: Some(&allowed),
+                }];
+                let s = sample(&t, &mut rows).remove(0);
+                assert_eq!(s.token, 2, "T={temperature}");
+                assert!((s.logprob - (1.0 - z)).abs() < 1e-3, "{}", s.logprob);
+            }
+        }
+        // Sampled without truncation: both allowed tokens appear, nothing else.
+        let p = SamplingParams::default();
+        let mut rng = Rng::new(9);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..400 {
+            let t = Tensor::from_slice(&[0.0f32, 0.0, 0.0, 0.0, 0.5]).unsqueeze(0);
+            let mut rows = [Row {
+                params: &p,
+                rng: &mut rng,
+                seen: &[],
+                prompt_len: 0,
+                allowed: Some(&allowed),
+            }];
+            seen.insert(sample(&t, &mut rows)[0].token);
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 4]);
+    }
+
     #[test]
     fn repetition_penalty_demotes_seen_tokens() {
         let p = SamplingParams {
@@ -470,6 +583,7 @@ mod tests {
                 rng: &mut rng,
                 seen,
                 prompt_len,
+                allowed: None,
             }];
             sample(&t, &mut rows).remove(0)
         };
@@ -541,6 +655,7 @@ mod tests {
                 rng: &mut rng,
                 seen: &[],
                 prompt_len: 0,
+                allowed: None,
             }];
             (0..50)
                 .map(|_| sample(&logits.get(0).unsqueeze(0), &mut rows)[0].token)
@@ -556,12 +671,14 @@ mod tests {
                             rng: &mut a,
                             seen: &[],
                             prompt_len: 0,
+                            allowed: None,
                         },
                         Row {
                             params: &other,
                             rng: &mut b,
                             seen: &[],
                             prompt_len: 0,
+                            allowed: None,
                         },
                     ];
                     sample(&logits, &mut rows)[0].token

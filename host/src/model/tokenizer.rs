@@ -88,6 +88,30 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The vocabulary entry of `id` as stored: a byte-level piece (`Ġworld`) or an added
+    /// token's text (`<|im_end|>`).
+    pub fn piece(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The added tokens (`<|im_end|>`, Qwen3's `<tool_call>`): id → whether it is special.
+    pub fn added_tokens(&self) -> std::collections::HashMap<u32, bool> {
+        self.inner
+            .get_added_tokens_decoder()
+            .iter()
+            .map(|(&id, t)| (id, t.special))
+            .collect()
+    }
+
+    /// Whether pieces are byte-level (GPT-2's byte alphabet, as Qwen's): each piece's
+    /// characters then stand for bytes.
+    pub fn is_byte_level(&self) -> bool {
+        matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        )
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -89,8 +89,8 @@ const GENERATION: &[(&str, Rule)] = &[
     ("return_token_offsets", DefaultOnly(&["false"])),
     ("return_prompt_text", DefaultOnly(&["false"])),
     ("return_mm_kwargs", DefaultOnly(&["true"])),
-    // Added by concurrent changes (penalties and biases, reasoning effort, structured outputs);
-    // accepted here as before, honoured or refused by the code that reads them.
+    // Biases, reasoning effort, structured outputs: read by the request types, which honour them
+    // or refuse a value they cannot honour with their own message.
     ("logit_bias", Honoured),
     ("reasoning_effort", Honoured),
     ("response_format", Honoured),
@@ -101,6 +101,7 @@ const GENERATION: &[(&str, Rule)] = &[
     ("guided_grammar", Honoured),
     ("guided_decoding_backend", Honoured),
     ("guided_whitespace_pattern", Honoured),
+    ("structural_tag", Honoured),
 ];
 
 /// `POST /v1/chat/completions` (and `/v1/chat/completions/tokens`, which adds `tokens`).
@@ -384,6 +385,7 @@ mod tests {
             logprobs: Some(1),
             top_logprobs: Some(json!(1)),
             echo: true,
+            constraints: Default::default(),
         };
         for k in keys(&serde_json::to_value(&completion).unwrap()) {
             assert_eq!(

@@ -26,8 +26,9 @@ pub use generate::{
 };
 pub use request::{
     ChatMessage, ChatRequest, CompletionRequest, ContentPart, FunctionDef, FunctionName,
-    GenerationParams, MessageContent, NamedToolChoice, Prompt, Role, Stop, StreamOptions,
-    ToolChoiceParam, ToolDef, UpdateWeightsRequest,
+    GenerationParams, JsonSchemaFormat, MessageContent, NamedToolChoice, OutputConstraints, Prompt,
+    ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs, ToolChoiceParam, ToolDef,
+    UpdateWeightsRequest,
 };
 pub use response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Delta,

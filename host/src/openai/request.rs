@@ -385,6 +385,95 @@ pub enum ToolChoiceParam {
     Named(NamedToolChoice),
 }
 
+/// `response_format.json_schema`: the schema the output must follow.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name (OpenAI requires one; not used for decoding).
+    #[serde(default)]
+    pub name: String,
+    /// What the format is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON schema (absent: any JSON value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// OpenAI's strict adherence flag; rlhost always enforces the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `response_format`: the shape the output must have.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (no constraint).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON following a schema.
+    JsonSchema {
+        /// The schema.
+        json_schema: JsonSchemaFormat,
+    },
+    /// vLLM's structural tags (read so they can be refused by name).
+    StructuralTag(serde_json::Map<String, Value>),
+}
+
+/// vLLM's `structured_outputs` (0.11 on): one constraint on the output. Every key is read, so
+/// those rlhost does not support are refused by name rather than ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutputs {
+    /// A JSON schema (an object, or its JSON text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<Value>,
+    /// A regular expression the whole output matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// The output is exactly one of these strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Vec<String>>,
+    /// Any JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_object: Option<bool>,
+    /// Every other key (`grammar`, `structural_tag`, `whitespace_pattern`, …).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// The fields that constrain what a completion may say: OpenAI's `response_format`, vLLM's
+/// `structured_outputs`, and vLLM's older `guided_*` fields (read so each is honoured or refused
+/// by name).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputConstraints {
+    /// OpenAI's response format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM: one structured-output constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM (before 0.12): a JSON schema (an object, or its JSON text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<Value>,
+    /// vLLM (before 0.12): a regular expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<String>,
+    /// vLLM (before 0.12): one of these strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (before 0.12): a context-free grammar (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<Value>,
+    /// vLLM (before 0.12): structural tags (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structural_tag: Option<Value>,
+    /// vLLM (before 0.12): the decoding backend (only llguidance's names are accepted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_decoding_backend: Option<String>,
+    /// vLLM (before 0.12): JSON whitespace pattern (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_whitespace_pattern: Option<String>,
+}
+
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
@@ -400,6 +489,13 @@ pub struct ChatRequest {
     /// Whether and which tool must be called.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoiceParam>,
+    /// Several calls in one turn (default true); false: at most one call is returned, exactly
+    /// one when a call is forced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Constraints on the output's shape.
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
     /// Return the sampled tokens' log-probs.
     #[serde(
         default,
@@ -480,6 +576,9 @@ pub struct CompletionRequest {
         skip_serializing_if = "is_false"
     )]
     pub echo: bool,
+    /// Constraints on the output's shape.
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
 }
 
 /// `POST /update_weights`: load new weights from a folder.

@@ -89,7 +89,6 @@ impl ClientRender {
                 &messages,
                 tools.as_ref(),
                 &kwargs,
-                "",
             )
             .map_err(RenderError::Request),
             None => {
@@ -159,7 +158,7 @@ impl ClientRender {
             reasoning: None,
             opened: false,
             parse: !tools.is_empty(),
-            forced: "",
+            single: false,
             tools: &tools,
         };
         let view = reader.read(&choice.text, true);

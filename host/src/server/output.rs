@@ -21,8 +21,8 @@ pub struct Reader<'a> {
     pub opened: bool,
     /// Parse tool calls at all.
     pub parse: bool,
-    /// Text written into the prompt to force a call (read before the output).
-    pub forced: &'a str,
+    /// `parallel_tool_calls: false`: only the first call is read.
+    pub single: bool,
     /// The tools offered.
     pub tools: &'a [Tool],
 }
@@ -59,12 +59,6 @@ impl Reader<'_> {
             return view;
         }
         if !finished {
-            if !self.forced.is_empty() {
-                view.calls = self
-                    .parser
-                    .partial(&format!("{}{content}", self.forced), self.tools);
-                return view;
-            }
             let shown = match content.find(CALL_MARKER) {
                 Some(i) => {
                     view.calls = self.parser.partial(content, self.tools);
@@ -73,20 +67,18 @@ impl Reader<'_> {
                 None => content.len() - partial_tag(content, CALL_MARKER),
             };
             view.content = content[..shown].to_string();
-            return view;
-        }
-        let text = format!("{}{content}", self.forced);
-        let out = self.parser.parse(&text, self.tools);
-        view.error = out.error;
-        if out.calls.is_empty() {
-            view.content = if self.forced.is_empty() {
-                content.to_string()
-            } else {
-                text
-            };
         } else {
-            view.content = out.content.unwrap_or_default();
-            view.calls = out.calls;
+            let out = self.parser.parse(content, self.tools);
+            view.error = out.error;
+            if out.calls.is_empty() {
+                view.content = content.to_string();
+            } else {
+                view.content = out.content.unwrap_or_default();
+                view.calls = out.calls;
+            }
+        }
+        if self.single {
+            view.calls.truncate(1);
         }
         view
     }
@@ -108,7 +100,7 @@ mod tests {
             reasoning: Some(&qwen3),
             opened: false,
             parse: true,
-            forced: "",
+            single: false,
             tools: &[],
         };
         let whole = reader.read(text, true);

@@ -82,12 +82,27 @@ pub fn sampling_params(
         ignore_eos: p.ignore_eos,
         top_logprobs,
         skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+        constraint: None,
     };
-    out.validate().map_err(|e| {
+    checked(out)
+}
+
+/// `params` with a grammar constraint ([`super::constrain`]), checked again.
+pub fn constrained(
+    mut params: SamplingParams,
+    constraint: Option<std::sync::Arc<crate::engine::grammar::Constraint>>,
+) -> Result<SamplingParams, ApiError> {
+    params.constraint = constraint;
+    checked(params)
+}
+
+/// `p` if valid; else a 400 naming the parameter its message starts with.
+fn checked(p: SamplingParams) -> Result<SamplingParams, ApiError> {
+    p.validate().map_err(|e| {
         let param = e.split_whitespace().next().map(str::to_string);
         ApiError::bad(param, e)
     })?;
-    Ok(out)
+    Ok(p)
 }
 
 /// vLLM's 400 for a request that breaks a limit: `type` `BadRequestError`, `param` the

@@ -14,6 +14,7 @@ mod dialect;
 mod doctor;
 mod env_init;
 mod eval;
+mod grammar;
 mod inference;
 mod install;
 mod interop;

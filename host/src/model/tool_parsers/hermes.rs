@@ -62,11 +62,17 @@ impl ToolCallParser for Hermes {
         "hermes"
     }
 
-    fn call_prefix(&self, name: Option<&str>) -> String {
-        match name {
-            Some(n) => format!("{OPEN}\n{{\"name\": \"{n}\", \"arguments\": "),
-            None => format!("{OPEN}\n{{\"name\": \""),
-        }
+    fn call_grammar(&self, rule: &str, name: &str, parameters: &serde_json::Value) -> String {
+        let head = format!(
+            "{OPEN}\n{{\"name\": {}, \"arguments\": ",
+            serde_json::json!(name)
+        );
+        format!(
+            "{rule}: {} {} {}\n",
+            super::lark_literal(&head),
+            super::lark_json(parameters),
+            super::lark_literal(&format!("}}\n{CLOSE}"))
+        )
     }
 
     fn partial(&self, text: &str, _tools: &[Tool]) -> Vec<ParsedCall> {

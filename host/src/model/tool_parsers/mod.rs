@@ -40,15 +40,20 @@ pub trait ToolCallParser: Send + Sync {
     fn name(&self) -> &'static str;
     /// Parses `text`; `tools` are the tools offered (some formats type arguments by them).
     fn parse(&self, text: &str, tools: &[Tool]) -> ParseOutcome;
-    /// The opening of a call, written into the prompt to force one (`tool_choice` naming a
-    /// function, or `required` with no name): the model continues from there, and the parser
-    /// reads prefix + continuation.
-    fn call_prefix(&self, name: Option<&str>) -> String;
     /// The calls readable so far in an unfinished output `text` (content before the calls
     /// included), for streaming: each call whose name is complete, with the part of its
     /// arguments that the finished output's [`parse`](Self::parse) will begin with (so pieces
     /// sent as they grow add up to the final arguments).
     fn partial(&self, text: &str, tools: &[Tool]) -> Vec<ParsedCall>;
+    /// Lark rules (llguidance's dialect) whose rule `rule` is exactly one call of the function
+    /// `name` in this format, its arguments valid against `parameters` (a JSON schema): what
+    /// grammar-constrained decoding forces for `tool_choice` `required` or a named function.
+    /// Helper rules are named `{rule}_…`.
+    fn call_grammar(&self, rule: &str, name: &str, parameters: &serde_json::Value) -> String;
+    /// What the format writes between two calls of one turn.
+    fn call_separator(&self) -> &'static str {
+        "\n"
+    }
 }
 
 /// The arguments JSON at the start of `text`, as far as it goes, in the form
@@ -123,6 +128,30 @@ pub fn json_prefix(text: &str) -> String {
             return out;
         }
     }
+}
+
+/// A Lark string literal of `text`.
+pub fn lark_literal(text: &str) -> String {
+    serde_json::to_string(text).expect("strings serialise")
+}
+
+/// A Lark `%json` embedding of `schema`, generated in `json.dumps` layout (`", "` and `": "`,
+/// no other whitespace: the layout chat templates write and models learn, and no room for a
+/// model to wander into whitespace).
+pub fn lark_json(schema: &serde_json::Value) -> String {
+    let layout = serde_json::json!({
+        "item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false,
+    });
+    let schema = match schema {
+        serde_json::Value::Object(m) => {
+            let mut m = m.clone();
+            m.entry("x-guidance").or_insert(layout);
+            serde_json::Value::Object(m)
+        }
+        serde_json::Value::Bool(true) => serde_json::json!({"x-guidance": layout}),
+        other => other.clone(),
+    };
+    format!("%json {schema}")
 }
 
 /// The parser called `name`.

@@ -337,11 +337,55 @@ impl ToolCallParser for Qwen3Coder {
         "qwen3_coder"
     }
 
-    fn call_prefix(&self, name: Option<&str>) -> String {
-        match name {
-            Some(n) => format!("{OPEN}\n{FUNC}{n}>\n"),
-            None => format!("{OPEN}\n{FUNC}"),
+    /// Parameters in the schema's order (required ones always, others optional), each value in
+    /// the raw form the parser reads: strings as text (up to `maxLength` characters; never
+    /// containing a line `</parameter>`), string enums as one of their values, everything else
+    /// as JSON valid against its schema.
+    fn call_grammar(&self, rule: &str, name: &str, parameters: &serde_json::Value) -> String {
+        use super::{lark_json, lark_literal};
+        let mut rules = String::new();
+        let mut body = vec![lark_literal(&format!("{OPEN}\n{FUNC}{name}>\n"))];
+        let required: Vec<&str> = parameters["required"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        let end = format!("\n{END_PARAM}\n");
+        if let Some(props) = parameters["properties"].as_object() {
+            for (k, (param, schema)) in props.iter().enumerate() {
+                let p_rule = format!("{rule}_p{k}");
+                let open = lark_literal(&format!("{PARAM}{param}>\n"));
+                let strings: Option<Vec<&str>> = schema["enum"]
+                    .as_array()
+                    .and_then(|e| e.iter().map(|v| v.as_str()).collect());
+                let is_string = schema["type"] == "string"
+                    || (schema.get("type").is_none() && schema.get("enum").is_none());
+                let value = if let Some(values) = strings {
+                    let alts: Vec<String> = values.iter().map(|v| lark_literal(v)).collect();
+                    format!("({}) {}", alts.join(" | "), lark_literal(&end))
+                } else if is_string {
+                    let most = schema["maxLength"]
+                        .as_u64()
+                        .map_or("*".to_string(), |n| format!("{{0,{n}}}"));
+                    let text = format!("{p_rule}_text");
+                    rules.push_str(&format!(
+                        "{text}[suffix={}]: /(?s:.{most})/\n",
+                        lark_literal(&end)
+                    ));
+                    text
+                } else {
+                    format!("{} {}", lark_json(schema), lark_literal(&end))
+                };
+                rules.push_str(&format!("{p_rule}: {open} {value}\n"));
+                let optional = if required.contains(&param.as_str()) {
+                    ""
+                } else {
+                    "?"
+                };
+                body.push(format!("{p_rule}{optional}"));
+            }
         }
+        body.push(lark_literal(&format!("{END_FUNC}\n{CLOSE}")));
+        format!("{rule}: {}\n{rules}", body.join(" "))
     }
 
     fn partial(&self, text: &str, tools: &[Tool]) -> Vec<ParsedCall> {
