@@ -14,6 +14,7 @@
 mod error;
 mod request;
 mod response;
+pub mod responses;
 
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 pub use request::{

@@ -11,6 +11,7 @@
 //! get a 400 naming the problem; a full queue a 503.
 
 pub mod request;
+mod responses;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -126,6 +127,7 @@ pub fn router_for(state: Arc<Api>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", responses::route())
         .route("/update_weights", post(update_weights))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route(
@@ -138,7 +140,7 @@ pub fn router_for(state: Arc<Api>) -> Router {
             error(ApiError {
                 status: 404,
                 kind: "not_found_error",
-                message: "no such route; see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache".into(),
+                message: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache".into(),
                 param: None,
             })
         })
