@@ -116,6 +116,24 @@ pub struct ResponsesRequest {
     /// Token biases: refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<Value>,
+    /// Moderation of input and output: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moderation: Option<Value>,
+    /// Image input options: refused (text only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<Value>,
+    /// Access programs: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_programs: Option<Value>,
+    /// Background run options: refused (as `background` is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_options: Option<Value>,
+    /// Explicit prompt caching: refused (the prefix cache is automatic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_options: Option<Value>,
+    /// `in_memory` (what the prefix cache does); `24h` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_retention: Option<String>,
     /// vLLM: top-k (-1 off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<i64>,

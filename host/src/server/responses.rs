@@ -298,10 +298,25 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
         ("conversation", &req.conversation),
         ("context_management", &req.context_management),
         ("logit_bias", &req.logit_bias),
+        ("moderation", &req.moderation),
+        ("image", &req.image),
+        ("access_programs", &req.access_programs),
+        ("background_options", &req.background_options),
+        ("prompt_cache_options", &req.prompt_cache_options),
     ] {
         if v.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(bad(name, format!("{name} is not supported by this server")));
         }
+    }
+    if let Some(r) = req
+        .prompt_cache_retention
+        .as_deref()
+        .filter(|r| *r != "in_memory")
+    {
+        return Err(bad(
+            "prompt_cache_retention",
+            format!("prompt_cache_retention {r:?} is not supported (only \"in_memory\")"),
+        ));
     }
     if let Some(t) = req.truncation.as_deref().filter(|t| *t != "disabled") {
         return Err(bad(
@@ -1257,4 +1272,98 @@ fn stream(
         w.ev.send(last).await;
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::responses::InputItem;
+
+    fn item(kind: &str) -> InputItem {
+        InputItem {
+            kind: Some(kind.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn input_items_become_the_chat_conversation() {
+        let mut user = item("message");
+        user.role = Some(Role::User);
+        user.content = Some(MessageContent::Text("q".into()));
+        let mut thought = item("reasoning");
+        thought.content = Some(MessageContent::Parts(vec![openai::ContentPart {
+            kind: "reasoning_text".into(),
+            text: Some("think".into()),
+        }]));
+        let mut said = InputItem {
+            role: Some(Role::Assistant),
+            content: Some(MessageContent::Parts(vec![openai::ContentPart {
+                kind: "output_text".into(),
+                text: Some("let me run it".into()),
+            }])),
+            ..Default::default()
+        };
+        said.kind = None;
+        let mut call = item("function_call");
+        call.call_id = Some("c1".into());
+        call.name = Some("python".into());
+        call.arguments = Some(r#"{"code": "1"}"#.into());
+        let mut call2 = call.clone();
+        call2.call_id = Some("c2".into());
+        let mut result = item("function_call_output");
+        result.call_id = Some("c1".into());
+        result.output = Some(MessageContent::Text("1".into()));
+        let input = ResponseInput::Items(vec![user, thought, said, call, call2, result]);
+        let m = input_messages(&input).unwrap();
+        assert_eq!(m.len(), 3, "{m:?}");
+        assert_eq!(m[0].role, Role::User);
+        // Reasoning, text and both calls are one assistant turn, as a chat answer is.
+        assert_eq!(m[1].role, Role::Assistant);
+        assert_eq!(m[1].reasoning_content.as_deref(), Some("think"));
+        assert_eq!(
+            m[1].content,
+            Some(MessageContent::Text("let me run it".into()))
+        );
+        let calls = m[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].id, "c2");
+        assert_eq!(m[2].role, Role::Tool);
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+
+        // A call on its own is an assistant message without content.
+        let mut lone = item("function_call");
+        lone.call_id = Some("c".into());
+        lone.name = Some("f".into());
+        lone.arguments = Some("{}".into());
+        let m = input_messages(&ResponseInput::Items(vec![lone.clone()])).unwrap();
+        assert_eq!(m[0].content, None);
+        lone.arguments = None;
+        let e = input_messages(&ResponseInput::Items(vec![lone])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].arguments"));
+    }
+
+    #[test]
+    fn chat_errors_are_renamed_to_this_endpoints_fields() {
+        let e = rename_param(ApiError::bad(Some("messages".into()), "x"));
+        assert_eq!(e.param.as_deref(), Some("input"));
+        let e = rename_param(ApiError::bad(
+            Some("tools[1].function.parameters".into()),
+            "x",
+        ));
+        assert_eq!(e.param.as_deref(), Some("tools[1].parameters"));
+        let e = rename_param(ApiError::bad(Some("max_completion_tokens".into()), "x"));
+        assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
+    }
+
+    #[test]
+    fn the_store_keeps_the_newest_responses() {
+        let store = ResponseStore::new(2);
+        for id in ["a", "b", "c"] {
+            store.put(id.into(), vec![ChatMessage::text(Role::User, id)]);
+        }
+        assert!(store.get("a").is_none());
+        assert_eq!(store.get("c").unwrap().len(), 1);
+        assert!(store.get("b").is_some());
+    }
 }

@@ -116,7 +116,7 @@ pub(crate) fn taught_model(dir: &Path) {
 }
 
 /// `host inference` serving a [`taught_model`] (as `tiny`, tools on), in a temporary folder.
-fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
+pub(crate) fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("taught");
     taught_model(&dir);
@@ -127,7 +127,7 @@ fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
     (tmp, server)
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(crate) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
