@@ -12,6 +12,7 @@
 //! the seam, not an empty value found later.
 
 mod error;
+pub mod messages;
 mod request;
 mod response;
 pub mod responses;

@@ -43,31 +43,37 @@ pub const STORE_CAPACITY: usize = 1024;
 /// Stored conversations by response id: each the chat messages up to and including the
 /// response's own output (without its instructions, which a continuation does not inherit).
 struct ResponseStore {
-    inner: Mutex<(HashMap<String, Arc<Vec<ChatMessage>>>, VecDeque<String>)>,
+    inner: Mutex<StoreInner>,
     capacity: usize,
+}
+
+#[derive(Default)]
+struct StoreInner {
+    by_id: HashMap<String, Arc<Vec<ChatMessage>>>,
+    /// Ids, oldest first.
+    order: VecDeque<String>,
 }
 
 impl ResponseStore {
     fn new(capacity: usize) -> Self {
         Self {
-            inner: Mutex::new((HashMap::new(), VecDeque::new())),
+            inner: Mutex::new(StoreInner::default()),
             capacity,
         }
     }
 
     fn get(&self, id: &str) -> Option<Arc<Vec<ChatMessage>>> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.0.get(id).cloned()
+        inner.by_id.get(id).cloned()
     }
 
     fn put(&self, id: String, conversation: Vec<ChatMessage>) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, order) = &mut *inner;
-        map.insert(id.clone(), Arc::new(conversation));
-        order.push_back(id);
-        while order.len() > self.capacity {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
+        inner.by_id.insert(id.clone(), Arc::new(conversation));
+        inner.order.push_back(id);
+        while inner.order.len() > self.capacity {
+            if let Some(old) = inner.order.pop_front() {
+                inner.by_id.remove(&old);
             }
         }
     }
@@ -162,7 +168,7 @@ impl Plan {
     }
 }
 
-fn bad(param: &str, message: impl Into<String>) -> ApiError {
+pub(super) fn bad(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad(Some(param.to_string()), message)
 }
 
@@ -686,7 +692,7 @@ fn content_text_reasoning(c: &MessageContent, at: &str) -> Result<String, ApiErr
     }
 }
 
-fn new_id(prefix: &str) -> String {
+pub(super) fn new_id(prefix: &str) -> String {
     let mut rng = crate::engine::Rng::from_entropy();
     let a = (rng.uniform() * 2f64.powi(52)) as u64;
     let b = (rng.uniform() * 2f64.powi(52)) as u64;
@@ -814,53 +820,56 @@ fn finish(
 /// name and arguments) or in fragments (id and name first, then pieces of the arguments), and of
 /// `reasoning_content` deltas.
 #[derive(Debug, Default, Deserialize)]
-struct ChunkRead {
+pub(super) struct ChunkRead {
     #[serde(default)]
-    choices: Vec<ChoiceRead>,
+    pub(super) choices: Vec<ChoiceRead>,
     #[serde(default)]
-    usage: Option<Usage>,
+    pub(super) usage: Option<Usage>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct ChoiceRead {
+pub(super) struct ChoiceRead {
     #[serde(default)]
-    delta: DeltaRead,
+    pub(super) delta: DeltaRead,
     #[serde(default)]
-    finish_reason: Option<String>,
+    pub(super) finish_reason: Option<String>,
     #[serde(default)]
-    policy_version: Option<u64>,
+    pub(super) policy_version: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct DeltaRead {
+pub(super) struct DeltaRead {
     #[serde(default)]
-    content: Option<String>,
+    pub(super) content: Option<String>,
     #[serde(default)]
-    reasoning_content: Option<String>,
+    pub(super) reasoning_content: Option<String>,
     #[serde(default)]
-    tool_calls: Option<Vec<CallDeltaRead>>,
+    pub(super) tool_calls: Option<Vec<CallDeltaRead>>,
+    /// With `return_token_ids`: the tokens this chunk adds.
+    #[serde(default)]
+    pub(super) token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct CallDeltaRead {
+pub(super) struct CallDeltaRead {
     #[serde(default)]
-    index: usize,
+    pub(super) index: usize,
     #[serde(default)]
-    id: Option<String>,
+    pub(super) id: Option<String>,
     #[serde(default)]
-    function: Option<FunctionDeltaRead>,
+    pub(super) function: Option<FunctionDeltaRead>,
 }
 
 #[derive(Debug, Deserialize)]
-struct FunctionDeltaRead {
+pub(super) struct FunctionDeltaRead {
     #[serde(default)]
-    name: Option<String>,
+    pub(super) name: Option<String>,
     #[serde(default)]
-    arguments: Option<String>,
+    pub(super) arguments: Option<String>,
 }
 
 /// Server-sent events with `event:` lines, as OpenAI streams responses.
-fn sse(rx: tmpsc::Receiver<String>) -> HttpResponse {
+pub(super) fn sse(rx: tmpsc::Receiver<String>) -> HttpResponse {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await

@@ -1,10 +1,12 @@
-//! End-to-end: `POST /v1/responses` as agent harnesses meet it. The official Python `openai`
-//! client drives the taught model of [`crate::inference`] through the Responses API (plain,
-//! streamed, with its accumulating stream helper, cut by `max_output_tokens`, and the tool round
-//! trip by output items, by `previous_response_id` and streamed) next to `/v1/chat/completions`
-//! for the same conversations: at temperature 0 both endpoints give the same tokens, so the
-//! texts, calls and token counts must agree. Fields the server cannot honour get 400s naming
-//! them, and the stream is server-sent events whose `event:` lines name each payload's type.
+//! End-to-end: `POST /v1/responses` and `POST /v1/messages` as agent harnesses meet them. The
+//! official Python `openai` client drives the taught model of [`crate::inference`] through the
+//! Responses API (plain, streamed, with its accumulating stream helper, cut by
+//! `max_output_tokens`, and the tool round trip by output items, by `previous_response_id` and
+//! streamed), and the `anthropic` client through the Messages API, next to
+//! `/v1/chat/completions` for the same conversations: at temperature 0 the endpoints give the
+//! same tokens, so texts, calls and token counts must agree. Fields the server cannot honour get
+//! 400s naming them, and the streams are server-sent events whose `event:` lines name each
+//! payload's type.
 
 use std::process::Command;
 
@@ -260,4 +262,168 @@ fn the_openai_client_drives_responses_like_chat_completions() {
         events += 1;
     }
     assert!(events >= 9, "{text}");
+}
+
+/// The same for Anthropic's Messages API (`POST /v1/messages`) through the official `anthropic`
+/// client: the chat answers as text and `tool_use` blocks, Anthropic's stop reasons (a stop
+/// sequence named from the generated tokens), its token counts (`input_tokens` +
+/// `cache_read_input_tokens` is the chat prompt), streamed events the client's accumulator turns
+/// into the same message, and refusals naming the field.
+#[test]
+fn the_anthropic_client_drives_messages_like_chat_completions() {
+    let test = "messages_anthropic_client";
+    let Some(python) = common::reference_python(test) else {
+        return;
+    };
+    if !common::run(Command::new(&python).args(["-c", "import anthropic"]))
+        .status
+        .success()
+    {
+        common::skip(
+            test,
+            "the reference venv lacks `anthropic`; run `make setup-py-reference`",
+        );
+        return;
+    }
+    let (tmp, server) = taught_server();
+    let case = tmp.path().join("case.json");
+    std::fs::write(
+        &case,
+        json!({"question": QUESTION, "tools": tools(), "tool_result": "42", "max_tokens": 40})
+            .to_string(),
+    )
+    .unwrap();
+    let root = server.url.trim_end_matches("/v1");
+    let stdout = common::run_ok(
+        Command::new(python)
+            .arg(common::repo_root().join("scripts/anthropic-messages-check.py"))
+            .args(["--base-url", root, "--model", "tiny", "--case"])
+            .arg(&case),
+    );
+    let r: Value = serde_json::from_str(&stdout).unwrap();
+
+    let plain = &r["plain"];
+    assert_eq!(r["chat_plain"]["content"], "42", "{r}");
+    assert_eq!(plain["type"], "message");
+    assert_eq!(plain["role"], "assistant");
+    assert_eq!(
+        plain["content"],
+        json!([{"type": "text", "text": "42"}]),
+        "{plain}"
+    );
+    assert_eq!(plain["stop_reason"], "end_turn");
+    let chat_usage = &r["chat_plain"]["usage"];
+    let prompt = |u: &Value| {
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(
+        prompt(&plain["usage"]),
+        chat_usage["prompt_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(
+        plain["usage"]["output_tokens"],
+        chat_usage["completion_tokens"]
+    );
+    assert!(
+        plain["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "{plain}"
+    );
+    // Streamed: Anthropic's event sequence; the client's accumulator builds the same message.
+    let raw = &r["raw"];
+    assert_eq!(
+        folded(&raw["types"]),
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ],
+        "{raw}"
+    );
+    assert_eq!(raw["text"], "42");
+    assert_eq!(raw["stop_reason"], "end_turn");
+    let helped = &r["helper"]["final"];
+    assert_eq!(r["helper"]["text"], "42");
+    assert_eq!(helped["content"], plain["content"]);
+    assert_eq!(helped["stop_reason"], "end_turn");
+    assert_eq!(prompt(&helped["usage"]), prompt(&plain["usage"]));
+    assert_eq!(
+        helped["usage"]["output_tokens"],
+        plain["usage"]["output_tokens"]
+    );
+    // Cut short, by length and by a stop sequence (named, plain and streamed).
+    assert_eq!(r["short"]["stop_reason"], "max_tokens", "{r}");
+    assert_eq!(r["short"]["usage"]["output_tokens"], 1);
+    assert_eq!(
+        r["stop"]["content"],
+        json!([{"type": "text", "text": "4"}]),
+        "{r}"
+    );
+    assert_eq!(r["stop"]["stop_reason"], "stop_sequence");
+    assert_eq!(r["stop"]["stop_sequence"], "2");
+    assert_eq!(r["stop_stream"]["text"], "4");
+    assert_eq!(r["stop_stream"]["stop_reason"], "stop_sequence");
+    assert_eq!(r["stop_stream"]["stop_sequence"], "2");
+
+    // The tool round trip: the chat endpoint's call as a tool_use block, then its final answer.
+    let first = &r["tool_use"];
+    assert_eq!(first["stop_reason"], "tool_use", "{first}");
+    let uses: Vec<&Value> = first["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{first}");
+    assert_eq!(uses[0]["name"], "python");
+    assert_eq!(uses[0]["input"], json!({"code": "print(6 * 7)"}));
+    let chat_args: Value = serde_json::from_str(
+        r["chat_tool_call"]["calls"][0]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(uses[0]["input"], chat_args);
+    assert_eq!(
+        prompt(&first["usage"]),
+        r["chat_tool_call"]["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    );
+    let streamed = &r["tool_use_stream"]["final"];
+    assert_eq!(streamed["content"], first["content"], "{r}");
+    assert_eq!(streamed["stop_reason"], "tool_use");
+    let raw_use = &r["tool_use_raw"];
+    assert_eq!(
+        serde_json::from_str::<Value>(raw_use["json"].as_str().unwrap()).unwrap(),
+        json!({"code": "print(6 * 7)"})
+    );
+    let chat_final = &r["chat_final"];
+    assert_eq!(chat_final["content"], "The answer is 42.", "{r}");
+    assert_eq!(
+        r["final"]["content"],
+        json!([{"type": "text", "text": "The answer is 42."}]),
+        "{r}"
+    );
+    assert_eq!(
+        prompt(&r["final"]["usage"]),
+        chat_final["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(r["final_stream"]["text"], "The answer is 42.");
+
+    let refused = &r["refused"];
+    for (case, param) in [
+        ("server_tool", "tools[0].type"),
+        ("thinking_budget", "thinking.budget_tokens"),
+        ("image", "messages[0].content[0]"),
+        ("is_error", "messages[2].content[0].is_error"),
+        ("max_tokens", "max_tokens"),
+        ("mcp_servers", "mcp_servers"),
+        ("role", "messages[0].role"),
+    ] {
+        assert_eq!(refused[case]["status"], 400, "{case}: {refused}");
+        assert_eq!(refused[case]["param"], param, "{case}: {refused}");
+    }
 }
