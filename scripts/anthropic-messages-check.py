@@ -80,7 +80,9 @@ def main():
         for t in case["tools"]
     ]
     user = [{"role": "user", "content": q}]
-    base = dict(model=model, max_tokens=n, temperature=0.0)
+    # This client has no sampling arguments (Anthropic deprecated them); the API still reads them.
+    greedy = {"temperature": 0.0}
+    base = dict(model=model, max_tokens=n, extra_body=greedy)
     out = {}
 
     chat = oai.chat.completions.create(model=model, messages=user, max_tokens=n, temperature=0.0)
@@ -88,7 +90,7 @@ def main():
     out["plain"] = summary(client.messages.create(messages=user, **base))
     out["raw"] = raw_events(client, messages=user, **base)
     out["helper"] = helper(client, messages=user, **base)
-    out["short"] = summary(client.messages.create(messages=user, model=model, max_tokens=1, temperature=0.0))
+    out["short"] = summary(client.messages.create(messages=user, model=model, max_tokens=1, extra_body=greedy))
     out["stop"] = summary(client.messages.create(messages=user, stop_sequences=["2"], **base))
     out["stop_stream"] = raw_events(client, messages=user, stop_sequences=["2"], **base)
 
@@ -139,8 +141,12 @@ def main():
             **base,
         ),
         "is_error": dict(messages=result_error, tools=tools, **base),
-        "max_tokens": dict(messages=user, model=model, max_tokens=0),
-        "mcp_servers": dict(messages=user, extra_body={"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, **base),
+        "max_tokens": dict(messages=user, model=model, max_tokens=0, extra_body=greedy),
+        "mcp_servers": dict(
+            messages=user, model=model, max_tokens=n,
+            extra_body={**greedy, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+        ),
+        "inference_geo": dict(messages=user, inference_geo="eu", **base),
         "role": dict(messages=[{"role": "system", "content": q}], **base),
     }
     out["refused"] = {k: refusal(client, **v) for k, v in refused.items()}

@@ -82,6 +82,21 @@ pub struct MessagesRequest {
     /// Output format and effort: refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_config: Option<Value>,
+    /// Where inference runs: refused (this server runs where it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_geo: Option<Value>,
+    /// Request diagnostics: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<Value>,
+    /// `standard`; `fast` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<String>,
+    /// An opaque user profile id: accepted (nothing here depends on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_profile_id: Option<String>,
+    /// An opaque workspace id: accepted (nothing here depends on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
 }
 
 /// A message of the conversation.

@@ -166,10 +166,18 @@ fn plan(api: &Api, req: &MessagesRequest) -> Result<Plan, ApiError> {
         ("mcp_servers", &req.mcp_servers),
         ("context_management", &req.context_management),
         ("output_config", &req.output_config),
+        ("inference_geo", &req.inference_geo),
+        ("diagnostics", &req.diagnostics),
     ] {
         if v.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(bad(name, format!("{name} is not supported by this server")));
         }
+    }
+    if let Some(s) = req.speed.as_deref().filter(|s| *s != "standard") {
+        return Err(bad(
+            "speed",
+            format!("speed {s:?} is not supported (only \"standard\")"),
+        ));
     }
     if let Some(t) = req
         .service_tier

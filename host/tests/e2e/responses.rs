@@ -421,6 +421,7 @@ fn the_anthropic_client_drives_messages_like_chat_completions() {
         ("is_error", "messages[2].content[0].is_error"),
         ("max_tokens", "max_tokens"),
         ("mcp_servers", "mcp_servers"),
+        ("inference_geo", "inference_geo"),
         ("role", "messages[0].role"),
     ] {
         assert_eq!(refused[case]["status"], 400, "{case}: {refused}");
