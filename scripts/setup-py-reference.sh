@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-ref: the Python reference packages (torch 2.13.0, transformers, tokenizers,
-# safetensors, math-verify, openai) that parity tests compare rlhost against. Tests that need it
-# skip with a printed reason when it is absent; CI creates it.
+# safetensors, math-verify, openai, anthropic) that parity tests compare rlhost against. Tests
+# that need it skip with a printed reason when it is absent; CI creates it.
 #
 # `setup-py-reference.sh bench` creates .venv-bench instead: the reference packages plus the
 # Python peers of the benchmarks (TRL's GRPOTrainer), from scripts/requirements-bench.txt.
@@ -36,7 +36,7 @@ else
   "$PYTHON" -m venv "$tmp"
   "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   (cd "$ROOT/scripts" && "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ")
-  "$tmp/bin/python" -c 'import torch, transformers, tokenizers, safetensors, math_verify, openai, tensorboard, mlflow, prometheus_client; print("reference packages import: torch", torch.__version__, "transformers", transformers.__version__)'
+  "$tmp/bin/python" -c 'import torch, transformers, tokenizers, safetensors, math_verify, openai, anthropic, tensorboard, mlflow, prometheus_client; print("reference packages import: torch", torch.__version__, "transformers", transformers.__version__)'
   if [ "$NAME" = bench ]; then "$tmp/bin/python" -c 'import trl; print("trl", trl.__version__)'; fi
   touch "$tmp/.complete"
   # venvs record their own path in scripts: build in place under the final name.

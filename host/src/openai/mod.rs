@@ -16,8 +16,10 @@ mod error;
 pub mod fields;
 mod generate;
 pub mod lax;
+pub mod messages;
 mod request;
 mod response;
+pub mod responses;
 
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 pub use generate::{

@@ -116,7 +116,7 @@ pub(crate) fn teach(dir: &Path, examples: &[(Value, Option<Value>, &str)]) {
 }
 
 /// `host inference` serving a [`taught_model`] (as `tiny`, tools on), in a temporary folder.
-fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
+pub(crate) fn taught_server() -> (tempfile::TempDir, common::InferenceServer) {
     taught_server_with(&[])
 }
 

@@ -24,6 +24,7 @@ mod model;
 mod monitor;
 mod python_plugin;
 mod registry;
+mod responses;
 mod rl;
 mod rl_config;
 mod sandbox_native;
