@@ -824,8 +824,8 @@ mod tests {
     #[test]
     fn overlong_refusals_are_told_from_other_400s() {
         for body in [
-            r#"{"error":{"message":"This model's maximum context length is 256 tokens. However, you requested 0 output tokens and your prompt contains 300 input tokens, for a total of 300 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=300)","type":"BadRequestError","param":"input_tokens","code":400}}"#,
-            "max_tokens=1000 cannot be greater than max_model_len=max_total_tokens=256. Please request fewer output tokens.",
+            r#"{"error":{"message":"This model's maximum context length is 256 tokens. However, your prompt contains 300 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=300)","type":"BadRequestError","param":"input_tokens","code":400}}"#,
+            "max_tokens=1000 cannot be greater than max_model_len=256. Please request fewer output tokens.",
             "The decoder prompt (length 300) is longer than the maximum model length of 256.",
             r#"{"error":{"code":"context_length_exceeded"}}"#,
         ] {

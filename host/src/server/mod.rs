@@ -441,7 +441,7 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
             status: 404,
             kind: "NotFoundError",
             message: format!(
-                "The model `{m}` does not exist. This server serves `{}`.",
+                "The model `{m}` does not exist. Valid aliases: {}.",
                 st.cfg.served_name
             ),
             param: Some("model".into()),

@@ -116,12 +116,11 @@ fn limit_error(param: &str, value: impl std::fmt::Display, message: String) -> A
     }
 }
 
-/// The prompt of a chat or text completion made to fit as vLLM 0.30 makes it (its
-/// `TokenizeParams`): `truncate_prompt_tokens` keeps the last N tokens (`-1`: as many as leave
-/// room for the requested output), and the prompt plus `max_tokens` must fit in `max_model_len`
-/// (with `max_tokens` absent, the prompt must leave room for one token) or the request is
-/// refused in vLLM's words, which clients (verifiers, prime-rl) match to tell an overlong prompt
-/// from other errors: `This model's maximum context length is …`.
+/// The prompt of a chat or text completion made to fit as vLLM 0.32 does (measured against the
+/// real server): `truncate_prompt_tokens` keeps the last N tokens (`-1`: as many as leave room
+/// for the requested output); `max_tokens` above `max_model_len` is refused; a prompt that fills
+/// the context is refused; otherwise generation stops at the context's end. Errors carry vLLM's
+/// words, status and `param`.
 pub fn fit_prompt(
     mut ids: Vec<u32>,
     p: &GenerationParams,
@@ -138,7 +137,7 @@ pub fn fit_prompt(
             name,
             out,
             format!(
-                "{name}={out} cannot be greater than max_model_len=max_total_tokens={max_model_len}. Please request fewer output tokens."
+                "{name}={out} cannot be greater than max_model_len={max_model_len}. Please request fewer output tokens."
             ),
         ));
     }
@@ -166,14 +165,27 @@ pub fn fit_prompt(
             ids.drain(..drop);
         }
     }
+    // As vLLM 0.32 (measured): a prompt that leaves room to generate is served, `max_tokens`
+    // or not, and generation stops at the context's end (`finish_reason: "length"`); a prompt
+    // that fills the context is refused.
     let prompt = ids.len();
-    if prompt + out.max(1) > max_model_len {
+    if prompt > max_model_len {
         return Err(limit_error(
             "input_tokens",
             prompt,
             format!(
-                "This model's maximum context length is {max_model_len} tokens. However, you requested {out} output tokens and your prompt contains {prompt} input tokens, for a total of {} tokens. Please reduce the length of the input prompt or the number of requested output tokens.",
-                prompt + out
+                "This model's maximum context length is {max_model_len} tokens. However, your prompt contains {prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
+            ),
+        ));
+    }
+    if prompt == max_model_len {
+        return Err(limit_error(
+            "input_tokens",
+            prompt,
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, you requested {} output tokens and your prompt contains {prompt} input tokens, for a total of {} tokens. Please reduce the length of the input prompt or the number of requested output tokens.",
+                out.max(1),
+                prompt + out.max(1)
             ),
         ));
     }

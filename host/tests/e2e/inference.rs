@@ -351,7 +351,7 @@ fn bad_requests_get_400s_that_name_the_problem() {
         assert_eq!(status, 404, "{v}");
         assert_eq!(
             v["error"]["message"],
-            "The model `gpt-9` does not exist. This server serves `tiny`."
+            "The model `gpt-9` does not exist. Valid aliases: tiny."
         );
         assert_eq!(v["error"]["param"], "model");
         // Malformed JSON.

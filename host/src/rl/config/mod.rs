@@ -609,13 +609,13 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             }
         }
         if let Some(len) = infer.max_model_len
-            && orch.sampling.max_tokens as usize >= len
+            && orch.sampling.max_tokens as usize > len
         {
             return Err(refuse(
                 "orchestrator.sampling.max_tokens",
                 &format!(
-                    "is {} but inference.max_model_len is {len}: no prompt would leave room for it \
-                     (the engine refuses a prompt + max_tokens over the context, as vLLM does)",
+                    "is {} but inference.max_model_len is {len}: the engine refuses a max_tokens \
+                     above the context, as vLLM does",
                     orch.sampling.max_tokens
                 ),
             ));
