@@ -35,6 +35,11 @@ pub struct DoctorReport {
     pub paths: Option<PathsInfo>,
     /// The registry `host env install` uses.
     pub registry: Option<RegistryInfo>,
+    /// The Python sandbox behind the `sandbox.python` capability.
+    pub python_sandbox: SandboxInfo,
+    /// Installed plugins with the capabilities they declare and whether this host can grant
+    /// each now (one it cannot is also a problem: `host eval` and `host rl` refuse the plugin).
+    pub plugins: Vec<InstalledPlugin>,
     /// What is wrong, in words; empty when all is well.
     pub problems: Vec<String>,
 }
@@ -90,6 +95,40 @@ pub struct PathsInfo {
     pub config_exists: bool,
 }
 
+/// The Python sandbox as `host eval` would find it (located and its header checked; the
+/// component is compiled when first used, not here).
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxInfo {
+    /// The component found.
+    pub component: Option<PathBuf>,
+    /// Why there is none, when there is none.
+    pub error: Option<String>,
+    /// What makes one available, when there is none.
+    pub fix: Option<String>,
+}
+
+/// An installed plugin's capabilities.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstalledPlugin {
+    /// `owner/name`.
+    pub name: String,
+    /// The installed version.
+    pub version: String,
+    /// Each declared capability and whether it can be granted now.
+    pub capabilities: Vec<CapabilityGrant>,
+}
+
+/// One declared capability of an installed plugin.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityGrant {
+    /// The capability (`sandbox.python`).
+    pub capability: String,
+    /// Whether this host can grant it now.
+    pub granted: bool,
+    /// Why not, with the fix, when it cannot.
+    pub reason: Option<String>,
+}
+
 /// The registry in use.
 #[derive(Debug, Clone, Serialize)]
 pub struct RegistryInfo {
@@ -139,8 +178,42 @@ pub fn collect() -> DoctorReport {
         }
     };
 
+    let mut python_sandbox = SandboxInfo {
+        component: None,
+        error: None,
+        fix: None,
+    };
+    let mut plugins = Vec::new();
     let (paths, registry) = match RlhostHome::from_env() {
         Ok(home) => {
+            // Capabilities are judged exactly as `host env install` judges them.
+            let options = crate::cli::validation_load_options(&home, false);
+            match &options.sandbox {
+                crate::plugin::SandboxOffer::Located(path) => {
+                    python_sandbox.component = Some(path.clone())
+                }
+                crate::plugin::SandboxOffer::Missing(e) => {
+                    python_sandbox.error = Some(e.to_string());
+                    python_sandbox.fix = Some(e.fix());
+                }
+                crate::plugin::SandboxOffer::Ready(_) => {}
+            }
+            match installed_plugins(&home, &options) {
+                Ok(found) => plugins = found,
+                Err(e) => problems.push(format!("cannot list the installed plugins: {e}")),
+            }
+            for p in &plugins {
+                for c in p.capabilities.iter().filter(|c| !c.granted) {
+                    problems.push(format!(
+                        "{} v{} cannot run here (`host eval` and `host rl` refuse it): {}",
+                        p.name,
+                        p.version,
+                        c.reason
+                            .as_deref()
+                            .unwrap_or("a capability cannot be granted")
+                    ));
+                }
+            }
             let config = home.config_path();
             let paths = PathsInfo {
                 home: home.root().to_owned(),
@@ -188,8 +261,40 @@ pub fn collect() -> DoctorReport {
         componentize_py: crate::plugin::python::COMPONENTIZE_PY_VERSION.to_owned(),
         paths,
         registry,
+        python_sandbox,
+        plugins,
         problems,
     }
+}
+
+/// Every installed plugin with its declared capabilities, judged by `options`.
+fn installed_plugins(
+    home: &RlhostHome,
+    options: &crate::plugin::LoadOptions,
+) -> Result<Vec<InstalledPlugin>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for (record, dir) in crate::plugin::install::installed(home)? {
+        let manifest = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
+        let declared = &manifest.plugin.capabilities;
+        let unavailable = options.unavailable(declared);
+        let capabilities = declared
+            .iter()
+            .map(|c| {
+                let why = unavailable.iter().find(|u| &u.capability == c);
+                CapabilityGrant {
+                    capability: c.clone(),
+                    granted: why.is_none(),
+                    reason: why.map(ToString::to_string),
+                }
+            })
+            .collect();
+        out.push(InstalledPlugin {
+            name: record.name,
+            version: record.version.to_string(),
+            capabilities,
+        });
+    }
+    Ok(out)
 }
 
 fn error_chain(err: &dyn std::error::Error) -> String {
@@ -303,6 +408,34 @@ impl DoctorReport {
         }
         if let Some(r) = &self.registry {
             line("registry", format!("{} (from {})", r.url, r.source));
+        }
+        line(
+            "python sandbox",
+            match (&self.python_sandbox.component, &self.python_sandbox.error) {
+                (Some(path), _) => path.display().to_string(),
+                (None, Some(e)) => format!("MISSING: {e}"),
+                (None, None) => "unknown (no home folder)".to_owned(),
+            },
+        );
+        if self.plugins.is_empty() {
+            line("installed plugins", "none".to_owned());
+        } else {
+            line("installed plugins", self.plugins.len().to_string());
+            for p in &self.plugins {
+                let caps: Vec<String> = p
+                    .capabilities
+                    .iter()
+                    .map(|c| match c.granted {
+                        true => format!("{} (granted)", c.capability),
+                        false => format!("{} (CANNOT BE GRANTED)", c.capability),
+                    })
+                    .collect();
+                let caps = match caps.is_empty() {
+                    true => "no capabilities".to_owned(),
+                    false => caps.join(", "),
+                };
+                out.push_str(&format!("  {} {}: {caps}\n", p.name, p.version));
+            }
         }
         if self.problems.is_empty() {
             out.push_str("\nno problems found\n");

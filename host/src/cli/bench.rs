@@ -38,6 +38,10 @@ enum BenchCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Measure plugins whose declared capabilities this host cannot grant (no Python
+        /// sandbox); without it they are refused.
+        #[arg(long)]
+        allow_missing_capabilities: bool,
     },
     /// Python tool calls: the sandbox (fresh and REPL) against `python -c` subprocesses.
     Sandbox {
@@ -181,16 +185,20 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             rollouts,
             message_bytes,
             json,
+            allow_missing_capabilities,
         } => {
             let options = PluginBenchOptions {
                 rollouts,
                 message_bytes,
                 ..Default::default()
             };
+            // The sandbox as `host eval` offers it: a plugin that declares it is measured as
+            // it runs, and refused (naming the fix) where it cannot run.
+            let home = crate::home::RlhostHome::from_env()?;
             let loader = PluginLoader::new(
                 LoadOptions {
                     allow_native: native.is_some(),
-                    ..Default::default()
+                    ..super::env_load_options(&home, allow_missing_capabilities)
                 },
                 None,
             )?;
@@ -213,6 +221,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     &options,
                     &progress,
                 ))
+                .map_err(super::capability_hint)
                 .context("benchmarking plugins")?;
             bar.finish_and_clear();
             emit(json, &report, report.to_text())
@@ -226,7 +235,8 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         } => {
             use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
             let home = crate::home::RlhostHome::from_env().ok();
-            let path = locate_component(component.as_deref(), home.as_ref())?;
+            let path = locate_component(component.as_deref(), home.as_ref())
+                .map_err(|e| anyhow::anyhow!(e.with_fix()))?;
             let cache = home.as_ref().map(|h| h.cache_dir());
             let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
             let spinner = ProgressBar::new_spinner();

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use crate::home::RlhostHome;
 use crate::plugin::install::{self, InstallOptions, Installer};
 use crate::plugin::template::{self, SdkSource};
-use crate::plugin::{LoadOptions, PluginLoader, python};
+use crate::plugin::{PluginLoader, python};
 use rlhost_registry::{PackageRef, PublisherKey, RegistryBackend, package};
 
 /// Arguments of `host env`.
@@ -81,6 +81,10 @@ enum EnvCommand {
         /// Refuse to change plugins.lock.
         #[arg(long)]
         locked: bool,
+        /// Install plugins whose declared capabilities this host cannot grant now (no Python
+        /// sandbox yet); `host eval` and `host rl` still refuse them unless told the same.
+        #[arg(long)]
+        allow_missing_capabilities: bool,
         #[command(flatten)]
         registry: RegistryFlag,
     },
@@ -91,6 +95,9 @@ enum EnvCommand {
         /// Accept packages that carry no signature.
         #[arg(long)]
         allow_unsigned: bool,
+        /// Update plugins whose declared capabilities this host cannot grant now.
+        #[arg(long)]
+        allow_missing_capabilities: bool,
         #[command(flatten)]
         registry: RegistryFlag,
     },
@@ -155,15 +162,31 @@ impl RegistryFlag {
 }
 
 /// An installer for the chosen registry and the loader it validates plugins with (compiled
-/// components land in the home's cache, so a first run starts fast).
+/// components land in the home's cache, so a first run starts fast). A plugin declaring a
+/// capability this host cannot grant fails validation unless `allow_missing`.
 fn installer<'a>(
     home: &'a RlhostHome,
     registry: &RegistryFlag,
     options: InstallOptions,
+    allow_missing: bool,
 ) -> anyhow::Result<(Installer<'a>, PluginLoader)> {
     let installer = Installer::new(home, &registry.url(home)?, options)?;
-    let loader = PluginLoader::new(LoadOptions::default(), Some(home.cache_dir()))?;
+    let loader = PluginLoader::new(
+        super::validation_load_options(home, allow_missing),
+        Some(home.cache_dir()),
+    )?;
     Ok((installer, loader))
+}
+
+/// An install error, with how to install anyway when a capability is what failed.
+fn install_hint(err: crate::plugin::install::InstallError) -> anyhow::Error {
+    match err {
+        // The plugin error names the package and its version.
+        crate::plugin::install::InstallError::CannotRun { error, .. } => {
+            super::capability_hint(error)
+        }
+        other => other.into(),
+    }
 }
 
 /// Builds the Python plugin in `dir`, with a spinner while componentize-py works.
@@ -303,6 +326,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             packages,
             allow_unsigned,
             locked,
+            allow_missing_capabilities,
             registry,
         } => {
             let home = RlhostHome::from_env()?;
@@ -313,6 +337,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                     allow_unsigned,
                     locked,
                 },
+                allow_missing_capabilities,
             )?;
             let refs = packages
                 .iter()
@@ -320,7 +345,9 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Result<Vec<_>, _>>()?;
             let runtime = super::async_runtime()?;
             for r in &refs {
-                let done = runtime.block_on(installer.install(r, &loader))?;
+                let done = runtime
+                    .block_on(installer.install(r, &loader))
+                    .map_err(install_hint)?;
                 for d in done {
                     if let Some(w) = &d.warning {
                         eprintln!("warning: {w}");
@@ -343,6 +370,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
         EnvCommand::Update {
             packages,
             allow_unsigned,
+            allow_missing_capabilities,
             registry,
         } => {
             let home = RlhostHome::from_env()?;
@@ -353,6 +381,7 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                     allow_unsigned,
                     locked: false,
                 },
+                allow_missing_capabilities,
             )?;
             let lock = installer.lock_file()?;
             let names: Vec<String> = if packages.is_empty() {
@@ -367,7 +396,9 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
                     .get(&name)
                     .with_context(|| format!("{name} is not in plugins.lock: install it first"))?;
                 let reference: PackageRef = format!("{name}@^{}", current.version).parse()?;
-                let done = runtime.block_on(installer.install(&reference, &loader))?;
+                let done = runtime
+                    .block_on(installer.install(&reference, &loader))
+                    .map_err(install_hint)?;
                 let top = &done[0].record;
                 if top.version == current.version {
                     println!("{name} is up to date ({})", top.version);

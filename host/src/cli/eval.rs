@@ -100,6 +100,11 @@ pub struct EvalArgs {
     /// Print the summaries as JSON.
     #[arg(long)]
     json: bool,
+    /// Run plugins whose declared capabilities this host cannot grant (no Python sandbox):
+    /// their tool calls fail, so every rollout is marked in results.jsonl and the summary.
+    /// Without it such a plugin is refused before any rollout.
+    #[arg(long)]
+    allow_missing_capabilities: bool,
     /// Monitors of the evaluation: its summary's figures go to TensorBoard or MLflow, and
     /// with -m the engine's Prometheus metrics are served while it runs.
     #[command(flatten)]
@@ -194,7 +199,32 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         tch::set_num_threads(t as i32);
     }
     let rt = super::async_runtime()?;
-    let loader = super::env_loader(&home)?;
+    let loader = super::env_loader(&home, a.allow_missing_capabilities)?;
+    // Every plugin is loaded before the model and before any rollout: one that cannot run here
+    // (a capability this host cannot grant) stops the evaluation before it costs anything.
+    let mut plugins = Vec::new();
+    for (name, dir) in names.iter().zip(&dirs) {
+        let env = rt
+            .block_on(loader.load_environment(dir))
+            .map_err(super::capability_hint)
+            .with_context(|| format!("loading {name} from {}", dir.display()))?;
+        let mut rewards = Vec::new();
+        for dep in &env.info().rewards {
+            let rdir =
+                crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
+                    format!(
+                        "{name} needs the reward plugin {}: host env install {}",
+                        dep.plugin, dep.plugin
+                    )
+                })?;
+            rewards.push(
+                rt.block_on(loader.load_reward(&rdir))
+                    .map_err(super::capability_hint)
+                    .with_context(|| format!("loading {}, a reward of {name}", dep.plugin))?,
+            );
+        }
+        plugins.push((env, rewards));
+    }
     // `monitor.prometheus_port` with -m: the engine's metrics while the evaluation runs.
     let mut port = None;
     let mut shown = std::collections::BTreeMap::new();
@@ -280,21 +310,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     };
     let mut summaries = Vec::new();
     let mut interrupted = false;
-    for (i, (name, dir)) in names.iter().zip(&dirs).enumerate() {
-        let env = rt
-            .block_on(loader.load_environment(dir))
-            .with_context(|| format!("loading {name} from {}", dir.display()))?;
-        let mut rewards = Vec::new();
-        for dep in &env.info().rewards {
-            let rdir =
-                crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
-                    format!(
-                        "{name} needs the reward plugin {}: host env install {}",
-                        dep.plugin, dep.plugin
-                    )
-                })?;
-            rewards.push(rt.block_on(loader.load_reward(&rdir))?);
-        }
+    for (i, (name, (env, rewards))) in names.iter().zip(plugins).enumerate() {
         let splits = &env.info().splits;
         let split = match &a.split {
             Some(s) => {
@@ -341,7 +357,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         };
         let started = std::time::Instant::now();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let records = rt.block_on(async {
+        let run = rt.block_on(async {
             let ctrl_c = tokio::spawn(async move {
                 if tokio::signal::ctrl_c().await.is_ok() {
                     let _ = tx.send(());
@@ -366,6 +382,10 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             out
         });
         bar.finish_and_clear();
+        // A capability lost mid-run (the sandbox died): no result from here on is a score.
+        let records = run.with_context(|| {
+            format!("evaluating {name}: stopped, since the rollouts left would score failures")
+        })?;
         if records.len() < total {
             interrupted = true;
         }

@@ -105,31 +105,82 @@ pub(crate) fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// A plugin loader for environments that may call the python tool: the WebAssembly sandbox
-/// found for `home` (a warning, and failing tool calls, when there is none).
+/// A plugin loader for environments that may call the python tool, with the WebAssembly sandbox
+/// found for `home` (see [`env_load_options`]); compiled components are cached in the home.
 pub(crate) fn env_loader(
     home: &crate::home::RlhostHome,
+    allow_missing: bool,
 ) -> anyhow::Result<crate::plugin::PluginLoader> {
-    use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
-    let sandbox = match locate_component(None, Some(home)) {
-        Ok(path) => Some(std::sync::Arc::new(WasmSandbox::load(
-            &path,
-            Some(&home.cache_dir()),
-            SandboxPolicy::default(),
-        )?) as std::sync::Arc<dyn crate::sandbox::Sandbox>),
-        Err(e) => {
-            tracing::warn!("no Python sandbox ({e}); python tool calls will fail");
-            None
-        }
-    };
     Ok(crate::plugin::PluginLoader::new(
-        crate::plugin::LoadOptions {
-            sandbox,
-            ..Default::default()
-        },
+        env_load_options(home, allow_missing),
         Some(home.cache_dir()),
     )?)
 }
+
+/// Load options offering the WebAssembly sandbox found for `home`. A plugin declaring a
+/// capability this host cannot grant (no sandbox found, or one that does not load) is refused
+/// when loaded, naming what is missing and the fix, unless `allow_missing`
+/// (`--allow-missing-capabilities`): then it loads and its rollouts are marked.
+pub(crate) fn env_load_options(
+    home: &crate::home::RlhostHome,
+    allow_missing: bool,
+) -> crate::plugin::LoadOptions {
+    use crate::plugin::SandboxOffer;
+    use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+    let sandbox = match locate_component(None, Some(home)).and_then(|path| {
+        WasmSandbox::load(&path, Some(&home.cache_dir()), SandboxPolicy::default())
+    }) {
+        Ok(sandbox) => SandboxOffer::Ready(std::sync::Arc::new(sandbox)),
+        Err(e) => SandboxOffer::Missing(e),
+    };
+    crate::plugin::LoadOptions {
+        sandbox,
+        allow_missing_capabilities: allow_missing,
+        ..Default::default()
+    }
+}
+
+/// Load options that validate plugins (`host env install`): capabilities are checked as
+/// [`env_load_options`] checks them, but a sandbox found is not started.
+pub(crate) fn validation_load_options(
+    home: &crate::home::RlhostHome,
+    allow_missing: bool,
+) -> crate::plugin::LoadOptions {
+    use crate::plugin::SandboxOffer;
+    let found = crate::sandbox::locate_component(None, Some(home))
+        .and_then(|path| crate::sandbox::check_component(&path).map(|()| path));
+    let sandbox = match found {
+        Ok(path) => SandboxOffer::Located(path),
+        Err(e) => SandboxOffer::Missing(e),
+    };
+    crate::plugin::LoadOptions {
+        sandbox,
+        allow_missing_capabilities: allow_missing,
+        ..Default::default()
+    }
+}
+
+/// The flag that runs plugins without a capability they declared: named in errors.
+pub(crate) const ALLOW_MISSING_FLAG: &str = "--allow-missing-capabilities";
+
+/// `err` (a plugin failing to load), with how to run anyway when what failed is a capability.
+pub(crate) fn capability_hint(err: crate::plugin::PluginError) -> anyhow::Error {
+    match *err.kind {
+        crate::plugin::PluginErrorKind::CapabilitiesUnavailable(_) => {
+            anyhow::Error::new(CapabilityRefusal(err))
+        }
+        _ => anyhow::Error::new(err),
+    }
+}
+
+/// A plugin refused for a capability, with the way out (the plugin error's message holds its
+/// whole chain, so it is shown, not kept as a source).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0}\n  (without it, its tool calls fail and every score is wrong; \
+     {ALLOW_MISSING_FLAG} runs it anyway, marking every rollout)"
+)]
+struct CapabilityRefusal(crate::plugin::PluginError);
 
 /// The error of a subcommand that is not built yet.
 pub(crate) fn not_implemented(command: &str) -> anyhow::Error {

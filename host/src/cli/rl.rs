@@ -73,7 +73,7 @@ fn train(
     monitors: &std::cell::RefCell<crate::monitor::Monitors>,
 ) -> anyhow::Result<ExitCode> {
     // Every environment the run names (training mixture and evaluations), each loaded once.
-    let loader = super::env_loader(home)?;
+    let loader = super::env_loader(home, opts.allow_missing_capabilities)?;
     let rt = super::async_runtime()?;
     let mut envs = std::collections::BTreeMap::new();
     let ids = cfg
@@ -93,6 +93,7 @@ fn train(
         })?;
         let env = rt
             .block_on(loader.load_environment(&dir))
+            .map_err(super::capability_hint)
             .with_context(|| format!("loading {id}"))?;
         envs.insert(id.clone(), env);
     }

@@ -104,7 +104,8 @@ pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     let outputs = match backend {
         Backend::Wasm => {
             let home = RlhostHome::from_env().ok();
-            let path = locate_component(component.as_deref(), home.as_ref())?;
+            let path = locate_component(component.as_deref(), home.as_ref())
+                .map_err(|e| anyhow::anyhow!(e.with_fix()))?;
             let cache = home.as_ref().map(|h| h.cache_dir());
             let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
             runtime.block_on(async {

@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::StreamExt;
 use rlhost_sdk::types::Example;
@@ -151,7 +150,8 @@ pub async fn read_examples(
 }
 
 /// Runs every rollout of `plan`; `on_done` hears each finished one. Stops starting new
-/// rollouts once `stop` resolves (what finished is returned).
+/// rollouts once `stop` resolves (what finished is returned). A plugin losing a capability
+/// while running (its sandbox died) ends the run with that error: no result after it is a score.
 pub async fn run(
     plan: &EvalPlan,
     examples: &[Example],
@@ -159,7 +159,7 @@ pub async fn run(
     options: &EvalOptions,
     on_done: &(dyn Fn(&RolloutRecord) + Sync),
     stop: impl std::future::Future<Output = ()>,
-) -> Vec<RolloutRecord> {
+) -> Result<Vec<RolloutRecord>, crate::plugin::CapabilityLost> {
     let jobs: Vec<(usize, usize)> = (0..examples.len())
         .flat_map(|i| (0..plan.rollouts).map(move |r| (i, r)))
         .collect();
@@ -191,6 +191,9 @@ pub async fn run(
         tokio::select! {
             next = stream.next() => match next {
                 Some(rec) => {
+                    if let Some(lost) = rec.capability_lost {
+                        return Err(lost);
+                    }
                     on_done(&rec);
                     done.push(rec);
                 }
@@ -203,7 +206,7 @@ pub async fn run(
         }
     }
     done.sort_by_key(|r| (r.example_index, r.rollout_index));
-    done
+    Ok(done)
 }
 
 /// Min, max, mean and standard deviation.
@@ -281,8 +284,19 @@ pub struct Summary {
     pub failed_rollouts: u64,
     /// The first few failures, for the reader.
     pub failures: Vec<String>,
+    /// Capabilities a plugin declared and ran without (`--allow-missing-capabilities`): when
+    /// not empty, these figures do not measure the environment as written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_capabilities: Vec<String>,
+    /// Rollouts that ran without one of those capabilities.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rollouts_without_capabilities: u64,
     /// Wall time in seconds.
     pub seconds: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Whether a rollout counts as solved: its `correct` metric when the environment reports one
@@ -332,6 +346,12 @@ pub fn summarize(
     let outcomes: Vec<Vec<bool>> = per.into_values().collect();
     let pass_at_k = pass_rates(&outcomes, mode);
     let lengths: Vec<f64> = records.iter().map(|r| r.completion_tokens as f64).collect();
+    let mut missing_capabilities: Vec<String> = records
+        .iter()
+        .flat_map(|r| r.missing_capabilities.iter().cloned())
+        .collect();
+    missing_capabilities.sort();
+    missing_capabilities.dedup();
     Summary {
         env: env.id().to_string(),
         model: model.to_string(),
@@ -361,6 +381,11 @@ pub fn summarize(
             .filter_map(|r| r.error.clone())
             .take(5)
             .collect(),
+        missing_capabilities,
+        rollouts_without_capabilities: records
+            .iter()
+            .filter(|r| !r.missing_capabilities.is_empty())
+            .count() as u64,
         seconds,
     }
 }
@@ -396,6 +421,15 @@ impl Summary {
             "{} on {} ({} split): {} examples x {} rollouts = {} rollouts in {:.1} s\n",
             self.model, self.env, self.split, self.examples, k, self.rollouts, self.seconds
         );
+        if !self.missing_capabilities.is_empty() {
+            s.push_str(&format!(
+                "  WARNING: {} of {} rollouts ran without capability {} \
+                 (--allow-missing-capabilities): these figures do not measure the environment\n",
+                self.rollouts_without_capabilities,
+                self.rollouts,
+                self.missing_capabilities.join(", ")
+            ));
+        }
         s.push_str(&format!("  {:<28} {:>9.3}\n", "Reward", self.reward));
         for (name, v) in &self.metrics {
             s.push_str(&format!("  {:<28} {v:>9.3}\n", display(name)));
@@ -452,20 +486,6 @@ impl Summary {
         s.push_str(&format!("  {}\n", self.one_line()));
         s
     }
-}
-
-/// Runs the plan and measures its wall time.
-pub async fn evaluate(
-    plan: &EvalPlan,
-    generator: &dyn Generator,
-    options: &EvalOptions,
-    on_done: &(dyn Fn(&RolloutRecord) + Sync),
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<(Vec<RolloutRecord>, f64), crate::plugin::PluginError> {
-    let started = Instant::now();
-    let examples = examples(plan).await?;
-    let records = run(plan, &examples, generator, options, on_done, stop).await;
-    Ok((records, started.elapsed().as_secs_f64()))
 }
 
 #[cfg(test)]

@@ -56,6 +56,86 @@ impl Grants {
     }
 }
 
+impl std::fmt::Display for Grants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.patterns.is_empty() {
+            true => f.write_str("none"),
+            false => f.write_str(&self.patterns.join(", ")),
+        }
+    }
+}
+
+/// A capability a plugin declared that this host cannot give it now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unavailable {
+    /// The capability (`sandbox.python`).
+    pub capability: String,
+    /// Why: what was looked for, and where.
+    pub reason: String,
+    /// What makes it available.
+    pub fix: String,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it needs capability `{}`, which this host cannot grant: {}; to fix: {}",
+            self.capability, self.reason, self.fix
+        )
+    }
+}
+
+/// A capability a loaded plugin had and lost while running (the sandbox's worker pool died):
+/// rollouts from then on would be scored against failures, so the run must stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("plugin {plugin} lost capability `{capability}` while running")]
+pub struct CapabilityLost {
+    /// The plugin, `owner/name vX.Y.Z`.
+    pub plugin: String,
+    /// The capability.
+    pub capability: String,
+    /// What failed.
+    #[source]
+    pub source: crate::sandbox::SandboxError,
+}
+
+/// What a loaded plugin has of the capabilities it declared: the ones it runs without (only
+/// when the user allowed that at load) and the first one lost while running.
+#[derive(Debug, Default)]
+pub struct CapabilityStatus {
+    missing: Vec<Unavailable>,
+    lost: std::sync::OnceLock<CapabilityLost>,
+}
+
+impl CapabilityStatus {
+    /// A status for a plugin loaded without `missing`.
+    pub fn new(missing: Vec<Unavailable>) -> Self {
+        Self {
+            missing,
+            lost: Default::default(),
+        }
+    }
+
+    /// The declared capabilities this plugin runs without.
+    pub fn missing(&self) -> &[Unavailable] {
+        &self.missing
+    }
+
+    /// The first capability lost while running, if any.
+    pub fn lost(&self) -> Option<&CapabilityLost> {
+        self.lost.get()
+    }
+
+    /// Records that a capability failed while running (the first loss is kept).
+    pub(crate) fn lose(&self, lost: CapabilityLost) {
+        let message = format!("{lost}: {}", lost.source);
+        if self.lost.set(lost).is_ok() {
+            tracing::error!("{message}");
+        }
+    }
+}
+
 /// Why a data file cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DataAccessError {

@@ -182,6 +182,10 @@ impl JsonTransport for ExtismPlugin {
         &self.host.plugin
     }
 
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        &self.host.capabilities
+    }
+
     fn instance(&self) -> Result<Option<Plugin>, PluginError> {
         Plugin::new_from_compiled(&self.compiled)
             .map(Some)

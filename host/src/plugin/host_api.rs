@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use rlhost_sdk::types::{LogLevel, PythonLimits, PythonOutput};
 
-use super::PluginId;
-use super::capability::DataDir;
+use super::capability::{CapabilityLost, CapabilityStatus, DataDir};
+use super::{PluginId, SandboxOffer};
 use crate::sandbox::Sandbox;
 
 /// Largest data file a plugin may read in one call.
@@ -19,7 +19,9 @@ pub(crate) struct HostContext {
     pub data: Option<DataDir>,
     /// The plugin declared `sandbox.python` and the host granted it.
     pub python_granted: bool,
-    pub sandbox: Option<Arc<dyn Sandbox>>,
+    pub sandbox: SandboxOffer,
+    /// What it runs without, and what it lost while running.
+    pub capabilities: CapabilityStatus,
 }
 
 impl HostContext {
@@ -53,13 +55,29 @@ impl HostContext {
                         (declare it in plugin.toml; the host must allow it)"
                 .into());
         }
-        let sandbox = self
-            .sandbox
-            .as_ref()
-            .ok_or("no Python sandbox is configured in this host")?;
-        sandbox
-            .run_python(code, limits)
-            .await
-            .map_err(|e| e.to_string())
+        let sandbox: &Arc<dyn Sandbox> = match &self.sandbox {
+            SandboxOffer::Ready(s) => s,
+            SandboxOffer::Located(path) => {
+                return Err(format!(
+                    "the Python sandbox at {} is not started by this host (it only validates \
+                     plugins)",
+                    path.display()
+                ));
+            }
+            SandboxOffer::Missing(e) => return Err(format!("no Python sandbox: {e}")),
+        };
+        match sandbox.run_python(code, limits).await {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                // The sandbox itself failed, not the program: every later call would fail too,
+                // so the capability is gone and whoever runs rollouts must stop.
+                self.capabilities.lose(CapabilityLost {
+                    plugin: self.plugin.to_string(),
+                    capability: "sandbox.python".into(),
+                    source: e.clone(),
+                });
+                Err(e.to_string())
+            }
+        }
     }
 }

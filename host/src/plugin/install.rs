@@ -39,6 +39,15 @@ pub enum InstallError {
         /// What is wrong.
         message: String,
     },
+    /// The package is valid but declares a capability this host cannot grant now (the message
+    /// of the plugin error holds its whole chain).
+    #[error("{package}: {error}")]
+    CannotRun {
+        /// `owner/name@version`.
+        package: String,
+        /// The loader's refusal ([`super::PluginErrorKind::CapabilitiesUnavailable`]).
+        error: super::PluginError,
+    },
     /// `--locked` and the lock file would change.
     #[error(
         "{name} is locked at {locked} but {wanted} was asked for (--locked refuses to change plugins.lock)"
@@ -399,9 +408,15 @@ impl<'a> Installer<'a> {
                     loader.load_reward(staging.path()).await.map(|_| ())
                 }
             };
-            result.map_err(|e| InstallError::Invalid {
-                package: package.clone(),
-                message: e.to_string(),
+            result.map_err(|e| match *e.kind {
+                super::PluginErrorKind::CapabilitiesUnavailable(_) => InstallError::CannotRun {
+                    package: package.clone(),
+                    error: e,
+                },
+                _ => InstallError::Invalid {
+                    package: package.clone(),
+                    message: e.to_string(),
+                },
             })?;
         }
         let record = InstallRecord {

@@ -111,6 +111,9 @@ pub(crate) trait JsonTransport: Sized + Send + Sync + 'static {
     /// Its identity in errors.
     fn id(&self) -> &PluginId;
 
+    /// What it runs without, and what it lost while running.
+    fn capabilities(&self) -> &super::CapabilityStatus;
+
     /// A fresh instance.
     fn instance(&self) -> Result<Self::Instance, PluginError>;
 
@@ -178,6 +181,10 @@ impl<T: JsonTransport> JsonEnvironment<T> {
 impl<T: JsonTransport> EnvBackend for JsonEnvironment<T> {
     fn id(&self) -> &PluginId {
         self.transport.id()
+    }
+
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        self.transport.capabilities()
     }
 
     async fn dataset(&self, request: &requests::Dataset) -> Result<DatasetPage, PluginError> {
@@ -284,6 +291,10 @@ impl<T: JsonTransport> JsonReward<T> {
 impl<T: JsonTransport> RewardBackend for JsonReward<T> {
     fn id(&self) -> &PluginId {
         self.transport.id()
+    }
+
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        self.transport.capabilities()
     }
 
     async fn score(

@@ -8,13 +8,16 @@ use async_trait::async_trait;
 use rlhost_sdk::native::requests;
 use rlhost_sdk::types::{DatasetPage, EnvInfo, Metric, RewardInfo};
 
-use super::{EnvSession, Environment, PluginError, PluginId, RewardFn, validate};
+use super::{CapabilityStatus, EnvSession, Environment, PluginError, PluginId, RewardFn, validate};
 
 /// What a backend does for a loaded environment.
 #[async_trait]
 pub(crate) trait EnvBackend: Send + Sync + 'static {
     /// The plugin's identity in errors.
     fn id(&self) -> &PluginId;
+
+    /// What the plugin runs without, and what it lost while running.
+    fn capabilities(&self) -> &CapabilityStatus;
 
     /// A page of a split, as the plugin answers it.
     async fn dataset(&self, request: &requests::Dataset) -> Result<DatasetPage, PluginError>;
@@ -29,6 +32,9 @@ pub(crate) trait EnvBackend: Send + Sync + 'static {
 pub(crate) trait RewardBackend: Send + Sync + 'static {
     /// The plugin's identity in errors.
     fn id(&self) -> &PluginId;
+
+    /// What the plugin runs without, and what it lost while running.
+    fn capabilities(&self) -> &CapabilityStatus;
 
     /// Scores in a fresh instance seeded with `seed`; the metrics as the plugin answers them.
     async fn score(
@@ -68,6 +74,10 @@ impl<B: EnvBackend> Environment for LoadedEnvironment<B> {
 
     fn info(&self) -> &EnvInfo {
         &self.info
+    }
+
+    fn capabilities(&self) -> &CapabilityStatus {
+        self.backend.capabilities()
     }
 
     async fn dataset(
@@ -111,6 +121,10 @@ impl<B: RewardBackend> RewardFn for LoadedReward<B> {
 
     fn info(&self) -> &RewardInfo {
         &self.info
+    }
+
+    fn capabilities(&self) -> &CapabilityStatus {
+        self.backend.capabilities()
     }
 
     async fn score(

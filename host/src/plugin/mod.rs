@@ -46,7 +46,7 @@ use rlhost_sdk::types::{
     DatasetPage, EnvInfo, EnvStep, EpisodeStart, Example, Message, Metric, RewardInfo, Rollout,
 };
 
-pub use capability::Grants;
+pub use capability::{CapabilityLost, CapabilityStatus, Grants, Unavailable};
 pub use limits::PluginLimits;
 
 use self::extism::ExtismPlugin;
@@ -196,12 +196,21 @@ pub enum PluginErrorKind {
         #[source]
         source: serde_json::Error,
     },
+    /// The plugin declared capabilities this host cannot grant now (and the loader was not told
+    /// to run it without them).
+    #[error("cannot run on this host: {}", list_unavailable(.0))]
+    CapabilitiesUnavailable(Vec<capability::Unavailable>),
     /// A native plugin was found but native plugins are not allowed.
     #[error("is a native plugin, which is not sandboxed; allow native plugins to load it")]
     NativeNotAllowed,
     /// An earlier call of this session failed, leaving its instance unusable.
     #[error("this rollout's plugin instance is unusable after an earlier failure")]
     Poisoned,
+}
+
+fn list_unavailable(missing: &[capability::Unavailable]) -> String {
+    let items: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    items.join("; and ")
 }
 
 /// An engine's error, with its chain of causes.
@@ -259,6 +268,8 @@ pub trait Environment: Send + Sync {
     fn id(&self) -> &PluginId;
     /// What it is (read once at load).
     fn info(&self) -> &EnvInfo;
+    /// The capabilities it runs without, and any lost while running.
+    fn capabilities(&self) -> &CapabilityStatus;
     /// Rows `offset..offset + limit` of a split.
     async fn dataset(
         &self,
@@ -296,6 +307,8 @@ pub trait RewardFn: Send + Sync {
     fn id(&self) -> &PluginId;
     /// What it is (read once at load).
     fn info(&self) -> &RewardInfo;
+    /// The capabilities it runs without, and any lost while running.
+    fn capabilities(&self) -> &CapabilityStatus;
     /// Scores a completion against a reference answer (`info` is JSON object text), in a fresh
     /// instance seeded with `seed`.
     async fn score(
@@ -316,8 +329,76 @@ pub struct LoadOptions {
     pub grants: Grants,
     /// Load native (unsandboxed) plugins.
     pub allow_native: bool,
-    /// The Python sandbox behind `run-python`, if any.
-    pub sandbox: Option<Arc<dyn Sandbox>>,
+    /// The Python sandbox behind `run-python`, or why there is none.
+    pub sandbox: SandboxOffer,
+    /// Load a plugin even when a capability it declared cannot be granted (its
+    /// [`CapabilityStatus`] lists what it runs without, for results to mark). Off: such a plugin
+    /// is refused with [`PluginErrorKind::CapabilitiesUnavailable`].
+    pub allow_missing_capabilities: bool,
+}
+
+/// The Python sandbox a loader offers plugins that declare `sandbox.python`.
+#[derive(Clone)]
+pub enum SandboxOffer {
+    /// This sandbox runs their `run-python` calls.
+    Ready(Arc<dyn Sandbox>),
+    /// A component exists at this path but this loader does not start it: enough to validate
+    /// plugins (`host env install`), whose `run-python` calls then fail.
+    Located(PathBuf),
+    /// None, and why.
+    Missing(crate::sandbox::SandboxError),
+}
+
+impl Default for SandboxOffer {
+    fn default() -> Self {
+        SandboxOffer::Missing(crate::sandbox::SandboxError::NotOffered)
+    }
+}
+
+impl From<Arc<dyn Sandbox>> for SandboxOffer {
+    fn from(sandbox: Arc<dyn Sandbox>) -> Self {
+        SandboxOffer::Ready(sandbox)
+    }
+}
+
+impl LoadOptions {
+    /// The capabilities among `declared` that this host cannot grant now, each with why and the
+    /// fix. A capability is grantable when the grants allow it and the host has what it needs.
+    pub fn unavailable(&self, declared: &[String]) -> Vec<Unavailable> {
+        use rlhost_registry::manifest::KNOWN_CAPABILITIES;
+        declared
+            .iter()
+            .filter_map(|cap| {
+                let (reason, fix) = if !KNOWN_CAPABILITIES.contains(&cap.as_str()) {
+                    (
+                        format!(
+                            "rlhost {} does not provide it (it provides: {})",
+                            crate::VERSION,
+                            KNOWN_CAPABILITIES.join(", ")
+                        ),
+                        "use a host that provides it, or a version of the plugin that does not \
+                         declare it"
+                            .to_owned(),
+                    )
+                } else if !self.grants.allows(cap) {
+                    (
+                        format!("this host's grants ({}) leave it out", self.grants),
+                        format!("grant `{cap}` to the plugin loader"),
+                    )
+                } else {
+                    match (cap.as_str(), &self.sandbox) {
+                        ("sandbox.python", SandboxOffer::Missing(e)) => (e.to_string(), e.fix()),
+                        _ => return None,
+                    }
+                };
+                Some(Unavailable {
+                    capability: cap.clone(),
+                    reason,
+                    fix,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Loads plugin folders. Owns the WebAssembly engine (one per process is plenty).
@@ -332,6 +413,8 @@ pub(crate) struct PluginFolder {
     pub id: PluginId,
     pub artifact: PathBuf,
     pub data: Option<capability::DataDir>,
+    /// Declared capabilities it is loaded without (only with `allow_missing_capabilities`).
+    pub missing: Vec<Unavailable>,
 }
 
 impl PluginLoader {
@@ -421,11 +504,25 @@ impl PluginLoader {
         if manifest.plugin.runtime == Runtime::Native && !self.options.allow_native {
             return Err(PluginErrorKind::NativeNotAllowed.of(&id));
         }
+        let missing = self.options.unavailable(&manifest.plugin.capabilities);
+        if !missing.is_empty() {
+            if !self.options.allow_missing_capabilities {
+                return Err(PluginErrorKind::CapabilitiesUnavailable(missing).of(&id));
+            }
+            for m in &missing {
+                tracing::warn!(
+                    "plugin {id} runs without `{}` (allowed): {}; its rollouts are marked",
+                    m.capability,
+                    m.reason
+                );
+            }
+        }
         Ok(PluginFolder {
             manifest,
             id,
             artifact,
             data,
+            missing,
         })
     }
 }
@@ -455,7 +552,7 @@ impl PluginFolder {
 pub(crate) struct HostParts {
     pub limits: PluginLimits,
     pub grants: Grants,
-    pub sandbox: Option<Arc<dyn Sandbox>>,
+    pub sandbox: SandboxOffer,
 }
 
 impl HostParts {
@@ -466,6 +563,7 @@ impl HostParts {
             data: folder.data.clone(),
             python_granted: effective.iter().any(|c| c == "sandbox.python"),
             sandbox: self.sandbox.clone(),
+            capabilities: CapabilityStatus::new(folder.missing.clone()),
         }
     }
 }
@@ -520,6 +618,7 @@ mod tests {
             id,
             artifact: PathBuf::from("/nonexistent/plugin.wasm"),
             data: None,
+            missing: Vec::new(),
         };
         let err = folder.read_artifact().unwrap_err();
         let PluginErrorKind::Io { source, .. } = &*err.kind else {
@@ -530,6 +629,74 @@ mod tests {
             err.to_string()
                 .starts_with("plugin test/x v0.1.0: cannot read /nonexistent/plugin.wasm: "),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_capability_is_unavailable_when_not_granted_or_not_provided_and_says_why() {
+        use crate::sandbox::SandboxError;
+        let declared = vec!["sandbox.python".to_string()];
+        let with = |sandbox: SandboxOffer, grants: Grants| LoadOptions {
+            sandbox,
+            grants,
+            ..Default::default()
+        };
+        // Found (and, for validation, not started): grantable.
+        let found = with(
+            SandboxOffer::Located("/x/python-sandbox.wasm".into()),
+            Grants::default(),
+        );
+        assert!(found.unavailable(&declared).is_empty());
+        assert!(found.unavailable(&[]).is_empty());
+        // Not found: what was looked for, where, and the command that fixes it.
+        let looked = vec![
+            PathBuf::from("/home/u/.rlhost/sandbox/python-sandbox.wasm"),
+            PathBuf::from("/src/sandbox/target/python-sandbox.wasm"),
+        ];
+        let missing = with(
+            SandboxOffer::Missing(SandboxError::NotFound { looked }),
+            Grants::default(),
+        );
+        let u = missing.unavailable(&declared);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].capability, "sandbox.python");
+        assert_eq!(
+            u[0].reason,
+            "no Python sandbox component found (looked in: \
+             /home/u/.rlhost/sandbox/python-sandbox.wasm, /src/sandbox/target/python-sandbox.wasm)"
+        );
+        assert!(u[0].fix.contains("`make sandbox`"), "{}", u[0].fix);
+        assert!(u[0].fix.contains("$RLHOST_PYTHON_SANDBOX"), "{}", u[0].fix);
+        // A sandbox found but broken says what broke.
+        let broken = with(
+            SandboxOffer::Missing(SandboxError::Setup(
+                "x.wasm is not a WebAssembly component".into(),
+            )),
+            Grants::default(),
+        );
+        assert!(
+            broken.unavailable(&declared)[0]
+                .reason
+                .contains("is not a WebAssembly component")
+        );
+        // Grants that leave it out win over a sandbox that is there.
+        let denied = with(
+            SandboxOffer::Located("/x".into()),
+            Grants::new(["network.*"]),
+        );
+        assert_eq!(
+            denied.unavailable(&declared)[0].reason,
+            "this host's grants (network.*) leave it out"
+        );
+        // A capability this host does not know is never grantable.
+        let unknown = found.unavailable(&["gpu.cuda".to_string()]);
+        assert!(
+            unknown[0].reason.starts_with("rlhost ")
+                && unknown[0]
+                    .reason
+                    .contains("does not provide it (it provides: sandbox.python)"),
+            "{}",
+            unknown[0].reason
         );
     }
 }

@@ -240,6 +240,10 @@ impl JsonTransport for NativePlugin {
         &self.host.plugin
     }
 
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        &self.host.capabilities
+    }
+
     fn instance(&self) -> Result<(), PluginError> {
         Ok(())
     }

@@ -178,8 +178,13 @@ impl Evaluations {
     }
 
     /// Evaluates every environment on the weights the generator serves now: those after
-    /// `steps` steps, policy `version`.
-    pub async fn run(&self, generator: &dyn Generator, steps: usize, version: u64) -> Evaluation {
+    /// `steps` steps, policy `version`. Fails when a plugin lost a capability while running.
+    pub async fn run(
+        &self,
+        generator: &dyn Generator,
+        steps: usize,
+        version: u64,
+    ) -> Result<Evaluation, crate::plugin::CapabilityLost> {
         let started = Instant::now();
         let mut results = BTreeMap::new();
         for e in &self.envs {
@@ -192,7 +197,7 @@ impl Evaluations {
                 &|_| {},
                 std::future::pending::<()>(),
             )
-            .await;
+            .await?;
             let s = crate::eval::summarize(
                 e.plan.env.as_ref(),
                 &e.options.model,
@@ -215,13 +220,19 @@ impl Evaluations {
                 results.insert(format!("eval/{id}/pass@{k}"), *v);
             }
             results.insert(format!("eval/{id}/failed"), s.failed_rollouts as f64);
+            if s.rollouts_without_capabilities > 0 {
+                results.insert(
+                    format!("eval/{id}/without_capabilities"),
+                    s.rollouts_without_capabilities as f64,
+                );
+            }
         }
-        Evaluation {
+        Ok(Evaluation {
             step: steps,
             policy_version: version,
             seconds: started.elapsed().as_secs_f64(),
             results,
-        }
+        })
     }
 }
 

@@ -98,6 +98,17 @@ pub struct StepLine {
     pub prefill_tokens: u64,
     /// Of those, the tokens the engine computed: the rest came from its prefix cache.
     pub prefill_computed: u64,
+    /// Capabilities an environment declared and ran without (`--allow-missing-capabilities`):
+    /// when not empty, this step's rewards do not measure the environment as written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_capabilities: Vec<String>,
+    /// The step's rollouts that ran without one of them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rollouts_without_capabilities: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The line of an evaluation before the first step (`step = 0`).
@@ -193,6 +204,21 @@ impl StepLine {
                 .iter()
                 .map(|r| r.prompt_tokens.saturating_sub(r.cached_prompt_tokens))
                 .sum(),
+            missing_capabilities: {
+                let mut caps: Vec<String> = batch
+                    .records
+                    .iter()
+                    .flat_map(|r| r.missing_capabilities.iter().cloned())
+                    .collect();
+                caps.sort();
+                caps.dedup();
+                caps
+            },
+            rollouts_without_capabilities: batch
+                .records
+                .iter()
+                .filter(|r| !r.missing_capabilities.is_empty())
+                .count(),
         }
     }
 
@@ -236,6 +262,13 @@ impl StepLine {
             self.train_s,
             self.sync_s
         );
+        if !self.missing_capabilities.is_empty() {
+            text.push_str(&format!(
+                " | WITHOUT {} ({} rollouts)",
+                self.missing_capabilities.join(", "),
+                self.rollouts_without_capabilities
+            ));
+        }
         let ids: std::collections::BTreeSet<&str> = self
             .by_env
             .keys()

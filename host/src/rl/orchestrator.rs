@@ -241,6 +241,11 @@ pub fn build_batch(
         discarded_tokens,
         seconds,
     } = generated;
+    if let Some(lost) = records.iter().find_map(|r| r.capability_lost.as_ref()) {
+        return Err(anyhow::Error::new(lost.clone()).context(format!(
+            "step {step}: stopped, since the rollouts left would score failures"
+        )));
+    }
     let seq_len = cfg.trainer.data.seq_len;
     let o = &cfg.orchestrator;
     let oldest = now.map_or(0, |now| oldest_allowed(o.max_off_policy_steps, now));
@@ -555,42 +560,49 @@ impl Producer {
             ..Default::default()
         };
         let sampling = &sampling;
-        let done: Vec<(RolloutRecord, bool)> =
-            futures_util::stream::iter(jobs.into_iter().map(|(p, r)| async move {
-                let (e, idx) = groups[p];
-                let env = &self.envs[e];
-                let limited = o
-                    .max_off_policy_steps
-                    .map(|k| LagLimited::new(self.generator.as_ref(), &self.served, k));
-                let generator: &dyn Generator = match &limited {
-                    Some(l) => l,
-                    None => self.generator.as_ref(),
-                };
-                let spec = RolloutSpec {
-                    env: env.env.as_ref(),
-                    rewards: &[],
-                    generator,
-                    model: &self.model,
-                    example: &env.examples[idx],
-                    example_index: p,
-                    rollout_index: r,
-                    env_args: &env.args,
-                    sampling,
-                    seed: o
-                        .seed
-                        .wrapping_mul(0x9e37_79b9)
-                        .wrapping_add((step * 1_000_003 + p * o.rollouts_per_example + r) as u64)
-                        .wrapping_add(attempt.wrapping_mul(0x5851_f42d_4c95_7f2d)),
-                    retries: 3,
-                    require_tokens: true,
-                };
-                let record = run_rollout(spec).await;
-                let refused = limited.is_some_and(|l| l.refused.load(Ordering::SeqCst));
-                (record, refused)
-            }))
-            .buffer_unordered(o.max_concurrent.max(1))
-            .collect()
-            .await;
+        let mut stream = futures_util::stream::iter(jobs.into_iter().map(|(p, r)| async move {
+            let (e, idx) = groups[p];
+            let env = &self.envs[e];
+            let limited = o
+                .max_off_policy_steps
+                .map(|k| LagLimited::new(self.generator.as_ref(), &self.served, k));
+            let generator: &dyn Generator = match &limited {
+                Some(l) => l,
+                None => self.generator.as_ref(),
+            };
+            let spec = RolloutSpec {
+                env: env.env.as_ref(),
+                rewards: &[],
+                generator,
+                model: &self.model,
+                example: &env.examples[idx],
+                example_index: p,
+                rollout_index: r,
+                env_args: &env.args,
+                sampling,
+                seed: o
+                    .seed
+                    .wrapping_mul(0x9e37_79b9)
+                    .wrapping_add((step * 1_000_003 + p * o.rollouts_per_example + r) as u64)
+                    .wrapping_add(attempt.wrapping_mul(0x5851_f42d_4c95_7f2d)),
+                retries: 3,
+                require_tokens: true,
+            };
+            let record = run_rollout(spec).await;
+            let refused = limited.is_some_and(|l| l.refused.load(Ordering::SeqCst));
+            (record, refused)
+        }))
+        .buffer_unordered(o.max_concurrent.max(1));
+        let mut done: Vec<(RolloutRecord, bool)> = Vec::new();
+        while let Some((record, refused)) = stream.next().await {
+            // A capability lost (the sandbox died): the rest would score failures. The record
+            // goes back so the batch is refused with the reason; the rollouts in flight end.
+            let lost = record.capability_lost.is_some();
+            done.push((record, refused));
+            if lost {
+                break;
+            }
+        }
         let refused = done
             .iter()
             .filter(|(_, refused)| *refused)
@@ -863,6 +875,33 @@ mod tests {
         assert_eq!(batch.samples[1].mask.iter().filter(|&&m| m).count(), 3);
     }
 
+    /// A rollout that saw a capability die (the sandbox) refuses the whole batch with that
+    /// error: no step trains on rollouts scored against a broken tool.
+    #[test]
+    fn a_lost_capability_refuses_the_batch() {
+        let p: Vec<u32> = (1..=20).collect();
+        let mut records = vec![
+            rollout(0, 1.0, vec![turn(&p, &[100], 0)]),
+            rollout(0, 0.0, vec![turn(&p, &[101], 0)]),
+        ];
+        let cfg = RlConfig::default();
+        assert!(build_batch(&cfg, generated(records.clone()), &ids(), None).is_ok());
+        records[1].capability_lost = Some(crate::plugin::CapabilityLost {
+            plugin: "will/math-python v0.1.0".into(),
+            capability: "sandbox.python".into(),
+            source: crate::sandbox::SandboxError::Failed("a sandbox worker died".into()),
+        });
+        let Err(err) = build_batch(&cfg, generated(records), &ids(), None) else {
+            panic!("the batch is refused");
+        };
+        assert_eq!(
+            format!("{err:#}"),
+            "step 0: stopped, since the rollouts left would score failures: plugin \
+             will/math-python v0.1.0 lost capability `sandbox.python` while running: the Python \
+             sandbox failed: a sandbox worker died"
+        );
+    }
+
     /// With `max_off_policy_steps = 1` and the trainer at version 5, a rollout with a turn
     /// from version 3 that was not replaced is dropped and counted, and so is one refused in
     /// flight; the group's advantages come from the rest.
@@ -984,7 +1023,12 @@ mod tests {
             "{} is missing: run `make plugins`",
             plugin.display()
         );
-        let env = crate::plugin::PluginLoader::new(Default::default(), None)
+        // arith declares the python tool; these rollouts run without tools, so no sandbox.
+        let options = crate::plugin::LoadOptions {
+            allow_missing_capabilities: true,
+            ..Default::default()
+        };
+        let env = crate::plugin::PluginLoader::new(options, None)
             .unwrap()
             .load_environment(&plugin)
             .await

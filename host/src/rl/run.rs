@@ -323,7 +323,10 @@ pub fn run(
     let mut orchestrator = Orchestrator::start(&rt, producer, start, max_steps);
     let log = out.join("metrics.jsonl");
     if evals.due_at_start(start) {
-        let line = EvalLine::new(rt.block_on(evals.run(generator.as_ref(), 0, version)));
+        let line = EvalLine::new(
+            rt.block_on(evals.run(generator.as_ref(), 0, version))
+                .context("the evaluation before step 1")?,
+        );
         metrics::append(&log, &line)?;
         if let Some(p) = &port {
             p.set_step(0, &crate::monitor::scalars(&line));
@@ -340,9 +343,13 @@ pub fn run(
         version = sink.publish(&rt, &trainer, step + 1)?;
         let sync_s = t.elapsed().as_secs_f64();
         orchestrator.weights_published(step + 1, version);
-        let eval = evals
-            .due_after(step + 1, max_steps)
-            .then(|| rt.block_on(evals.run(generator.as_ref(), step + 1, version)));
+        let eval = match evals.due_after(step + 1, max_steps) {
+            true => Some(
+                rt.block_on(evals.run(generator.as_ref(), step + 1, version))
+                    .with_context(|| format!("the evaluation after step {}", step + 1))?,
+            ),
+            false => None,
+        };
         let line = StepLine::new(&batch, &stats, Phases { train_s, sync_s }, eval);
         metrics::append(&log, &line)?;
         if let Some(p) = &port {

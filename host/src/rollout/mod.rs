@@ -599,6 +599,14 @@ pub struct RolloutRecord {
     pub reward_errors: u32,
     /// What went wrong, when the rollout failed (it is then scored 0).
     pub error: Option<String>,
+    /// Capabilities the environment or a reward plugin declared and ran without
+    /// (`--allow-missing-capabilities`): the score does not measure the environment as written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_capabilities: Vec<String>,
+    /// A plugin lost a capability during this rollout (the sandbox died): its result is not a
+    /// score, and whoever runs rollouts must stop.
+    #[serde(skip)]
+    pub capability_lost: Option<crate::plugin::CapabilityLost>,
     /// Wall time in seconds.
     pub seconds: f64,
 }
@@ -661,9 +669,25 @@ pub async fn run_rollout(spec: RolloutSpec<'_>) -> RolloutRecord {
         rollout_index: spec.rollout_index,
         ..Default::default()
     };
+    let plugins = || {
+        std::iter::once(spec.env.capabilities())
+            .chain(spec.rewards.iter().map(|r| r.capabilities()))
+    };
+    rec.missing_capabilities = plugins()
+        .flat_map(|c| c.missing().iter().map(|m| m.capability.clone()))
+        .collect();
+    rec.missing_capabilities.sort();
+    rec.missing_capabilities.dedup();
     if let Err(e) = rollout_inner(&spec, &mut rec).await {
         rec.error = Some(e);
         rec.reward = 0.0;
+    }
+    // A capability that died while this rollout ran (its sandbox calls failed) leaves it
+    // without a score: mark it so the caller stops instead of averaging failures.
+    if let Some(lost) = plugins().find_map(|c| c.lost()) {
+        rec.error = Some(format!("{lost}: {}", lost.source));
+        rec.reward = 0.0;
+        rec.capability_lost = Some(lost.clone());
     }
     rec.seconds = started.elapsed().as_secs_f64();
     rec

@@ -26,12 +26,60 @@ pub use wasm::{PythonRepl, REPL_RESET_NOTE, WasmSandbox};
 /// Errors from a sandbox itself (not the Python program's own errors, which are its output).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SandboxError {
-    /// The sandbox cannot be set up (missing or invalid component, engine failure).
+    /// No sandbox component in any of the places searched.
+    #[error("no Python sandbox component found (looked in: {})", places(.looked))]
+    NotFound {
+        /// Where it was looked for, in order.
+        looked: Vec<std::path::PathBuf>,
+    },
+    /// The component named explicitly does not exist.
+    #[error("the Python sandbox component {} does not exist", .0.display())]
+    Missing(std::path::PathBuf),
+    /// This host was set up without a sandbox (a library caller's choice).
+    #[error("this host was set up without a Python sandbox")]
+    NotOffered,
+    /// The sandbox cannot be set up (invalid component, engine failure).
     #[error("the Python sandbox cannot start: {0}")]
     Setup(String),
     /// The sandbox failed while running a call.
     #[error("the Python sandbox failed: {0}")]
     Failed(String),
+}
+
+fn places(looked: &[std::path::PathBuf]) -> String {
+    if looked.is_empty() {
+        return "nowhere: no $RLHOST_HOME, $RLHOST_SOURCE or install prefix".into();
+    }
+    let places: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+    places.join(", ")
+}
+
+impl SandboxError {
+    /// What makes a sandbox available again, in words a user can act on.
+    pub fn fix(&self) -> String {
+        let install = format!(
+            "build it with `make sandbox` in an rlhost checkout and install it (`make install`, \
+             or copy sandbox/target/{COMPONENT_FILE} into $RLHOST_HOME/sandbox/), or point \
+             ${COMPONENT_ENV} at one"
+        );
+        match self {
+            SandboxError::NotFound { .. } | SandboxError::Missing(_) => install,
+            SandboxError::NotOffered => {
+                "give the plugin loader a sandbox (`LoadOptions::sandbox`)".into()
+            }
+            SandboxError::Setup(_) => format!("rebuild the component: {install}"),
+            SandboxError::Failed(_) => {
+                "see the cause above; rerun once the machine has the memory and threads the \
+                 sandbox needs"
+                    .into()
+            }
+        }
+    }
+
+    /// The error and its fix, on one line.
+    pub fn with_fix(&self) -> String {
+        format!("{self}; to fix: {}", self.fix())
+    }
 }
 
 /// Runs model-written Python code in isolation.
@@ -115,10 +163,7 @@ pub fn locate_component(
     if let Some(p) = explicit {
         return match p.is_file() {
             true => Ok(p.to_owned()),
-            false => Err(SandboxError::Setup(format!(
-                "{} does not exist",
-                p.display()
-            ))),
+            false => Err(SandboxError::Missing(p.to_owned())),
         };
     }
     let mut looked: Vec<PathBuf> = Vec::new();
@@ -134,16 +179,29 @@ pub fn locate_component(
     if let Some(src) = crate::home::source_tree() {
         looked.push(src.join("sandbox/target").join(COMPONENT_FILE));
     }
-    if let Some(found) = looked.iter().find(|p| p.is_file()) {
-        return Ok(found.clone());
+    match looked.iter().find(|p| p.is_file()) {
+        Some(found) => Ok(found.clone()),
+        None => Err(SandboxError::NotFound { looked }),
     }
-    let places: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
-    Err(SandboxError::Setup(format!(
-        "no Python sandbox component found (looked in: {}); build it with `make sandbox` and \
-         install it (`make install`, or copy it into $RLHOST_HOME/sandbox/), or point \
-         ${COMPONENT_ENV} at one",
-        places.join(", ")
-    )))
+}
+
+/// Checks that `path` holds a WebAssembly component (its header), without compiling it: what a
+/// quick check (`host doctor`, install-time validation) can say about a sandbox found.
+pub fn check_component(path: &std::path::Path) -> Result<(), SandboxError> {
+    use std::io::Read;
+    // `\0asm`, then the component encoding's version and layer (core modules have 1, 0, 0, 0).
+    const COMPONENT_HEADER: [u8; 8] = [0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00];
+    let mut header = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_err(|e| SandboxError::Setup(format!("cannot read {}: {e}", path.display())))?;
+    match header == COMPONENT_HEADER {
+        true => Ok(()),
+        false => Err(SandboxError::Setup(format!(
+            "{} is not a WebAssembly component",
+            path.display()
+        ))),
+    }
 }
 
 /// The message a model reads when its code ran out of time (verifiers' exact wording).

@@ -248,6 +248,17 @@ impl NativeSandbox {
         })
     }
 
+    /// Process ids of the zygotes idle now (all of them between calls): for monitoring, and
+    /// for tests that take the sandbox down under a run.
+    pub async fn zygote_pids(&self) -> Vec<u32> {
+        self.idle
+            .lock()
+            .await
+            .iter()
+            .filter_map(|z| z.child.id())
+            .collect()
+    }
+
     /// Runs `code` in a fresh isolated child of a zygote.
     pub async fn run(
         &self,
@@ -268,11 +279,16 @@ impl NativeSandbox {
             .expect("a permit means an idle zygote");
         let result = zygote.call(code, limits).await;
         if result.is_err() {
-            // Replace a zygote that failed; if even that fails, the next call reports it.
+            // Replace a zygote that failed. When even that fails the sandbox is broken: it is
+            // closed, so every later call fails at once instead of waiting for a zygote that
+            // will never come back.
             let _ = zygote.child.start_kill();
             match Zygote::start(&self.python, &self.options, &self.script).await {
                 Ok(fresh) => zygote = fresh,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.permits.close();
+                    return Err(e);
+                }
             }
         }
         self.idle.lock().await.push(zygote);

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::common::{self, chat_completion};
 
 /// The first `n` MATH train rows: (problem, answer), the order math-python serves them in.
-fn math_rows(n: usize) -> Vec<(String, String)> {
+pub(crate) fn math_rows(n: usize) -> Vec<(String, String)> {
     let data = std::env::var_os("RLHOST_DATA")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| common::repo_root().join("../shared/data"));
@@ -35,7 +35,7 @@ fn call(id: &str, code: &str) -> Value {
 }
 
 /// Turn `turn` of the scripted conversation for example `i` (answer `answer`).
-fn scripted(i: usize, turn: usize, answer: &str) -> Value {
+pub(crate) fn scripted(i: usize, turn: usize, answer: &str) -> Value {
     let boxed = |a: &str| format!("<think>\nchecked\n</think>\nThe answer is $\\boxed{{{a}}}$.");
     match (i, turn) {
         // A tool call, then the right answer.

@@ -7,6 +7,7 @@
 #[allow(dead_code)]
 mod common;
 
+mod capabilities;
 mod chat_fields;
 mod cli;
 mod client_render;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rlhost::plugin::{Environment, LoadOptions, PluginLoader, RewardFn};
+use rlhost::plugin::{Environment, LoadOptions, PluginLoader, RewardFn, SandboxOffer};
 use rlhost::sandbox::Sandbox;
 use rlhost_sdk::messages::{assistant, assistant_with_calls, system, user};
 use rlhost_sdk::types::{Example, Message, Metric, PluginError as GuestError, Rollout, ToolCall};
@@ -31,7 +31,7 @@ fn sandbox() -> Arc<dyn Sandbox> {
 fn loader() -> PluginLoader {
     PluginLoader::new(
         LoadOptions {
-            sandbox: Some(sandbox()),
+            sandbox: SandboxOffer::Ready(sandbox()),
             ..Default::default()
         },
         None,

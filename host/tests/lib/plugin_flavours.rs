@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rlhost::plugin::{
     Environment, LoadOptions, PluginError, PluginErrorKind, PluginLimits, PluginLoader,
+    SandboxOffer,
 };
 use rlhost::sandbox::Sandbox;
 use rlhost_sdk::messages::{assistant, assistant_with_calls};
@@ -30,7 +31,7 @@ fn loader(limits: PluginLimits) -> PluginLoader {
     PluginLoader::new(
         LoadOptions {
             limits,
-            sandbox: Some(sandbox()),
+            sandbox: SandboxOffer::Ready(sandbox()),
             ..Default::default()
         },
         Some(cache),

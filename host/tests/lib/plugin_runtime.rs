@@ -635,16 +635,18 @@ async fn python_needs_the_capability_and_a_sandbox() {
         step.messages[0].content.clone()
     };
     let undeclared = wasm_env(&loader, tmp.path(), "probe", "fixture-probe").await;
+    assert!(undeclared.capabilities().missing().is_empty());
     let text = python(undeclared).await;
     assert!(
         text.starts_with("err: capability `sandbox.python` is not granted"),
         "{text}"
     );
+    // Declared, and this loader has no sandbox: refused at load, naming what and why.
     let declared = Folder {
         capabilities: "[\"sandbox.python\"]",
         ..ENV_WASM
     };
-    let env = load_env(
+    let err = load_env(
         &loader,
         tmp.path(),
         "probe2",
@@ -652,10 +654,78 @@ async fn python_needs_the_capability_and_a_sandbox() {
         &wasm("fixture-probe"),
     )
     .await
-    .unwrap();
+    .map(|_| ())
+    .unwrap_err();
+    let PluginErrorKind::CapabilitiesUnavailable(missing) = &*err.kind else {
+        panic!("{err}");
+    };
+    assert_eq!(missing.len(), 1);
+    assert_eq!(missing[0].capability, "sandbox.python");
     assert_eq!(
-        python(env).await,
-        "err: no Python sandbox is configured in this host"
+        missing[0].reason,
+        "this host was set up without a Python sandbox"
+    );
+    assert!(
+        err.to_string().starts_with(
+            "plugin test/probe2 v0.1.0: cannot run on this host: it needs capability \
+             `sandbox.python`, which this host cannot grant"
+        ),
+        "{err}"
+    );
+    // Told to run without it: it loads, says what it lacks, and its calls fail.
+    let lenient = PluginLoader::new(
+        LoadOptions {
+            allow_missing_capabilities: true,
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let env = load_env(
+        &lenient,
+        tmp.path(),
+        "probe3",
+        &declared,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .unwrap();
+    let lacks: Vec<&str> = env
+        .capabilities()
+        .missing()
+        .iter()
+        .map(|m| m.capability.as_str())
+        .collect();
+    assert_eq!(lacks, ["sandbox.python"]);
+    assert_eq!(
+        python(env.clone()).await,
+        "err: no Python sandbox: this host was set up without a Python sandbox"
+    );
+    // A call refused for a missing sandbox is not a sandbox that died.
+    assert!(env.capabilities().lost().is_none());
+    // Grants that leave the capability out refuse it the same way, naming the grants.
+    let strict = PluginLoader::new(
+        LoadOptions {
+            grants: rlhost::plugin::Grants::none(),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let err = load_env(
+        &strict,
+        tmp.path(),
+        "probe4",
+        &declared,
+        &wasm("fixture-probe"),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("this host's grants (none) leave it out"),
+        "{err}"
     );
 }
 

@@ -220,7 +220,7 @@ async fn plugins_reach_the_sandbox_through_run_python() {
     .unwrap();
     let loader = PluginLoader::new(
         LoadOptions {
-            sandbox: Some(Arc::new(sandbox().clone())),
+            sandbox: rlhost::plugin::SandboxOffer::Ready(Arc::new(sandbox().clone())),
             ..Default::default()
         },
         None,

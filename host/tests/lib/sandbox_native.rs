@@ -4,6 +4,7 @@
 //! `e2e::sandbox_native`.)
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use rlhost::sandbox::{NativeOptions, NativeSandbox, SANDBOX_ENV, SandboxError, SandboxPolicy};
 use rlhost_sdk::types::PythonLimits;
@@ -310,4 +311,123 @@ async fn overflowing_output_is_cut_and_the_program_finishes() {
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     assert!(!out.timed_out && out.exit_code == 1, "{out:?}");
     assert!(out.stdout.ends_with(note));
+}
+
+/// The model's side of a math-python rollout, fixed: one python tool call, then an answer.
+struct ToolThenAnswer;
+
+#[async_trait::async_trait]
+impl rlhost::rollout::Generator for ToolThenAnswer {
+    fn describe(&self) -> String {
+        "scripted".into()
+    }
+
+    async fn complete(
+        &self,
+        req: &rlhost::openai::ChatRequest,
+    ) -> Result<rlhost::openai::ChatCompletion, rlhost::rollout::GenError> {
+        let request = serde_json::to_value(req).unwrap();
+        let answered_by_tool = request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool");
+        let message = match answered_by_tool {
+            true => serde_json::json!({"role": "assistant", "content": "$\\boxed{42}$"}),
+            false => serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c", "type": "function",
+                 "function": {"name": "python", "arguments": "{\"code\": \"print(6 * 7)\"}"}}]}),
+        };
+        Ok(serde_json::from_value(serde_json::json!({
+            "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+        .unwrap())
+    }
+}
+
+/// A sandbox that dies while an evaluation runs stops it with that error: the rollouts before
+/// are kept, none after is scored against the failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_dying_mid_run_stops_the_evaluation() {
+    use rlhost::eval::{EvalOptions, EvalPlan};
+    use rlhost::plugin::{LoadOptions, PluginLoader, SandboxOffer};
+    let Some(sb) = sandbox("a_sandbox_dying_mid_run_stops_the_evaluation").await else {
+        return;
+    };
+    let sb = Arc::new(sb);
+    let zygotes = sb.zygote_pids().await;
+    assert_eq!(zygotes.len(), 2);
+    let loader = PluginLoader::new(
+        LoadOptions {
+            sandbox: SandboxOffer::Ready(sb.clone()),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let env = loader
+        .load_environment(&common::dist("math-python"))
+        .await
+        .unwrap();
+    let plan = EvalPlan {
+        env: env.clone(),
+        rewards: Vec::new(),
+        split: "train".into(),
+        num_examples: Some(4),
+        rollouts: 1,
+        env_args: "{}".into(),
+    };
+    let examples = rlhost::eval::examples(&plan).await.unwrap();
+    let options = EvalOptions {
+        concurrency: Some(1),
+        sampling: Default::default(),
+        seed: 1,
+        retries: 0,
+        model: "scripted".into(),
+    };
+    let done = std::sync::Mutex::new(Vec::new());
+    let on_done = |r: &rlhost::rollout::RolloutRecord| {
+        let mut done = done.lock().unwrap();
+        done.push(r.clone());
+        // After the first rollout the sandbox's processes die.
+        if done.len() == 1 {
+            for pid in &zygotes {
+                let killed = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status()
+                    .unwrap();
+                assert!(killed.success(), "zygote {pid} killed");
+            }
+        }
+    };
+    let run = rlhost::eval::run(
+        &plan,
+        &examples,
+        &ToolThenAnswer,
+        &options,
+        &on_done,
+        std::future::pending::<()>(),
+    )
+    .await;
+    let lost = run.expect_err("the run stops");
+    assert_eq!(lost.capability, "sandbox.python");
+    assert!(lost.plugin.starts_with("will/math-python v"), "{lost}");
+    assert!(lost.source.to_string().contains("zygote"), "{lost:?}");
+    // The one rollout before was real: its tool call ran (6 * 7) and it was scored.
+    let done = done.into_inner().unwrap();
+    assert_eq!(
+        done.len(),
+        1,
+        "no rollout after the loss reached the caller"
+    );
+    let tool = done[0]
+        .completion
+        .iter()
+        .find(|m| m.role == rlhost_sdk::types::Role::Tool)
+        .unwrap();
+    assert_eq!(tool.content.trim(), "42");
+    assert!(done[0].error.is_none() && done[0].missing_capabilities.is_empty());
+    assert!(env.capabilities().lost().is_some());
 }

@@ -505,6 +505,10 @@ impl EnvBackend for ComponentEnvironment {
         &self.shared.host.plugin
     }
 
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        &self.shared.host.capabilities
+    }
+
     async fn dataset(&self, request: &requests::Dataset) -> Result<DatasetPage, PluginError> {
         let mut slot = self.dataset_session.lock().await;
         if slot.as_ref().is_none_or(|s| s.poisoned) {
@@ -553,6 +557,10 @@ impl ComponentReward {
 impl RewardBackend for ComponentReward {
     fn id(&self) -> &PluginId {
         &self.host.plugin
+    }
+
+    fn capabilities(&self) -> &super::CapabilityStatus {
+        &self.host.capabilities
     }
 
     async fn score(

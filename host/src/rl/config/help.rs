@@ -210,7 +210,7 @@ trainer / orchestrator / inference split).
 
 Usage: host rl [--plugin NAME] [--trainer @ FILE] [--orchestrator @ FILE] [--inference @ FILE]
                [--monitor @ FILE] [--SECTION.KEY VALUE]... [--model.name MODEL]
-               [--output-dir DIR] [--resume]
+               [--output-dir DIR] [--resume] [--allow-missing-capabilities]
 
 Options:
   --plugin NAME
@@ -224,6 +224,10 @@ Options:
           Checkpoints, metrics.jsonl, curves.png and final/ go here [default: outputs/rl]
   --resume
           Continue from the newest checkpoint in --output-dir
+  --allow-missing-capabilities
+          Run environments whose declared capabilities this host cannot grant (no Python
+          sandbox): their tool calls fail, so every step line marks the rollouts that ran
+          without them. Without it such an environment is refused before the first rollout
   -h, --help
           Print this help
 

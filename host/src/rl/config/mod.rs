@@ -44,6 +44,9 @@ pub struct RunOptions {
     pub output_dir: Option<PathBuf>,
     /// Continue from the last checkpoint in the output folder.
     pub resume: bool,
+    /// Run environments whose declared capabilities this host cannot grant (no Python
+    /// sandbox), marking their rollouts, instead of refusing them before the first step.
+    pub allow_missing_capabilities: bool,
 }
 
 /// Errors of the command line and config files.
@@ -239,15 +242,26 @@ pub fn parse(args: &[String], configs: &Path) -> Result<(RlConfig, RunOptions), 
         let a = &args[i];
         let Some(flag) = a.strip_prefix("--") else {
             return Err(RlConfigError::Usage(format!(
-                "unexpected argument {a:?} (flags are --plugin, --trainer @ FILE, --orchestrator @ FILE, --inference @ FILE, --KEY VALUE, --output-dir, --resume; see host rl --help)"
+                "unexpected argument {a:?} (flags are --plugin, --trainer @ FILE, --orchestrator @ FILE, --inference @ FILE, --KEY VALUE, --output-dir, --resume, --allow-missing-capabilities; see host rl --help)"
             )));
         };
         let (flag, inline) = match flag.split_once('=') {
             Some((f, v)) => (f, Some(v.to_string())),
             None => (flag, None),
         };
+        // A switch takes no value but `=true`/`=false`; anything else is refused, not ignored.
+        let switch = |inline: Option<String>| match inline.as_deref() {
+            None | Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            Some(v) => Err(RlConfigError::Usage(format!(
+                "--{flag} is a switch (no value, or =true/=false), got {v:?}"
+            ))),
+        };
         match flag {
-            "resume" => opts.resume = true,
+            "resume" => opts.resume = switch(inline)?,
+            "allow-missing-capabilities" | "allow_missing_capabilities" => {
+                opts.allow_missing_capabilities = switch(inline)?
+            }
             "output-dir" | "output_dir" => {
                 opts.output_dir = Some(PathBuf::from(match inline {
                     Some(v) => v,
@@ -667,6 +681,7 @@ mod tests {
                 "--output-dir",
                 "/out",
                 "--resume",
+                "--allow-missing-capabilities",
             ]),
             dir.path(),
         )
@@ -684,6 +699,7 @@ mod tests {
             assert_eq!(m.name, "/m");
         }
         assert!(opts.resume);
+        assert!(opts.allow_missing_capabilities);
         assert_eq!(opts.output_dir.as_deref(), Some(Path::new("/out")));
     }
 
