@@ -3,6 +3,7 @@
 folder, greedy, a fixed number of new tokens, after one warm-up call.
 
   generate-peer.py --model DIR --batch B --prompt-len L --new-tokens N --threads T --repeats R
+                   [--dtype float32|bfloat16]
 
 Prompts are the same token ids rlhost uses (row r, position i: (r * 131 + i * 17 + 3) % 500).
 Prints JSON {"seconds": [per repeat], "tokens": B * N}.
@@ -21,9 +22,10 @@ def main():
     for k in ("batch", "prompt-len", "new-tokens", "threads", "repeats"):
         ap.add_argument(f"--{k}", type=int, required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model = Qwen3ForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model = Qwen3ForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype))
     model.eval()
     ids = torch.tensor([[(r * 131 + i * 17 + 3) % 500 for i in range(a.prompt_len)] for r in range(a.batch)])
     kw = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,

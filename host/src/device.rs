@@ -126,21 +126,98 @@ impl DeviceSpec {
     }
 }
 
+/// The bf16 matrix instructions a CPU offers, read from the flags the kernel lists in
+/// `/proc/cpuinfo` (which name a feature only when the kernel also enables it, as AMX needs).
+/// With any of them libtorch's bf16 matrix products run in hardware (oneDNN); without, bf16 is
+/// converted to f32 around every product and is slower than f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct CpuBf16 {
+    /// x86 `avx512_bf16` (dot products of bf16 pairs).
+    pub avx512_bf16: bool,
+    /// x86 `amx_bf16` (tile matrix multiply, Sapphire Rapids and later).
+    pub amx_bf16: bool,
+    /// aarch64 `bf16` (BFDOT/BFMMLA).
+    pub arm_bf16: bool,
+}
+
+impl CpuBf16 {
+    /// What this machine's CPU offers (nothing, where `/proc/cpuinfo` cannot be read).
+    pub fn detect() -> Self {
+        std::fs::read_to_string("/proc/cpuinfo")
+            .map(|text| Self::from_cpuinfo(&text))
+            .unwrap_or_default()
+    }
+
+    /// Reads the first processor's `flags` (x86) or `Features` (aarch64) line of a
+    /// `/proc/cpuinfo` text.
+    pub fn from_cpuinfo(text: &str) -> Self {
+        let line = |key: &str| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == key).then(|| v.split_whitespace().collect::<Vec<_>>())
+            })
+        };
+        let x86 = line("flags").unwrap_or_default();
+        let arm = line("Features").unwrap_or_default();
+        Self {
+            avx512_bf16: x86.contains(&"avx512_bf16"),
+            amx_bf16: x86.contains(&"amx_bf16"),
+            arm_bf16: arm.contains(&"bf16"),
+        }
+    }
+
+    /// Whether bf16 matrix products run in hardware.
+    pub fn matrix(&self) -> bool {
+        self.avx512_bf16 || self.amx_bf16 || self.arm_bf16
+    }
+
+    /// The instructions found, by their `/proc/cpuinfo` names.
+    pub fn found(&self) -> String {
+        let names: Vec<&str> = [
+            (self.avx512_bf16, "avx512_bf16"),
+            (self.amx_bf16, "amx_bf16"),
+            (self.arm_bf16, "bf16"),
+        ]
+        .into_iter()
+        .filter_map(|(has, name)| has.then_some(name))
+        .collect();
+        match names.is_empty() {
+            true => "none".to_owned(),
+            false => names.join(", "),
+        }
+    }
+}
+
 /// Floating-point precision of weights and activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Precision {
-    /// 32-bit floats: the CPU default and the trainer's master-weight precision.
+    /// 32-bit floats: the CPU default without bf16 hardware, and the trainer's precision.
     F32,
-    /// bfloat16: the CUDA default.
+    /// bfloat16: the default on CUDA and on CPUs with bf16 matrix instructions.
     Bf16,
 }
 
 impl Precision {
-    /// The default precision for a device.
+    /// The precision `--dtype auto` picks for `device` on this machine: bf16 on CUDA, and on a
+    /// CPU with bf16 matrix instructions ([`CpuBf16::detect`]); f32 otherwise.
     pub fn default_for(device: tch::Device) -> Self {
+        Self::auto(device, &CpuBf16::detect()).0
+    }
+
+    /// The precision `--dtype auto` picks for `device` on a CPU offering `cpu`, and why.
+    pub fn auto(device: tch::Device, cpu: &CpuBf16) -> (Self, String) {
         match device {
-            tch::Device::Cpu => Self::F32,
-            _ => Self::Bf16,
+            tch::Device::Cpu if cpu.matrix() => (
+                Self::Bf16,
+                format!("this CPU has bf16 matrix instructions ({})", cpu.found()),
+            ),
+            tch::Device::Cpu => (
+                Self::F32,
+                "this CPU has no bf16 matrix instructions (none of avx512_bf16, amx_bf16, \
+                 aarch64 bf16 in /proc/cpuinfo): bf16 would be emulated, slower than f32"
+                    .to_owned(),
+            ),
+            _ => (Self::Bf16, "a CUDA device".to_owned()),
         }
     }
 
@@ -185,6 +262,49 @@ mod tests {
         compiled: true,
         device_count: 2,
     };
+
+    #[test]
+    fn auto_picks_bf16_only_where_the_cpu_multiplies_bf16_in_hardware() {
+        let sapphire = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 \
+                        amx_tile\nprocessor\t: 1\nflags\t\t: fpu\n";
+        let zen3 = "processor\t: 0\nflags\t\t: fpu sse fma avx avx2\n";
+        let zen4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n";
+        let graviton3 = "processor\t: 0\nFeatures\t: fp asimd sve i8mm bf16\n";
+        let graviton2 = "Features\t: fp asimd atomics\n";
+        let cpu = CpuBf16::from_cpuinfo;
+        assert_eq!(
+            cpu(sapphire),
+            CpuBf16 {
+                avx512_bf16: true,
+                amx_bf16: true,
+                arm_bf16: false
+            }
+        );
+        assert_eq!(cpu(sapphire).found(), "avx512_bf16, amx_bf16");
+        assert!(!cpu(zen3).matrix());
+        assert_eq!(cpu(zen3).found(), "none");
+        assert!(cpu(zen4).matrix() && !cpu(zen4).amx_bf16);
+        assert!(cpu(graviton3).arm_bf16 && cpu(graviton3).matrix());
+        assert!(!cpu(graviton2).matrix());
+        assert!(!cpu("").matrix());
+        // A flag name that merely contains the word does not count.
+        assert!(!cpu("flags : avx512_bf16x\n").matrix());
+        let cpu0 = tch::Device::Cpu;
+        assert_eq!(Precision::auto(cpu0, &cpu(sapphire)).0, Precision::Bf16);
+        assert!(Precision::auto(cpu0, &cpu(sapphire)).1.contains("amx_bf16"));
+        assert_eq!(Precision::auto(cpu0, &cpu(zen3)).0, Precision::F32);
+        assert!(
+            Precision::auto(cpu0, &cpu(zen3))
+                .1
+                .contains("no bf16 matrix")
+        );
+        assert_eq!(Precision::auto(cpu0, &cpu(graviton3)).0, Precision::Bf16);
+        // CUDA is bf16 whatever the CPU.
+        assert_eq!(
+            Precision::auto(tch::Device::Cuda(0), &cpu(zen3)).0,
+            Precision::Bf16
+        );
+    }
 
     #[test]
     fn parses_device_strings() {
@@ -239,7 +359,6 @@ mod tests {
 
     #[test]
     fn precision_defaults_and_parsing() {
-        assert_eq!(Precision::default_for(tch::Device::Cpu), Precision::F32);
         assert_eq!(
             Precision::default_for(tch::Device::Cuda(0)),
             Precision::Bf16

@@ -23,6 +23,8 @@ pub struct DoctorReport {
     pub cuda: CudaInfo,
     /// Number of intra-op threads libtorch uses.
     pub torch_threads: i32,
+    /// What `--dtype auto` picks on this machine's CPU, and why.
+    pub cpu_dtype: CpuDtype,
     /// wasmtime, the plugin runtime.
     pub wasmtime: WasmtimeInfo,
     /// Plugin ABI versions this host loads.
@@ -69,6 +71,17 @@ pub struct CudaInfo {
     pub device_count: usize,
     /// cuDNN is usable.
     pub cudnn: bool,
+}
+
+/// The CPU's bf16 matrix instructions and the precision `--dtype auto` picks from them.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuDtype {
+    /// The instructions found in `/proc/cpuinfo`.
+    pub bf16: crate::device::CpuBf16,
+    /// `f32` or `bf16`.
+    pub auto: String,
+    /// Why.
+    pub why: String,
 }
 
 /// The WebAssembly runtime.
@@ -240,11 +253,18 @@ pub fn collect() -> DoctorReport {
         }
     };
 
+    let bf16 = crate::device::CpuBf16::detect();
+    let (auto, why) = crate::device::Precision::auto(tch::Device::Cpu, &bf16);
     DoctorReport {
         rlhost_version: crate::VERSION.to_owned(),
         libtorch,
         cuda,
         torch_threads: tch::get_num_threads(),
+        cpu_dtype: CpuDtype {
+            bf16,
+            auto: auto.to_string(),
+            why,
+        },
         wasmtime: WasmtimeInfo {
             version: env!("RLHOST_BUILD_WASMTIME_VERSION").to_owned(),
             engine_ok,
@@ -367,6 +387,10 @@ impl DoctorReport {
         };
         line("cuda", cuda);
         line("torch threads", self.torch_threads.to_string());
+        line(
+            "dtype auto (CPU)",
+            format!("{}: {}", self.cpu_dtype.auto, self.cpu_dtype.why),
+        );
         line(
             "wasmtime",
             format!(

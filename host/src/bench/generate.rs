@@ -32,6 +32,8 @@ pub struct GenerateBenchOptions {
     pub python: Option<PathBuf>,
     /// `scripts/generate-peer.py`.
     pub peer_script: PathBuf,
+    /// Weights and activations on both sides.
+    pub precision: crate::device::Precision,
 }
 
 /// One batch size's figures.
@@ -60,6 +62,8 @@ pub struct GenerateReport {
     pub new_tokens: usize,
     /// Threads per side.
     pub threads: usize,
+    /// `f32` or `bf16`, both sides.
+    pub dtype: String,
     /// Rows per batch size.
     pub rows: Vec<GenerateRow>,
 }
@@ -122,6 +126,13 @@ fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Re
             &o.threads.to_string(),
         ])
         .args(["--repeats", "1"])
+        .args([
+            "--dtype",
+            match o.precision {
+                crate::device::Precision::F32 => "float32",
+                crate::device::Precision::Bf16 => "bfloat16",
+            },
+        ])
         .env("OMP_WAIT_POLICY", "PASSIVE")
         .output()?;
     anyhow::ensure!(
@@ -144,7 +155,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             &o.model,
             "bench",
             tch::Device::Cpu,
-            tch::Kind::Float,
+            o.precision.kind(),
             EngineConfig {
                 max_batch_size: max_batch,
                 max_model_len: o.prompt_len + o.new_tokens + 1,
@@ -223,6 +234,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         prompt_len: o.prompt_len,
         new_tokens: o.new_tokens,
         threads: o.threads,
+        dtype: o.precision.to_string(),
         rows,
     })
 }
@@ -231,8 +243,8 @@ impl GenerateReport {
     /// A readable table.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "greedy generation, {} prompt + {} new tokens, {} thread(s), f32 CPU, best of runs\n{}\n",
-            self.prompt_len, self.new_tokens, self.threads, self.model
+            "greedy generation, {} prompt + {} new tokens, {} thread(s), {} CPU (both sides), best of runs\n{}\n",
+            self.prompt_len, self.new_tokens, self.threads, self.dtype, self.model
         );
         s.push_str(&format!(
             "{:>6} {:>16} {:>22} {:>8} {:>22}\n",

@@ -3,7 +3,9 @@
 
 pub mod generate;
 pub mod grammar;
+pub mod logprobs;
 pub mod math_verify;
 pub mod plugins;
+pub mod sampler;
 pub mod sandbox;
 pub mod serve;

@@ -92,6 +92,40 @@ enum BenchCommand {
         /// Measure rlhost alone.
         #[arg(long)]
         no_peer: bool,
+        /// Weights and activations on both sides: `f32`, `bf16`, or `auto` (what `host
+        /// inference --dtype auto` picks on this CPU; `host doctor` says which and why).
+        #[arg(long, default_value = "auto")]
+        dtype: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The trainer's log-prob path for one training row at a real vocabulary: chunked (the
+    /// trainer's way) against autograd through the row's whole logits; time and peak memory.
+    Logprobs {
+        /// Shape of the output projection (hidden size, vocabulary).
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Tokens in the row.
+        #[arg(long, default_value_t = 4096)]
+        seq_len: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The sampler at a real vocabulary: each sampling profile's cost and its share of a decode
+    /// step of a random-weights model of `--preset`'s shape; truncation by partial selection
+    /// against sorting the vocabulary.
+    Sampler {
+        /// Shape of the random-weights model (its vocabulary is the sampler's).
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Rows sampled together.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Timed repeats (the median counts).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -268,6 +302,43 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             emit(json, &report, report.to_text())
         }
         BenchCommand::MathVerify(args) => math_verify(args),
+        BenchCommand::Logprobs {
+            preset,
+            seq_len,
+            json,
+        } => {
+            anyhow::ensure!(seq_len > 0, "--seq-len must be at least 1");
+            let options = crate::bench::logprobs::LogprobsBenchOptions { preset, seq_len };
+            let progress = |what: &str| {
+                if !json {
+                    eprintln!("{what}");
+                }
+            };
+            let report = crate::bench::logprobs::run(&options, &progress)
+                .context("benchmarking the trainer's log-prob path")?;
+            emit(json, &report, report.to_text())
+        }
+        BenchCommand::Sampler {
+            preset,
+            batch,
+            repeats,
+            json,
+        } => {
+            anyhow::ensure!(batch > 0, "--batch must be at least 1");
+            let options = crate::bench::sampler::SamplerBenchOptions {
+                preset,
+                batch,
+                repeats,
+            };
+            let progress = |what: &str| {
+                if !json {
+                    eprintln!("{what}");
+                }
+            };
+            let report = crate::bench::sampler::run(&options, &progress)
+                .context("benchmarking the sampler")?;
+            emit(json, &report, report.to_text())
+        }
         BenchCommand::Grammar {
             tokenizer,
             preset,
@@ -299,8 +370,15 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             repeats,
             python,
             no_peer,
+            dtype,
             json,
         } => {
+            let precision = match dtype.as_str() {
+                "auto" => crate::device::Precision::default_for(tch::Device::Cpu),
+                other => other
+                    .parse::<crate::device::Precision>()
+                    .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
+            };
             let python = if no_peer {
                 None
             } else {
@@ -336,6 +414,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 repeats: repeats.max(1),
                 python,
                 peer_script,
+                precision,
             };
             let spinner = ProgressBar::new_spinner();
             if json {

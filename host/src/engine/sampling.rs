@@ -254,20 +254,12 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
         }
         let top_k = |p: &SamplingParams| p.top_k > 0 && p.top_k < v;
         if rows.iter().any(|r| top_k(r.params) || r.params.top_p < 1.0) {
-            let (sorted, order) = probs.sort(-1, true);
-            let rank = Tensor::arange(v, (Kind::Int64, device)).unsqueeze(0);
             let ks: Vec<i64> = rows
                 .iter()
                 .map(|r| if top_k(r.params) { r.params.top_k } else { v })
                 .collect();
-            let keep_k = rank.lt_tensor(&Tensor::from_slice(&ks).to_device(device).unsqueeze(1));
-            let kept = &sorted * keep_k.to_kind(Kind::Float);
-            let renorm = &kept / kept.sum_dim_intlist(-1, true, Kind::Float);
-            // Keep the smallest prefix whose mass reaches top_p (the first token always).
-            let before = renorm.cumsum(-1, Kind::Float) - &renorm;
-            let ps = col(&|p| if p.top_p < 1.0 { p.top_p } else { 2.0 });
-            let keep = before.lt_tensor(&ps).to_kind(Kind::Float);
-            probs = probs.zeros_like().scatter(-1, &order, &(kept * keep));
+            let ps: Vec<f64> = rows.iter().map(|r| r.params.top_p).collect();
+            probs = truncate(&probs, &ks, &ps);
         }
         let cdf = probs.cumsum(-1, Kind::Float);
         let total = cdf.narrow(-1, v - 1, 1);
@@ -308,6 +300,86 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
                 .collect(),
         })
         .collect()
+}
+
+/// Candidates a top-p row without top-k considers before sorting its whole vocabulary: the
+/// nucleus of a trained model's distribution is almost always far smaller.
+const TOP_P_CANDIDATES: i64 = 1024;
+
+/// Top-k and top-p truncation of `probs` `[rows, vocab]` (unnormalised), as vLLM: row `r` keeps
+/// its `ks[r]` most likely tokens (`vocab`: all), renormalised, then the smallest prefix of them
+/// whose mass reaches `ps[r]` (≥ 1: all). Rows asking for neither are left as they are.
+///
+/// Only the candidates a row can keep are selected (`topk`, a partial selection): its `k`, or
+/// [`TOP_P_CANDIDATES`] for a top-p row without top-k. A batch where such a row's nucleus
+/// reaches past its candidates falls back to sorting the vocabulary ([`truncate_by_sort`]).
+pub fn truncate(probs: &Tensor, ks: &[i64], ps: &[f64]) -> Tensor {
+    let (_, v) = probs.size2().expect("probs are [rows, vocab]");
+    let device = probs.device();
+    let only_p = |r: usize| ks[r] >= v && ps[r] < 1.0;
+    let mut cand = ks.iter().copied().filter(|&k| k < v).max().unwrap_or(0);
+    if (0..ks.len()).any(only_p) {
+        cand = cand.max(TOP_P_CANDIDATES);
+    }
+    if cand >= v {
+        return truncate_by_sort(probs, ks, ps);
+    }
+    let (vals, order) = probs.topk(cand, -1, true, true);
+    let rank = Tensor::arange(cand, (Kind::Int64, device)).unsqueeze(0);
+    let ks_col = Tensor::from_slice(ks).to_device(device).unsqueeze(1);
+    let kept = &vals * rank.lt_tensor(&ks_col).to_kind(Kind::Float);
+    // Top-k rows renormalise over their k; top-p-only rows over the whole vocabulary.
+    let has_k: Vec<bool> = ks.iter().map(|&k| k < v).collect();
+    let has_k = Tensor::from_slice(&has_k).to_device(device).unsqueeze(1);
+    let mass = kept
+        .sum_dim_intlist(-1, true, Kind::Float)
+        .where_self(&has_k, &probs.sum_dim_intlist(-1, true, Kind::Float));
+    let renorm = &kept / &mass;
+    let p_of = |p: f64| if p < 1.0 { p as f32 } else { 2.0 };
+    let p_col: Vec<f32> = ps.iter().map(|&p| p_of(p)).collect();
+    let p_col = Tensor::from_slice(&p_col).to_device(device).unsqueeze(1);
+    // A top-p-only row whose candidates hold less than its `p` needs tokens past them.
+    let reached = renorm
+        .sum_dim_intlist(-1, true, Kind::Float)
+        .ge_tensor(&p_col);
+    let only: Vec<bool> = (0..ks.len()).map(only_p).collect();
+    let only = Tensor::from_slice(&only).to_device(device).unsqueeze(1);
+    if only
+        .logical_and(&reached.logical_not())
+        .any()
+        .int64_value(&[])
+        != 0
+    {
+        return truncate_by_sort(probs, ks, ps);
+    }
+    // Keep the smallest prefix whose mass reaches top_p (the first token always).
+    let before = renorm.cumsum(-1, Kind::Float) - &renorm;
+    let keep = before.lt_tensor(&p_col).to_kind(Kind::Float);
+    let truncated = probs.zeros_like().scatter(-1, &order, &(kept * keep));
+    let asks: Vec<bool> = (0..ks.len()).map(|r| ks[r] < v || ps[r] < 1.0).collect();
+    let asks = Tensor::from_slice(&asks).to_device(device).unsqueeze(1);
+    truncated.where_self(&asks, probs)
+}
+
+/// [`truncate`] by sorting each row's whole vocabulary: the general case, and the reference
+/// the partial selection is tested against.
+pub fn truncate_by_sort(probs: &Tensor, ks: &[i64], ps: &[f64]) -> Tensor {
+    let (_, v) = probs.size2().expect("probs are [rows, vocab]");
+    let device = probs.device();
+    let (sorted, order) = probs.sort(-1, true);
+    let rank = Tensor::arange(v, (Kind::Int64, device)).unsqueeze(0);
+    let keep_k = rank.lt_tensor(&Tensor::from_slice(ks).to_device(device).unsqueeze(1));
+    let kept = &sorted * keep_k.to_kind(Kind::Float);
+    let renorm = &kept / kept.sum_dim_intlist(-1, true, Kind::Float);
+    // Keep the smallest prefix whose mass reaches top_p (the first token always).
+    let before = renorm.cumsum(-1, Kind::Float) - &renorm;
+    let p_col: Vec<f32> = ps
+        .iter()
+        .map(|&p| if p < 1.0 { p as f32 } else { 2.0 })
+        .collect();
+    let p_col = Tensor::from_slice(&p_col).to_device(device).unsqueeze(1);
+    let keep = before.lt_tensor(&p_col).to_kind(Kind::Float);
+    probs.zeros_like().scatter(-1, &order, &(kept * keep))
 }
 
 /// Applies `row`'s logit bias and penalties to its logits `line` `[vocab]` in place; rows that ask
@@ -509,6 +581,45 @@ mod tests {
             }
             assert_eq!(seen.into_iter().collect::<Vec<_>>(), allowed, "{p:?}");
         }
+    }
+
+    /// The partial selection keeps exactly what sorting the vocabulary keeps, for every mix of
+    /// top-k, top-p, both and neither in one batch, at a real vocabulary size; a flat
+    /// distribution whose nucleus passes the candidates takes the sorting path.
+    #[test]
+    fn partial_selection_truncates_as_the_full_sort() {
+        let v = 151_936;
+        tch::manual_seed(11);
+        // Peaked rows (a trained model's) and one nearly flat row.
+        let peaked =
+            (Tensor::randn([5, v], (Kind::Float, tch::Device::Cpu)) * 4.0).softmax(-1, Kind::Float);
+        let flat = (Tensor::randn([1, v], (Kind::Float, tch::Device::Cpu)) * 0.01)
+            .softmax(-1, Kind::Float);
+        let probs = Tensor::cat(&[&peaked, &flat], 0);
+        let cases: [(&[i64], &[f64]); 4] = [
+            (&[20, v, 50, v, 1, v], &[1.0, 0.9, 0.95, 1.0, 1.0, 1.0]),
+            (&[v, v, v, v, v, v], &[0.5, 0.9, 0.99, 1.0, 0.7, 1.0]),
+            (&[5, 40, v, v, 1000, 7], &[0.3, 1.0, 1.0, 1.0, 0.8, 0.5]),
+            // The flat row's nucleus at 0.9 spans most of the vocabulary: full sort.
+            (&[v, v, v, v, v, v], &[1.0, 1.0, 1.0, 1.0, 1.0, 0.9]),
+        ];
+        for (ks, ps) in cases {
+            let fast = truncate(&probs, ks, ps);
+            let reference = truncate_by_sort(&probs, ks, ps);
+            let diff = (&fast - &reference).abs().max().double_value(&[]);
+            assert!(diff == 0.0, "{ks:?} {ps:?}: differs by {diff}");
+            // Rows asking for nothing are untouched.
+            for r in 0..6 {
+                if ks[r] >= v && ps[r] >= 1.0 {
+                    assert!(fast.get(r as i64).equal(&probs.get(r as i64)));
+                }
+            }
+        }
+        // Each top-k row keeps exactly k tokens (no ties in random logits).
+        let fast = truncate(&probs, &[20, v, 50, v, 1, v], &[1.0; 6]);
+        let kept = fast.gt(0.0).sum_dim_intlist(-1, false, Kind::Int64);
+        let kept: Vec<i64> = Vec::try_from(kept).unwrap();
+        assert_eq!(kept, [20, v, 50, v, 1, v]);
     }
 
     /// A mask restricts what is drawn, greedy or sampled, even to tokens whose probability

@@ -26,7 +26,7 @@ use super::loss::{
     LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
 };
 use crate::model::Qwen3;
-use crate::model::qwen3::KvCache;
+use crate::model::qwen3::{ChunkedLogprobs, KvCache};
 
 /// Learning-rate schedule.
 #[derive(
@@ -445,8 +445,9 @@ impl Trainer {
         out
     }
 
-    /// Logits `[rows, width]` of a micro-batch's inputs after their shared prefixes. The
-    /// prefixes run once, as one batch `[prefixes, longest]`; each row then attends to its own
+    /// Final hidden states `[rows, width, hidden]` of a micro-batch's inputs after their shared
+    /// prefixes (before the output projection, which [`ChunkedLogprobs`] runs). The prefixes run
+    /// once, as one batch `[prefixes, longest]`; each row then attends to its own
     /// prefix's keys and values (the cache's rows picked per row, the padding past its prefix
     /// hidden by the key mask) and then to its own inputs, which `ids`, `positions` and `key`
     /// hold from its prefix's end on. The model masks causally by index on the concatenated
@@ -463,7 +464,7 @@ impl Trainer {
         key: &Tensor,
     ) -> Tensor {
         if prefixes.heads.is_empty() {
-            return model.forward(ids, positions, Some(key), None);
+            return model.forward_hidden(ids, positions, Some(key), None);
         }
         let device = ids.device();
         let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
@@ -502,7 +503,7 @@ impl Trainer {
             .to_device(device);
         let mut cache = cache.select_rows(&Tensor::from_slice(&pick).to_device(device));
         let key = Tensor::cat(&[past, key.shallow_clone()], 1);
-        model.forward(ids, positions, Some(&key), Some(&mut cache))
+        model.forward_hidden(ids, positions, Some(&key), Some(&mut cache))
     }
 
     /// Whether a reference copy of the initial weights is kept (for the KL penalty).
@@ -605,33 +606,35 @@ impl Trainer {
             let int = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
             let float = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
             let (ids, pos, key, tgt) = (int(&ids), int(&pos), int(&key), int(&tgt));
-            let logits = self.forward_rows(&self.model, samples, &prefixes, &ids, &pos, &key);
-            let log_dist =
-                (logits.to_kind(Kind::Float) / self.temperature).log_softmax(-1, Kind::Float);
-            let logp = log_dist
-                .gather(-1, &tgt.unsqueeze(-1), false)
-                .squeeze_dim(-1);
+            // Log-probs of the targets a chunk of positions at a time: the micro-batch's
+            // `[positions, vocab]` logits never exist at once, forward or backward.
+            let hidden = self.forward_rows(&self.model, samples, &prefixes, &ids, &pos, &key);
+            let width_h = hidden.size()[2];
+            let chunked = ChunkedLogprobs::new(
+                &hidden.view([-1, width_h]),
+                self.model.output_weight(),
+                &tgt.view([-1]),
+                self.temperature,
+            );
+            drop(hidden);
+            let logp = chunked.logprobs.view(shape);
             let (mask, weight) = (float(&mask), float(&weight));
             let here = mask.sum(Kind::Float).double_value(&[]);
-            // -Σ p·log p per position, in chunks of positions: the temporaries stay a chunk
-            // times the vocabulary, not another copy of the micro-batch's distributions.
-            let entropy = tch::no_grad(|| {
-                let vocab = log_dist.size()[2];
-                let flat = log_dist.view([-1, vocab]);
-                let flat_mask = mask.view([-1]);
-                let mut total = Tensor::zeros([], (Kind::Float, device));
-                for (l, m) in flat.split(1024, 0).iter().zip(flat_mask.split(1024, 0)) {
-                    let mut p = l.exp();
-                    let _ = p.f_mul_(l);
-                    total -= (p.sum_dim_intlist(-1, false, Kind::Float) * m).sum(Kind::Float);
-                }
-                total.double_value(&[])
-            });
-            drop(log_dist);
+            let entropy = (chunked.entropy.view(shape) * &mask)
+                .sum(Kind::Float)
+                .double_value(&[]);
             let reference = match (&self.reference, objective) {
                 (Some(r), Objective::Policy) => Some(tch::no_grad(|| {
-                    let logits = self.forward_rows(r, samples, &prefixes, &ids, &pos, &key);
-                    Qwen3::token_logprobs(&logits, &tgt, self.temperature)
+                    let hidden = self.forward_rows(r, samples, &prefixes, &ids, &pos, &key);
+                    let d = hidden.size()[2];
+                    Qwen3::chunked_logprobs_no_grad(
+                        &hidden.view([-1, d]),
+                        r.output_weight(),
+                        &tgt.view([-1]),
+                        self.temperature,
+                    )
+                    .0
+                    .view(shape)
                 })),
                 _ => None,
             };
@@ -656,6 +659,7 @@ impl Trainer {
             };
             loss_total += loss.double_value(&[]);
             loss.backward();
+            chunked.backward_output_weight();
             let share = here / trained.max(1) as f64;
             weighted.ratio_mean += ls.ratio_mean * share;
             weighted.clipped_frac += ls.clipped_frac * share;

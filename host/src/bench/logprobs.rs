@@ -1,0 +1,153 @@
+//! `host bench logprobs`: the trainer's log-prob path at a real vocabulary, for one training row
+//! of `--seq-len` tokens: the chunked projection and log-softmax the trainer runs
+//! ([`ChunkedLogprobs`]) against autograd through the row's whole `[seq, vocab]` logits (what it
+//! ran before), forward and backward, on the same hidden states and output weight of
+//! `--preset`'s shape. Reports each way's time and peak memory (the process's resident
+//! high-water mark, reset between the two through `/proc/self/clear_refs`), and checks that
+//! both give the same log-probs and gradients.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::model::qwen3::ChunkedLogprobs;
+use crate::model::{Preset, Qwen3Config};
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct LogprobsBenchOptions {
+    /// Shape (hidden size, vocabulary) of the output projection.
+    pub preset: Preset,
+    /// Tokens in the training row.
+    pub seq_len: usize,
+}
+
+/// One way's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogprobsWay {
+    /// Seconds, forward and backward.
+    pub seconds: f64,
+    /// Peak resident memory above the start, MiB.
+    pub peak_mib: f64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogprobsReport {
+    /// Vocabulary.
+    pub vocab: i64,
+    /// Hidden size.
+    pub hidden: i64,
+    /// Tokens.
+    pub seq_len: usize,
+    /// The trainer's chunked path.
+    pub chunked: LogprobsWay,
+    /// Autograd through the whole logits.
+    pub full: LogprobsWay,
+    /// Largest difference of the log-probs, and of the output weight's gradient.
+    pub max_diff: (f64, f64),
+}
+
+/// Resident memory now and its high-water mark, bytes (Linux).
+fn rss() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb * 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Runs `f`, returning its result, seconds and peak memory above the resident size at the start.
+fn measured<R>(f: impl FnOnce() -> R) -> anyhow::Result<(R, LogprobsWay)> {
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| anyhow::anyhow!("cannot reset the peak-memory mark: {e}"))?;
+    let (start, _) = rss();
+    let t = Instant::now();
+    let out = f();
+    let seconds = t.elapsed().as_secs_f64();
+    let (_, peak) = rss();
+    Ok((
+        out,
+        LogprobsWay {
+            seconds,
+            peak_mib: (peak - start) / f64::from(1 << 20),
+        },
+    ))
+}
+
+/// Runs the benchmark; `progress` hears what is being measured.
+pub fn run(o: &LogprobsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<LogprobsReport> {
+    let cfg = Qwen3Config::preset(o.preset);
+    let (v, d, n) = (cfg.vocab_size, cfg.hidden_size, o.seq_len as i64);
+    tch::manual_seed(7);
+    let opts = (Kind::Float, Device::Cpu);
+    let h0 = Tensor::randn([n, d], opts);
+    let w0 = Tensor::randn([v, d], opts) * 0.02;
+    let targets = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+    let coef = Tensor::randn([n], opts);
+    progress("chunked (the trainer's way)");
+    let ((lp_c, gw_c), chunked) = measured(|| {
+        let h = h0.copy().set_requires_grad(true);
+        let w = w0.copy().set_requires_grad(true);
+        let c = ChunkedLogprobs::new(&h, &w, &targets, 1.0);
+        (&c.logprobs * &coef).sum(Kind::Float).backward();
+        c.backward_output_weight();
+        (c.logprobs.detach(), w.grad())
+    })?;
+    progress("full logits (before)");
+    let ((lp_f, gw_f), full) = measured(|| {
+        let h = h0.copy().set_requires_grad(true);
+        let w = w0.copy().set_requires_grad(true);
+        let lp = h
+            .matmul(&w.tr())
+            .log_softmax(-1, Kind::Float)
+            .gather(-1, &targets.unsqueeze(-1), false)
+            .squeeze_dim(-1);
+        (&lp * &coef).sum(Kind::Float).backward();
+        (lp.detach(), w.grad())
+    })?;
+    let diff = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+    Ok(LogprobsReport {
+        vocab: v,
+        hidden: d,
+        seq_len: o.seq_len,
+        chunked,
+        full,
+        max_diff: (diff(&lp_c, &lp_f), diff(&gw_c, &gw_f)),
+    })
+}
+
+impl LogprobsReport {
+    /// The report as text.
+    pub fn to_text(&self) -> String {
+        format!(
+            "log-probs of a {}-token row, vocabulary {}, hidden {} (forward + backward)\n\
+             {:<22} {:>9} {:>14}\n\
+             {:<22} {:>9.2} {:>14.0}\n\
+             {:<22} {:>9.2} {:>14.0}\n\
+             peak memory {:.1}x smaller, time {:.2}x; max difference: log-probs {:.1e}, \
+             output-weight gradient {:.1e}\n",
+            self.seq_len,
+            self.vocab,
+            self.hidden,
+            "way",
+            "seconds",
+            "peak MiB",
+            "chunked (trainer)",
+            self.chunked.seconds,
+            self.chunked.peak_mib,
+            "full logits (before)",
+            self.full.seconds,
+            self.full.peak_mib,
+            self.full.peak_mib / self.chunked.peak_mib.max(1e-9),
+            self.chunked.seconds / self.full.seconds,
+            self.max_diff.0,
+            self.max_diff.1
+        )
+    }
+}
