@@ -133,9 +133,16 @@ pub(crate) fn env_load_options(
         Ok(sandbox) => SandboxOffer::Ready(std::sync::Arc::new(sandbox)),
         Err(e) => SandboxOffer::Missing(e),
     };
+    offering(sandbox, allow_missing)
+}
+
+fn offering(
+    sandbox: crate::plugin::SandboxOffer,
+    allow_missing_capabilities: bool,
+) -> crate::plugin::LoadOptions {
     crate::plugin::LoadOptions {
         sandbox,
-        allow_missing_capabilities: allow_missing,
+        allow_missing_capabilities,
         ..Default::default()
     }
 }
@@ -153,11 +160,7 @@ pub(crate) fn validation_load_options(
         Ok(path) => SandboxOffer::Located(path),
         Err(e) => SandboxOffer::Missing(e),
     };
-    crate::plugin::LoadOptions {
-        sandbox,
-        allow_missing_capabilities: allow_missing,
-        ..Default::default()
-    }
+    offering(sandbox, allow_missing)
 }
 
 /// The flag that runs plugins without a capability they declared: named in errors.

@@ -581,11 +581,8 @@ impl Qwen3 {
         key_mask: Option<&Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
-        let h = match cache {
-            Some(c) => self.forward_impl(ids, positions, Attend::Concat(c, key_mask)),
-            None => self.forward_impl(ids, positions, Attend::Fresh(key_mask)),
-        };
-        self.head(&h)
+        self.forward_hidden(ids, positions, key_mask, cache)
+            .linear::<Tensor>(self.output_weight(), None)
     }
 
     /// As [`Qwen3::forward`], but the final hidden states `[batch, seq, hidden]` (after the
@@ -651,7 +648,7 @@ impl Qwen3 {
     /// The final norm and the output projection.
     fn head(&self, h: &Tensor) -> Tensor {
         let h = self.rms_norm(h, &self.norm);
-        h.linear::<Tensor>(self.lm_head.as_ref().unwrap_or(&self.embed), None)
+        h.linear::<Tensor>(self.output_weight(), None)
     }
 
     // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
@@ -951,6 +948,13 @@ pub struct ChunkedLogprobs {
     pub logprobs: Tensor,
     /// `[n]` entropies of each position's distribution (no graph).
     pub entropy: Tensor,
+    /// What the output weight's gradient needs after `backward` (chunked runs only).
+    pending: Option<OutputGrad>,
+}
+
+/// A chunked run's inputs to the output weight's gradient.
+struct OutputGrad {
+    /// Holds the log-probs' values; its gradient after `backward` is the loss's `g`.
     leaf: Tensor,
     lse: Tensor,
     h: Tensor,
@@ -975,18 +979,11 @@ impl ChunkedLogprobs {
             .squeeze_dim(-1);
         let entropy =
             tch::no_grad(|| -(log_dist.exp() * &log_dist).sum_dim_intlist(-1, false, Kind::Float));
-        let none = Tensor::zeros([0], (Kind::Float, h.device()));
+        // The output weight's gradient comes from autograd itself.
         Self {
             logprobs,
             entropy,
-            // No leaf: the output weight's gradient comes from autograd itself.
-            leaf: none.shallow_clone(),
-            lse: none.shallow_clone(),
-            h: none.shallow_clone(),
-            w: none,
-            targets: targets.shallow_clone(),
-            temperature,
-            chunk: 0,
+            pending: None,
         }
     }
 
@@ -1000,40 +997,44 @@ impl ChunkedLogprobs {
     ) -> Self {
         let pass = tch::no_grad(|| chunk_pass(h, w, targets, temperature, chunk.max(1), true));
         let direction = pass.direction.expect("asked for");
-        // A leaf holding the values: its gradient after `backward` is the loss's `g`.
         let leaf = pass.logprobs.detach().set_requires_grad(true);
         let h32 = h.to_kind(Kind::Float);
         let linear = (&h32 * &direction).sum_dim_intlist(-1, false, Kind::Float);
-        // `+ w·0` puts the output weight in the graph, so its gradient exists to add to.
-        let touch = w.sum(Kind::Float) * 0.0;
-        let logprobs = &leaf + (&linear - linear.detach()) + touch;
+        let logprobs = &leaf + (&linear - linear.detach());
+        // `+ w·0` puts the output weight in the graph once, so a gradient exists to add to.
+        let logprobs = match w.grad().defined() {
+            true => logprobs,
+            false => logprobs + w.sum(Kind::Float) * 0.0,
+        };
         Self {
             logprobs,
             entropy: pass.entropy,
-            leaf,
-            lse: pass.lse,
-            h: h.detach(),
-            w: w.shallow_clone(),
-            targets: targets.shallow_clone(),
-            temperature,
-            chunk: chunk.max(1),
+            pending: Some(OutputGrad {
+                leaf,
+                lse: pass.lse,
+                h: h.detach(),
+                w: w.shallow_clone(),
+                targets: targets.shallow_clone(),
+                temperature,
+                chunk: chunk.max(1),
+            }),
         }
     }
 
     /// Adds the output weight's gradient, once `backward` ran through `logprobs` (nothing to
     /// add when the logits went through autograd whole).
     pub fn backward_output_weight(&self) {
-        if self.chunk == 0 {
+        let Some(o) = &self.pending else {
             return;
-        }
-        let g = self.leaf.grad();
+        };
+        let g = o.leaf.grad();
         if !g.defined() {
             return;
         }
         tch::no_grad(|| {
-            let w32 = self.w.detach().to_kind(Kind::Float);
-            let n = self.h.size()[0];
-            let mut wg = self.w.grad();
+            let w32 = o.w.detach().to_kind(Kind::Float);
+            let n = o.h.size()[0];
+            let mut wg = o.w.grad();
             // Accumulated in place when the gradient is f32; through one f32 sum otherwise.
             let mut grad = match wg.kind() {
                 Kind::Float => None,
@@ -1041,14 +1042,14 @@ impl ChunkedLogprobs {
             };
             let mut start = 0;
             while start < n {
-                let len = self.chunk.min(n - start);
-                let hc = self.h.narrow(0, start, len).to_kind(Kind::Float);
-                let tc = self.targets.narrow(0, start, len);
-                let gc = g.narrow(0, start, len).unsqueeze(-1) / self.temperature;
-                let lse = self.lse.narrow(0, start, len).unsqueeze(-1);
+                let len = o.chunk.min(n - start);
+                let hc = o.h.narrow(0, start, len).to_kind(Kind::Float);
+                let tc = o.targets.narrow(0, start, len);
+                let gc = g.narrow(0, start, len).unsqueeze(-1) / o.temperature;
+                let lse = o.lse.narrow(0, start, len).unsqueeze(-1);
                 // p from the forward's normaliser, then g (onehot − p) / T in place.
                 let mut coef = hc.matmul(&w32.tr());
-                let _ = coef.g_div_scalar_(self.temperature);
+                let _ = coef.g_div_scalar_(o.temperature);
                 let _ = coef.g_sub_(&lse);
                 let _ = coef.exp_();
                 let _ = coef.g_mul_(&gc);

@@ -616,7 +616,6 @@ impl Trainer {
                 &tgt.view([-1]),
                 self.temperature,
             );
-            drop(hidden);
             let logp = chunked.logprobs.view(shape);
             let (mask, weight) = (float(&mask), float(&weight));
             let here = mask.sum(Kind::Float).double_value(&[]);

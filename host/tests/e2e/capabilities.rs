@@ -8,13 +8,12 @@
 //! (`$RLHOST_SOURCE` unset), nothing in `$RLHOST_HOME/sandbox/`, no `$RLHOST_PYTHON_SANDBOX`.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 
 use crate::common;
-use crate::eval::{math_rows, scripted};
+use crate::eval::{first_tool_result, math_python_server, results};
 
 /// `host` with no way to find the sandbox component.
 fn without_sandbox(home: &std::path::Path) -> Command {
@@ -42,28 +41,6 @@ fn assert_names_everything(stderr: &str, home: &std::path::Path, plugin: &str) {
     }
 }
 
-/// A scripted OpenAI server for math-python's first rows, counting the requests it answers.
-fn scripted_server(rows: usize) -> (String, Arc<std::sync::atomic::AtomicBool>, Arc<AtomicUsize>) {
-    let rows = math_rows(rows);
-    let requests = Arc::new(AtomicUsize::new(0));
-    let seen = requests.clone();
-    let (url, stop) = common::scripted_openai(120, move |body| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        let msgs = body["messages"].as_array().unwrap();
-        let user = msgs.iter().find(|m| m["role"] == "user").unwrap()["content"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let turn = msgs.iter().filter(|m| m["role"] == "assistant").count();
-        let i = rows
-            .iter()
-            .position(|(p, _)| user.contains(p.as_str()))
-            .expect("a known question");
-        (200, scripted(i, turn, &rows[i].1))
-    });
-    (url, stop, requests)
-}
-
 fn eval_args(url: &str) -> Vec<String> {
     [
         "eval",
@@ -89,7 +66,7 @@ fn eval_refuses_before_any_rollout_and_runs_marked_when_told() {
     let tmp = tempfile::tempdir().unwrap();
     // Installed while the sandbox was there (the build tree's), then used without it.
     let home = common::home_with_plugins(tmp.path(), &["math-python"]);
-    let (url, stop, requests) = scripted_server(4);
+    let (url, stop, requests) = math_python_server(4, None);
 
     let out = common::run(without_sandbox(&home).args(eval_args(&url)));
     let (stdout, stderr) = common::texts(&out);
@@ -115,11 +92,7 @@ fn eval_refuses_before_any_rollout_and_runs_marked_when_told() {
         ),
         "{stdout}"
     );
-    let lines: Vec<Value> = std::fs::read_to_string(save.join("math-python/results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = results(&save.join("math-python/results.jsonl"));
     assert_eq!(lines.len(), 8);
     for l in &lines {
         assert_eq!(
@@ -129,20 +102,8 @@ fn eval_refuses_before_any_rollout_and_runs_marked_when_told() {
         );
     }
     // The tool answered with the refusal, not with Python's output.
-    let ex0 = lines.iter().find(|l| l["example_index"] == 0).unwrap();
-    let tool = ex0["completion"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .unwrap();
-    assert!(
-        tool["content"]
-            .as_str()
-            .unwrap()
-            .contains("no Python sandbox"),
-        "{tool}"
-    );
+    let tool = first_tool_result(&lines, 0);
+    assert!(tool.contains("no Python sandbox"), "{tool}");
     let summary: Value = serde_json::from_str(
         &std::fs::read_to_string(save.join("math-python/summary.json")).unwrap(),
     )

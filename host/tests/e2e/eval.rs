@@ -5,14 +5,14 @@
 //! `host inference` + `host eval -b` agree with `host eval -m` (in-process) under greedy decoding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
 use crate::common::{self, chat_completion};
 
 /// The first `n` MATH train rows: (problem, answer), the order math-python serves them in.
-pub(crate) fn math_rows(n: usize) -> Vec<(String, String)> {
+fn math_rows(n: usize) -> Vec<(String, String)> {
     let data = std::env::var_os("RLHOST_DATA")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| common::repo_root().join("../shared/data"));
@@ -35,7 +35,7 @@ fn call(id: &str, code: &str) -> Value {
 }
 
 /// Turn `turn` of the scripted conversation for example `i` (answer `answer`).
-pub(crate) fn scripted(i: usize, turn: usize, answer: &str) -> Value {
+fn scripted(i: usize, turn: usize, answer: &str) -> Value {
     let boxed = |a: &str| format!("<think>\nchecked\n</think>\nThe answer is $\\boxed{{{a}}}$.");
     match (i, turn) {
         // A tool call, then the right answer.
@@ -52,17 +52,19 @@ pub(crate) fn scripted(i: usize, turn: usize, answer: &str) -> Value {
     }
 }
 
-#[test]
-fn scripted_conversations_give_the_exact_math_python_metrics() {
-    let tmp = tempfile::tempdir().unwrap();
-    let home = common::home_with_plugins(tmp.path(), &["math-python"]);
-    let rows = math_rows(4);
+/// A scripted OpenAI server playing [`scripted`] for math-python's first `rows` questions;
+/// with `fail_every`, every such request fails once with a 503 (the client must retry).
+/// Returns the URL, the stop flag and the count of requests it answered.
+pub(crate) fn math_python_server(
+    rows: usize,
+    fail_every: Option<usize>,
+) -> (String, Arc<AtomicBool>, Arc<AtomicUsize>) {
+    let rows = math_rows(rows);
     let requests = Arc::new(AtomicUsize::new(0));
     let seen = requests.clone();
     let (url, stop) = common::scripted_openai(120, move |body| {
         let n = seen.fetch_add(1, Ordering::SeqCst);
-        // Every fifth request fails once with a 503: the client must retry.
-        if n % 5 == 4 {
+        if fail_every.is_some_and(|k| n % k == k - 1) {
             return (503, json!({"error": {"message": "busy"}}));
         }
         let msgs = body["messages"].as_array().unwrap();
@@ -81,6 +83,35 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
         );
         (200, scripted(i, turn, &rows[i].1))
     });
+    (url, stop, requests)
+}
+
+/// The lines of a saved `results.jsonl`.
+pub(crate) fn results(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The text of the first tool message of example `i`'s rollout in `lines`.
+pub(crate) fn first_tool_result(lines: &[Value], i: usize) -> String {
+    let line = lines.iter().find(|l| l["example_index"] == i).unwrap();
+    let tool = line["completion"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("no tool message in {line}"));
+    tool["content"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn scripted_conversations_give_the_exact_math_python_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = common::home_with_plugins(tmp.path(), &["math-python"]);
+    let (url, stop, requests) = math_python_server(4, Some(5));
     let save = tmp.path().join("results");
     let out = common::run(
         common::host(&home)
@@ -128,27 +159,12 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
     .unwrap();
     assert_eq!(summary["rollouts"], 8);
     assert!((summary["reward"].as_f64().unwrap() - 0.725).abs() < 1e-9);
-    let lines: Vec<Value> = std::fs::read_to_string(save.join("math-python/results.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = results(&save.join("math-python/results.jsonl"));
     assert_eq!(lines.len(), 8);
     // Example 2's tool result is the sandbox's real traceback.
+    let tool = first_tool_result(&lines, 2);
+    assert!(tool.contains("ZeroDivisionError"), "{tool}");
     let ex2 = lines.iter().find(|l| l["example_index"] == 2).unwrap();
-    let tool = ex2["completion"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .unwrap();
-    assert!(
-        tool["content"]
-            .as_str()
-            .unwrap()
-            .contains("ZeroDivisionError"),
-        "{tool}"
-    );
     assert!((ex2["reward"].as_f64().unwrap() - 0.9).abs() < 1e-9);
     assert!(requests.load(Ordering::SeqCst) >= 14, "retries happened");
 }

@@ -722,6 +722,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/missing.toml"), "{e}");
+        // Switches take `=true`/`=false` and refuse any other value, naming the switch.
+        let (_, opts) = parse(
+            &args(&["--resume=false", "--allow-missing-capabilities=true"]),
+            dir.path(),
+        )
+        .unwrap();
+        assert!(!opts.resume && opts.allow_missing_capabilities);
+        let e = parse(&args(&["--resume=maybe"]), dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--resume is a switch") && e.contains("maybe"),
+            "{e}"
+        );
     }
 
     #[test]
