@@ -95,7 +95,9 @@ pub fn run(o: &SamplerBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<S
     let vocab = cfg.vocab_size;
     let b = o.batch as i64;
     progress("building the random-weights model");
-    let model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 1)?;
+    let mut model = Qwen3::new(cfg, Device::Cpu, Kind::Float, 1)?;
+    // As the engine runs it.
+    model.prepare_for_inference();
     let decode_ms = tch::no_grad(|| {
         let mut cache = SlotCache::new(&model, b, 64);
         let prompt = 16i64;

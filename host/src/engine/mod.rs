@@ -124,6 +124,8 @@ struct Probe {
 
 impl ThreadTuner {
     const TRIALS: u32 = 5;
+    /// A first trial of each count this many times slower than the other settles it.
+    const DECISIVE: f64 = 1.5;
     const RECHECK: u32 = 2000;
 
     fn new(threads: Option<usize>, device: Device) -> Self {
@@ -160,7 +162,9 @@ impl ThreadTuner {
             };
         }
         let candidate = t.choice.unwrap_or(usize::from(t.tried[0] > t.tried[1]));
-        let probe = t.choice.is_none().then(|| Probe {
+        // The first step of a size is not timed: it pays one-off costs (allocations, kernels
+        // prepared for new shapes) that would decide against whichever count ran it.
+        let probe = (t.choice.is_none() && t.uses > 1).then(|| Probe {
             key,
             candidate,
             tokens: tokens.max(1),
@@ -185,7 +189,11 @@ impl ThreadTuner {
             t.best[c].min(per_token)
         };
         t.tried[c] += 1;
-        if t.tried.iter().all(|&n| n >= Self::TRIALS) {
+        // Five trials each, or one each when one count is clearly faster (at real model sizes
+        // a trial step on the wrong count costs hundreds of milliseconds).
+        let decisive = t.tried.iter().all(|&n| n >= 1)
+            && t.best[0].max(t.best[1]) > Self::DECISIVE * t.best[0].min(t.best[1]);
+        if decisive || t.tried.iter().all(|&n| n >= Self::TRIALS) {
             let choice = usize::from(t.best[1] < t.best[0]);
             t.choice = Some(choice);
             tracing::debug!(
@@ -597,7 +605,7 @@ impl Engine {
         name: &str,
         mut config: EngineConfig,
     ) -> Self {
-        model.fuse_projections();
+        model.prepare_for_inference();
         config.max_model_len = config
             .max_model_len
             .min(model.cfg.max_position_embeddings as usize);

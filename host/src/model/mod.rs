@@ -14,7 +14,7 @@ pub mod tool_parsers;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
-pub use qwen3::{KvCache, Qwen3};
+pub use qwen3::{KvCache, Qwen3, SlotCache};
 pub use tokenizer::Tokenizer;
 
 /// Errors of the model layer.

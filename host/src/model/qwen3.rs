@@ -201,7 +201,21 @@ pub struct Qwen3 {
     rope_cos: Tensor,
     rope_sin: Tensor,
     rope_rot: Tensor,
+    /// Set by [`Qwen3::use_onednn_for_small_products`]: CPU f32 products of at most this many
+    /// rows run through oneDNN.
+    onednn_rows: Option<i64>,
 }
+
+/// Rows up to which oneDNN beats the BLAS (MKL in libtorch's x86 build) on f32 products with
+/// this model's weight shapes. Measured on a 2-core AMD EPYC (AVX2), Qwen3-0.6B shapes, 2
+/// threads: 8 rows 2.0x (layers) and 3.0x (output head), 32 rows 1.5x / 2.0x, 64 rows 1.4x /
+/// 1.5x, 256 rows 1.4x / 0.8x, 1,024 rows 0.85x / 0.8x (docs/benchmarks.md). Decode steps and
+/// last-position heads are well under it; long prefills stay with the BLAS.
+pub const ONEDNN_MAX_ROWS: i64 = 128;
+
+/// Cleared after oneDNN refused a product once (a libtorch built without it, or a CPU it does
+/// not run on): every later product takes the BLAS.
+static ONEDNN_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// HF names and shapes of every parameter `cfg` implies.
 pub fn parameter_shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<i64>)> {
@@ -376,6 +390,7 @@ impl Qwen3 {
             rope_cos,
             rope_sin,
             rope_rot,
+            onednn_rows: None,
             vs,
             cfg,
         })
@@ -434,6 +449,62 @@ impl Qwen3 {
                 }
             }
         });
+    }
+
+    /// What an inference engine does to a model it will never train:
+    /// [`Qwen3::fuse_projections`] and [`Qwen3::use_onednn_for_small_products`].
+    pub fn prepare_for_inference(&mut self) {
+        self.fuse_projections();
+        self.use_onednn_for_small_products();
+    }
+
+    /// Runs the matrix products of at most [`ONEDNN_MAX_ROWS`] rows (decode steps, the
+    /// prefill's last positions) through oneDNN when the weights are f32 on the CPU: on CPUs
+    /// where libtorch's BLAS (MKL) is slow for such short-and-wide products (AMD's, measured
+    /// 2–3x slower at 8 rows) this is most of a decode step. oneDNN reads the weights where they
+    /// are (no packed copy). For inference: results differ from the BLAS's in rounding only
+    /// (another summation order), and training keeps the BLAS.
+    pub fn use_onednn_for_small_products(&mut self) {
+        let cpu_f32 = self.embed.device() == Device::Cpu && self.embed.kind() == Kind::Float;
+        self.onednn_rows = (cpu_f32 && tch::utils::has_mkldnn()).then_some(ONEDNN_MAX_ROWS);
+    }
+
+    /// Whether small products run through oneDNN: turned on, and not given up after a refusal.
+    pub fn uses_onednn(&self) -> bool {
+        self.onednn_rows.is_some() && ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `x Wᵀ` for `x` `[…, in]` and `w` `[out, in]`: through oneDNN when
+    /// [`Qwen3::use_onednn_for_small_products`] applies to `x`'s rows, else libtorch's `linear`.
+    fn project(&self, x: &Tensor, w: &Tensor) -> Tensor {
+        use std::sync::atomic::Ordering;
+        if let Some(max) = self.onednn_rows
+            && x.kind() == Kind::Float
+            && ONEDNN_WORKS.load(Ordering::Relaxed)
+        {
+            let mut shape = x.size();
+            let d = *shape.last().expect("a vector dimension");
+            let rows = if d == 0 { 0 } else { x.numel() as i64 / d };
+            if (1..=max).contains(&rows) && w.is_contiguous() {
+                let y = x
+                    .reshape([rows, d])
+                    .contiguous()
+                    .f_to_mkldnn(None)
+                    .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
+                    .and_then(|m| m.f_to_dense(None, false));
+                match y {
+                    Ok(y) => {
+                        *shape.last_mut().expect("a vector dimension") = w.size()[0];
+                        return y.reshape(shape);
+                    }
+                    Err(e) => {
+                        ONEDNN_WORKS.store(false, Ordering::Relaxed);
+                        tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
+                    }
+                }
+            }
+        }
+        x.linear::<Tensor>(w, None)
     }
 
     /// Loads a Hugging Face folder: `config.json` and `model.safetensors` or the shards listed
@@ -648,7 +719,7 @@ impl Qwen3 {
     /// The final norm and the output projection.
     fn head(&self, h: &Tensor) -> Tensor {
         let h = self.rms_norm(h, &self.norm);
-        h.linear::<Tensor>(self.output_weight(), None)
+        self.project(&h, self.output_weight())
     }
 
     // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
@@ -711,7 +782,7 @@ impl Qwen3 {
             let x = self.rms_norm(&h, &l.input_norm);
             let (q, k, v) = match &l.qkv {
                 Some(w) => {
-                    let y = x.linear::<Tensor>(w, None);
+                    let y = self.project(&x, w);
                     (
                         y.narrow(-1, 0, nh * hd),
                         y.narrow(-1, nh * hd, nkv * hd),
@@ -719,9 +790,9 @@ impl Qwen3 {
                     )
                 }
                 None => (
-                    x.linear::<Tensor>(&l.q, None),
-                    x.linear::<Tensor>(&l.k, None),
-                    x.linear::<Tensor>(&l.v, None),
+                    self.project(&x, &l.q),
+                    self.project(&x, &l.k),
+                    self.project(&x, &l.v),
                 ),
             };
             let q = self.rms_norm(&q.reshape([b, t, nh, hd]), &l.q_norm);
@@ -796,20 +867,17 @@ impl Qwen3 {
                 .transpose(1, 2)
                 .reshape([b, t, nh * hd])
             };
-            h = h + attn.linear::<Tensor>(&l.o, None);
+            h = h + self.project(&attn, &l.o);
             let x = self.rms_norm(&h, &l.post_norm);
             let (gate, up) = match &l.gate_up {
                 Some(w) => {
-                    let y = x.linear::<Tensor>(w, None);
+                    let y = self.project(&x, w);
                     let n = self.cfg.intermediate_size;
                     (y.narrow(-1, 0, n), y.narrow(-1, n, n))
                 }
-                None => (
-                    x.linear::<Tensor>(&l.gate, None),
-                    x.linear::<Tensor>(&l.up, None),
-                ),
+                None => (self.project(&x, &l.gate), self.project(&x, &l.up)),
             };
-            let mlp = (gate.silu() * up).linear::<Tensor>(&l.down, None);
+            let mlp = self.project(&(gate.silu() * up), &l.down);
             h = h + mlp;
         }
         h

@@ -216,3 +216,90 @@ fn cached_decoding_equals_full_forward() {
         assert_eq!(cache.len(), 8);
     });
 }
+
+/// Logits of a padded slot-cache prefill and of the decode step after it, from `model`: the
+/// full `[rows, seq, vocab]` selection at each row's last real position, the same positions
+/// through [`Qwen3::forward_slots_last`] (the engine's prefill), and one decode step.
+fn slot_logits(model: &Qwen3, lens: &[i64]) -> (Tensor, Tensor, Tensor) {
+    use rlhost::model::SlotCache;
+    let t = *lens.iter().max().unwrap();
+    let rows = lens.len() as i64;
+    let ids: Vec<i64> = (0..rows * t).map(|i| (i * 53 + 7) % 500 + 1).collect();
+    let ids = Tensor::from_slice(&ids).view([rows, t]);
+    // Padded positions continue past a row's end (the engine's layout): never attended to by
+    // the row's real queries, overwritten by its next token.
+    let pos = Tensor::arange(t, (Kind::Int64, Device::Cpu))
+        .unsqueeze(0)
+        .expand([rows, t], true);
+    let last = Tensor::from_slice(&lens.iter().map(|l| l - 1).collect::<Vec<_>>());
+    tch::no_grad(|| {
+        let mut cache = SlotCache::new(model, rows, 16);
+        let full = model.forward_slots(&ids, &pos, &mut cache, 0, t);
+        let selected = full
+            .gather(
+                1,
+                &last.view([-1, 1, 1]).expand([-1, 1, full.size()[2]], false),
+                false,
+            )
+            .squeeze_dim(1);
+        let mut cache = SlotCache::new(model, rows, 16);
+        let only_last = model.forward_slots_last(&ids, &pos, &mut cache, 0, t, &last);
+        let next = only_last.argmax(-1, false).unsqueeze(1);
+        let step_pos = (&last + 1).unsqueeze(1);
+        let step = model
+            .forward_slots(&next, &step_pos, &mut cache, 0, t + 1)
+            .select(1, 0);
+        (selected, only_last, step)
+    })
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+/// The engine's prefill computes the output head at each row's last position only; its logits
+/// equal the full-logit selection. With oneDNN for small products (what the engine turns on for
+/// f32 on the CPU), prefill and decode logits equal the BLAS's, on the tiny shape and on one
+/// with Qwen3-0.6B's layer widths (1,024 / 3,072, 16 query and 8 key-value heads of 128).
+#[test]
+fn last_position_logits_and_onednn_products_equal_the_full_blas_forward() {
+    use rlhost::model::{Preset, Qwen3Config};
+    let tiny = Qwen3Config::preset(Preset::Tiny);
+    let mut wide = tiny.clone();
+    (wide.hidden_size, wide.intermediate_size) = (1024, 3072);
+    (
+        wide.num_attention_heads,
+        wide.num_key_value_heads,
+        wide.head_dim,
+    ) = (16, 8, 128);
+    wide.num_hidden_layers = 2;
+    for (name, cfg, lens) in [
+        ("tiny", tiny, vec![9i64, 5, 7]),
+        ("0.6B widths", wide.clone(), vec![12, 3]),
+        // 3 × 50 rows: the prefill's layers take the BLAS, its head and the decode oneDNN.
+        ("0.6B widths, long prefill", wide, vec![50, 41, 50]),
+    ] {
+        let mut model = common::seeded_model(cfg, 11);
+        let (full, last, step) = slot_logits(&model, &lens);
+        let d = max_diff(&full, &last);
+        assert!(d <= 1e-5, "{name}: last-position logits differ by {d}");
+        model.use_onednn_for_small_products();
+        let (full_dnn, last_dnn, step_dnn) = slot_logits(&model, &lens);
+        assert!(
+            model.uses_onednn(),
+            "libtorch's oneDNN refused the products"
+        );
+        let scale = full.abs().max().double_value(&[]);
+        for (what, a, b) in [
+            ("full prefill", &full, &full_dnn),
+            ("last-position prefill", &last, &last_dnn),
+            ("decode step", &step, &step_dnn),
+        ] {
+            let d = max_diff(a, b);
+            assert!(
+                d <= 1e-5 * scale.max(1.0),
+                "{name}, {what}: oneDNN differs from the BLAS by {d} (logits up to {scale})"
+            );
+        }
+    }
+}
