@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use tch::Tensor;
+
 use crate::engine::{Engine, EngineConfig, SamplingParams};
 
 /// Options of the benchmark.
@@ -49,6 +51,9 @@ pub struct GenerateRow {
     pub ratio: Option<f64>,
     /// rlhost pinned to one thread (best run), when the engine chooses its threads.
     pub rlhost_one_thread_tokens_per_s: Option<f64>,
+    /// The weights rlhost read per second, GB/s, counting one pass over them per step of
+    /// `batch` tokens (prefill included in the time, so a lower bound of the decode's).
+    pub rlhost_weights_gb_per_s: f64,
 }
 
 /// The report.
@@ -64,6 +69,11 @@ pub struct GenerateReport {
     pub threads: usize,
     /// `f32` or `bf16`, both sides.
     pub dtype: String,
+    /// Bytes of the model's weights.
+    pub weight_bytes: u64,
+    /// This machine's memory read bandwidth on `threads` threads, GB/s: the best of five sums
+    /// over 1 GiB with libtorch, measured in the same run.
+    pub read_gb_per_s: f64,
     /// Rows per batch size.
     pub rows: Vec<GenerateRow>,
 }
@@ -188,6 +198,14 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             max_batch,
         )?;
     }
+    let cfg = crate::model::Qwen3Config::load(&o.model)?;
+    let weight_bytes: u64 = crate::model::qwen3::parameter_shapes(&cfg)
+        .iter()
+        .map(|(_, s)| s.iter().product::<i64>() as u64)
+        .sum::<u64>()
+        * o.precision.kind().elt_size_in_bytes() as u64;
+    progress("memory read bandwidth");
+    let read_gb_per_s = read_bandwidth(o.threads);
     let mut rows = Vec::new();
     for &batch in &o.batch_sizes {
         let (mut ours, mut theirs, mut one) = (0f64, None::<f64>, None::<f64>);
@@ -223,6 +241,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             transformers_tokens_per_s: theirs,
             ratio: theirs.map(|t| ours / t),
             rlhost_one_thread_tokens_per_s: one,
+            rlhost_weights_gb_per_s: ours / batch as f64 * weight_bytes as f64 / 1e9,
         });
     }
     engine.shutdown();
@@ -235,31 +254,62 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         new_tokens: o.new_tokens,
         threads: o.threads,
         dtype: o.precision.to_string(),
+        weight_bytes,
+        read_gb_per_s,
         rows,
     })
+}
+
+/// GB/s of a libtorch sum over 1 GiB of f32 on `threads` threads, best of five.
+fn read_bandwidth(threads: usize) -> f64 {
+    let before = tch::get_num_threads();
+    tch::set_num_threads(threads.max(1) as i32);
+    let t = Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu));
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let _ = t.sum(tch::Kind::Float).double_value(&[]);
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    tch::set_num_threads(before);
+    (1u64 << 30) as f64 / best / 1e9
 }
 
 impl GenerateReport {
     /// A readable table.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "greedy generation, {} prompt + {} new tokens, {} thread(s), {} CPU (both sides), best of runs\n{}\n",
-            self.prompt_len, self.new_tokens, self.threads, self.dtype, self.model
+            "greedy generation, {} prompt + {} new tokens, {} thread(s), {} CPU (both sides), best of runs\n{}\n\
+             weights {:.2} GB; memory read bandwidth {:.1} GB/s on {} thread(s)\n",
+            self.prompt_len,
+            self.new_tokens,
+            self.threads,
+            self.dtype,
+            self.model,
+            self.weight_bytes as f64 / 1e9,
+            self.read_gb_per_s,
+            self.threads
         );
         s.push_str(&format!(
-            "{:>6} {:>16} {:>22} {:>8} {:>22}\n",
-            "batch", "rlhost tok/s", "transformers tok/s", "ratio", "rlhost 1 thread tok/s"
+            "{:>6} {:>16} {:>22} {:>8} {:>22} {:>18}\n",
+            "batch",
+            "rlhost tok/s",
+            "transformers tok/s",
+            "ratio",
+            "rlhost 1 thread tok/s",
+            "rlhost weights GB/s"
         ));
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>6} {:>16.0} {:>22} {:>8} {:>22}\n",
+                "{:>6} {:>16.1} {:>22} {:>8} {:>22} {:>18.1}\n",
                 r.batch,
                 r.rlhost_tokens_per_s,
                 r.transformers_tokens_per_s
-                    .map_or("-".into(), |t| format!("{t:.0}")),
+                    .map_or("-".into(), |t| format!("{t:.1}")),
                 r.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
                 r.rlhost_one_thread_tokens_per_s
-                    .map_or("-".into(), |t| format!("{t:.0}"))
+                    .map_or("-".into(), |t| format!("{t:.1}")),
+                r.rlhost_weights_gb_per_s
             ));
         }
         s

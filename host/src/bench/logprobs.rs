@@ -6,11 +6,10 @@
 //! high-water mark, reset between the two through `/proc/self/clear_refs`), and checks that
 //! both give the same log-probs and gradients.
 
-use std::time::Instant;
-
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use super::{Cost, measured};
 use crate::model::qwen3::ChunkedLogprobs;
 use crate::model::{Preset, Qwen3Config};
 
@@ -23,15 +22,6 @@ pub struct LogprobsBenchOptions {
     pub seq_len: usize,
 }
 
-/// One way's figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct LogprobsWay {
-    /// Seconds, forward and backward.
-    pub seconds: f64,
-    /// Peak resident memory above the start, MiB.
-    pub peak_mib: f64,
-}
-
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct LogprobsReport {
@@ -41,43 +31,12 @@ pub struct LogprobsReport {
     pub hidden: i64,
     /// Tokens.
     pub seq_len: usize,
-    /// The trainer's chunked path.
-    pub chunked: LogprobsWay,
+    /// The trainer's chunked path (seconds: forward and backward).
+    pub chunked: Cost,
     /// Autograd through the whole logits.
-    pub full: LogprobsWay,
+    pub full: Cost,
     /// Largest difference of the log-probs, and of the output weight's gradient.
     pub max_diff: (f64, f64),
-}
-
-/// Resident memory now and its high-water mark, bytes (Linux).
-fn rss() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(0.0, |kb| kb * 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// Runs `f`, returning its result, seconds and peak memory above the resident size at the start.
-fn measured<R>(f: impl FnOnce() -> R) -> anyhow::Result<(R, LogprobsWay)> {
-    std::fs::write("/proc/self/clear_refs", "5")
-        .map_err(|e| anyhow::anyhow!("cannot reset the peak-memory mark: {e}"))?;
-    let (start, _) = rss();
-    let t = Instant::now();
-    let out = f();
-    let seconds = t.elapsed().as_secs_f64();
-    let (_, peak) = rss();
-    Ok((
-        out,
-        LogprobsWay {
-            seconds,
-            peak_mib: (peak - start) / f64::from(1 << 20),
-        },
-    ))
 }
 
 /// Runs the benchmark; `progress` hears what is being measured.

@@ -6,6 +6,61 @@ pub mod grammar;
 pub mod logprobs;
 pub mod math_verify;
 pub mod plugins;
+pub mod prefill;
 pub mod sampler;
 pub mod sandbox;
 pub mod serve;
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Time and memory of one measured piece of work.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cost {
+    /// Seconds.
+    pub seconds: f64,
+    /// Peak resident memory above the start, MiB.
+    pub peak_mib: f64,
+}
+
+/// Resident memory now and its high-water mark, bytes (Linux).
+fn rss() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb * 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Runs `f`, returning its result, seconds and peak memory above the resident size at the start.
+pub(crate) fn measured<R>(f: impl FnOnce() -> R) -> anyhow::Result<(R, Cost)> {
+    // Free memory the allocator keeps goes back to the system first, so what the work
+    // allocates shows in the resident size even where it reuses freed space.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: glibc's malloc_trim only releases free memory.
+        unsafe { malloc_trim(0) };
+    }
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| anyhow::anyhow!("cannot reset the peak-memory mark: {e}"))?;
+    let (start, _) = rss();
+    let t = Instant::now();
+    let out = f();
+    let seconds = t.elapsed().as_secs_f64();
+    let (_, peak) = rss();
+    Ok((
+        out,
+        Cost {
+            seconds,
+            peak_mib: (peak - start) / f64::from(1 << 20),
+        },
+    ))
+}

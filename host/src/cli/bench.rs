@@ -113,6 +113,19 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One prompt's prefill at a real vocabulary: the engine's (output head on the last position
+    /// only) against logits for every position; time and peak memory.
+    Prefill {
+        /// Shape of the random-weights model.
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Tokens in the prompt.
+        #[arg(long, default_value_t = 337)]
+        prompt_len: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The sampler at a real vocabulary: each sampling profile's cost and its share of a decode
     /// step of a random-weights model of `--preset`'s shape; truncation by partial selection
     /// against sorting the vocabulary.
@@ -316,6 +329,22 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             };
             let report = crate::bench::logprobs::run(&options, &progress)
                 .context("benchmarking the trainer's log-prob path")?;
+            emit(json, &report, report.to_text())
+        }
+        BenchCommand::Prefill {
+            preset,
+            prompt_len,
+            json,
+        } => {
+            anyhow::ensure!(prompt_len > 0, "--prompt-len must be at least 1");
+            let options = crate::bench::prefill::PrefillBenchOptions { preset, prompt_len };
+            let progress = |what: &str| {
+                if !json {
+                    eprintln!("{what}");
+                }
+            };
+            let report = crate::bench::prefill::run(&options, &progress)
+                .context("benchmarking the prefill")?;
             emit(json, &report, report.to_text())
         }
         BenchCommand::Sampler {

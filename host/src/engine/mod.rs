@@ -74,7 +74,9 @@ pub struct EngineConfig {
     /// CPU threads of the engine's forward calls. `None`: for each kind and size of step
     /// (decode or prefill, tokens rounded to a power of two) the engine times one thread
     /// against all cores and keeps the faster (tiny steps lose more to cross-core
-    /// synchronisation than they gain; large ones gain), re-checking every 2,000 steps.
+    /// synchronisation than they gain; large ones gain), re-checking every 2,000 steps. A
+    /// size's first step runs on all cores untimed; a step of 50 ms or more on all cores keeps
+    /// them without a trial on one; a first trial each 1.5x apart settles it, else five each.
     pub threads: Option<usize>,
 }
 
@@ -126,6 +128,8 @@ impl ThreadTuner {
     const TRIALS: u32 = 5;
     /// A first trial of each count this many times slower than the other settles it.
     const DECISIVE: f64 = 1.5;
+    /// Seconds of a step on all cores from which all cores are kept without a trial on one.
+    const LARGE_STEP: f64 = 0.05;
     const RECHECK: u32 = 2000;
 
     fn new(threads: Option<usize>, device: Device) -> Self {
@@ -161,7 +165,8 @@ impl ThreadTuner {
                 ..Tune::default()
             };
         }
-        let candidate = t.choice.unwrap_or(usize::from(t.tried[0] > t.tried[1]));
+        // All cores first: a large step is faster on them, and a small one loses little there.
+        let candidate = t.choice.unwrap_or(usize::from(t.tried[1] <= t.tried[0]));
         // The first step of a size is not timed: it pays one-off costs (allocations, kernels
         // prepared for new shapes) that would decide against whichever count ran it.
         let probe = (t.choice.is_none() && t.uses > 1).then(|| Probe {
@@ -180,9 +185,23 @@ impl ThreadTuner {
     /// Records a trial's time; after enough of both, the faster count is kept.
     fn finish(&mut self, probe: Option<Probe>) {
         let Some(p) = probe else { return };
-        let per_token = p.started.elapsed().as_secs_f64() / p.tokens as f64;
+        let elapsed = p.started.elapsed().as_secs_f64();
+        let per_token = elapsed / p.tokens as f64;
         let t = self.buckets.entry(p.key).or_default();
         let c = p.candidate;
+        if c == 1 && elapsed >= Self::LARGE_STEP {
+            // What one thread could win (the cores' synchronisation, microseconds per op) is
+            // nothing against a step this long, and losing would double it.
+            t.choice = Some(1);
+            tracing::debug!(
+                prefill = p.key.0,
+                tokens_log2 = p.key.1,
+                "engine threads: {} ({:.0} ms steps)",
+                self.max,
+                1e3 * elapsed
+            );
+            return;
+        }
         t.best[c] = if t.tried[c] == 0 {
             per_token
         } else {
@@ -1553,5 +1572,53 @@ impl Worker {
                 self.cache.copy_slot(last as i64, i as i64, len);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn tuner() -> ThreadTuner {
+        ThreadTuner {
+            max: 2,
+            fixed: false,
+            current: 0,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Runs one step of `tokens` tokens that takes `seconds` on one thread and
+    /// `seconds / speedup` on all cores; returns the count it ran on.
+    fn step(t: &mut ThreadTuner, tokens: usize, seconds: f64, speedup: f64) -> i32 {
+        let probe = t.start(false, tokens);
+        let ran = t.current;
+        let took = if ran == 1 { seconds } else { seconds / speedup };
+        let probe = probe.map(|p| Probe {
+            started: Instant::now() - Duration::from_secs_f64(took),
+            ..p
+        });
+        t.finish(probe);
+        ran
+    }
+
+    /// A size's first step runs on all cores untimed; long steps keep all cores without a
+    /// trial on one; short ones are tried on both and keep the faster, after one trial each
+    /// when they are far apart and five each when close.
+    #[test]
+    fn the_thread_tuner_tries_one_thread_only_where_it_can_win() {
+        let mut t = tuner();
+        // Long steps (a large prefill): never on one thread.
+        let ran: Vec<i32> = (0..6).map(|_| step(&mut t, 1024, 2.0, 1.8)).collect();
+        assert_eq!(ran, vec![2; 6]);
+        // Short steps where one thread is 3x faster: one trial each, then one thread.
+        let ran: Vec<i32> = (0..6).map(|_| step(&mut t, 4, 0.003, 1.0 / 3.0)).collect();
+        assert_eq!(ran, vec![2, 2, 1, 1, 1, 1]);
+        // Short steps 1.2x apart (all cores faster): five trials each, then all cores.
+        let ran: Vec<i32> = (0..14).map(|_| step(&mut t, 16, 0.004, 1.2)).collect();
+        assert_eq!(ran[0], 2, "the first step, untimed, on all cores");
+        assert_eq!(ran[1..11].iter().filter(|&&n| n == 1).count(), 5);
+        assert_eq!(&ran[11..], &[2, 2, 2]);
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod chat_template;
 pub mod config;
+pub mod few_rows;
 pub mod hub;
 pub mod qwen3;
 pub mod reasoning;
@@ -14,7 +15,7 @@ pub mod tool_parsers;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
-pub use qwen3::{KvCache, Qwen3, SlotCache};
+pub use qwen3::{KvCache, ProductKernel, Qwen3, SlotCache};
 pub use tokenizer::Tokenizer;
 
 /// Errors of the model layer.

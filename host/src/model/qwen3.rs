@@ -15,8 +15,8 @@ use std::path::Path;
 use tch::nn::{self, Init};
 use tch::{Device, Kind, Tensor};
 
-use super::safetensors;
 use super::{ModelError, Qwen3Config};
+use super::{few_rows, safetensors};
 
 struct Layer {
     q: Tensor,
@@ -201,21 +201,77 @@ pub struct Qwen3 {
     rope_cos: Tensor,
     rope_sin: Tensor,
     rope_rot: Tensor,
-    /// Set by [`Qwen3::use_onednn_for_small_products`]: CPU f32 products of at most this many
-    /// rows run through oneDNN.
-    onednn_rows: Option<i64>,
+    /// Set by [`Qwen3::use_small_product_kernels`]: f32 products of few rows on the CPU run
+    /// through the kernel [`Qwen3::product_kernel`] picks.
+    small_products: bool,
 }
 
-/// Rows up to which oneDNN beats the BLAS (MKL in libtorch's x86 build) on f32 products with
-/// this model's weight shapes. Measured on a 2-core AMD EPYC (AVX2), Qwen3-0.6B shapes, 2
-/// threads: 8 rows 2.0x (layers) and 3.0x (output head), 32 rows 1.5x / 2.0x, 64 rows 1.4x /
-/// 1.5x, 256 rows 1.4x / 0.8x, 1,024 rows 0.85x / 0.8x (docs/benchmarks.md). Decode steps and
-/// last-position heads are well under it; long prefills stay with the BLAS.
+/// What runs a matrix product `x Wᵀ` of the model ([`Qwen3::product_kernel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProductKernel {
+    /// [`few_rows::matmul_nt`]: x86-64 with AVX2 and FMA, f32, at most [`FEW_ROWS_MAX`] rows.
+    FewRows,
+    /// oneDNN (libtorch's `mkldnn_linear`) on the weights in place: f32, at most
+    /// [`ONEDNN_MAX_ROWS`] rows, where the few-rows kernel does not run.
+    OneDnn,
+    /// libtorch's `linear` (its BLAS: MKL in the PyPI build, cuBLAS on CUDA): everything else,
+    /// and every product of a model that is trained.
+    Blas,
+}
+
+/// Rows up to which [`few_rows::matmul_nt`] runs. Measured on a 2-core AMD EPYC (AVX2), 2
+/// threads, the 28 layers' products of Qwen3-0.6B's shapes streamed from memory: 1 row 80 ms
+/// (oneDNN 93, MKL 151), 8 rows 131 ms (220, 513), 32 rows 261 ms (365, 655), 64 rows 463 ms
+/// at 122 GFLOP/s, about the machine's peak; the output head likewise (8 rows 42 / 59 / 177
+/// ms). Beyond it the general kernels, which use wider vector units where the CPU has them.
+pub const FEW_ROWS_MAX: i64 = 64;
+
+/// Rows up to which oneDNN beats libtorch's BLAS (MKL) on f32 products with this model's
+/// weight shapes where the few-rows kernel cannot run. Measured on the same machine: 8 rows
+/// 2.0x (layers) and 3.0x (output head), 32 rows 1.5x / 2.0x, 64 rows 1.4x / 1.5x, 256 rows
+/// 1.4x / 0.8x, 1,024 rows 0.85x / 0.8x.
 pub const ONEDNN_MAX_ROWS: i64 = 128;
 
 /// Cleared after oneDNN refused a product once (a libtorch built without it, or a CPU it does
 /// not run on): every later product takes the BLAS.
 static ONEDNN_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether autograd records operations on this thread now.
+fn grad_enabled() -> bool {
+    // SAFETY: sets libtorch's thread-local grad mode and at once back to what it was.
+    unsafe {
+        let was = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(was);
+        was != 0
+    }
+}
+
+/// `x Wᵀ` by [`few_rows::matmul_nt`] on libtorch's thread count; `x` `[m, k]` contiguous f32 on
+/// the CPU, `w` `[n, k]` likewise.
+fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
+    let (m, k) = x.size2().expect("x is [m, k]");
+    let n = w.size()[0];
+    assert!(
+        x.kind() == Kind::Float && w.kind() == Kind::Float && w.size()[1] == k,
+        "few-rows products are f32 [m, k] x [n, k]"
+    );
+    assert!(
+        x.is_contiguous() && w.is_contiguous(),
+        "contiguous operands"
+    );
+    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    // SAFETY: three contiguous f32 CPU tensors of m·k, n·k and m·n values (checked above; `y`
+    // is new and nothing else sees it until this returns).
+    unsafe {
+        let xs = std::slice::from_raw_parts(x.data_ptr() as *const f32, m * k);
+        let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, n * k);
+        let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, m * n);
+        let threads = tch::get_num_threads().max(1) as usize;
+        few_rows::matmul_nt(xs, ws, ys, m, k, n, threads);
+    }
+    y
+}
 
 /// HF names and shapes of every parameter `cfg` implies.
 pub fn parameter_shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<i64>)> {
@@ -390,7 +446,7 @@ impl Qwen3 {
             rope_cos,
             rope_sin,
             rope_rot,
-            onednn_rows: None,
+            small_products: false,
             vs,
             cfg,
         })
@@ -452,40 +508,56 @@ impl Qwen3 {
     }
 
     /// What an inference engine does to a model it will never train:
-    /// [`Qwen3::fuse_projections`] and [`Qwen3::use_onednn_for_small_products`].
+    /// [`Qwen3::fuse_projections`] and [`Qwen3::use_small_product_kernels`].
     pub fn prepare_for_inference(&mut self) {
         self.fuse_projections();
-        self.use_onednn_for_small_products();
+        self.use_small_product_kernels();
     }
 
-    /// Runs the matrix products of at most [`ONEDNN_MAX_ROWS`] rows (decode steps, the
-    /// prefill's last positions) through oneDNN when the weights are f32 on the CPU: on CPUs
-    /// where libtorch's BLAS (MKL) is slow for such short-and-wide products (AMD's, measured
-    /// 2–3x slower at 8 rows) this is most of a decode step. oneDNN reads the weights where they
-    /// are (no packed copy). For inference: results differ from the BLAS's in rounding only
-    /// (another summation order), and training keeps the BLAS.
-    pub fn use_onednn_for_small_products(&mut self) {
-        let cpu_f32 = self.embed.device() == Device::Cpu && self.embed.kind() == Kind::Float;
-        self.onednn_rows = (cpu_f32 && tch::utils::has_mkldnn()).then_some(ONEDNN_MAX_ROWS);
+    /// Runs f32 matrix products of few rows on the CPU (decode steps: one row per sequence;
+    /// the prefill's last positions; short prefills) through kernels made for them
+    /// ([`Qwen3::product_kernel`]) instead of libtorch's BLAS, which (MKL, on AMD CPUs above
+    /// all) reaches a fraction of the memory bandwidth there: at Qwen3-0.6B's shape most of a
+    /// decode step. Both read the weights where they are (no packed copy). For inference:
+    /// results differ from the BLAS's in rounding only (another summation order), and products
+    /// autograd records (grad mode on, an operand that requires grad) keep the BLAS.
+    pub fn use_small_product_kernels(&mut self) {
+        self.small_products =
+            self.embed.device() == Device::Cpu && self.embed.kind() == Kind::Float;
     }
 
-    /// Whether small products run through oneDNN: turned on, and not given up after a refusal.
-    pub fn uses_onednn(&self) -> bool {
-        self.onednn_rows.is_some() && ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// `x Wᵀ` for `x` `[…, in]` and `w` `[out, in]`: through oneDNN when
-    /// [`Qwen3::use_onednn_for_small_products`] applies to `x`'s rows, else libtorch's `linear`.
-    fn project(&self, x: &Tensor, w: &Tensor) -> Tensor {
-        use std::sync::atomic::Ordering;
-        if let Some(max) = self.onednn_rows
-            && x.kind() == Kind::Float
-            && ONEDNN_WORKS.load(Ordering::Relaxed)
+    /// The kernel that runs a product of `rows` rows of `kind` values.
+    pub fn product_kernel(&self, kind: Kind, rows: i64) -> ProductKernel {
+        if !self.small_products || kind != Kind::Float || rows < 1 {
+            return ProductKernel::Blas;
+        }
+        if rows <= FEW_ROWS_MAX && few_rows::available() {
+            ProductKernel::FewRows
+        } else if rows <= ONEDNN_MAX_ROWS
+            && tch::utils::has_mkldnn()
+            && ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
         {
-            let mut shape = x.size();
-            let d = *shape.last().expect("a vector dimension");
-            let rows = if d == 0 { 0 } else { x.numel() as i64 / d };
-            if (1..=max).contains(&rows) && w.is_contiguous() {
+            ProductKernel::OneDnn
+        } else {
+            ProductKernel::Blas
+        }
+    }
+
+    /// `x Wᵀ` for `x` `[…, in]` and `w` `[out, in]`, by [`Qwen3::product_kernel`].
+    fn project(&self, x: &Tensor, w: &Tensor) -> Tensor {
+        let mut shape = x.size();
+        let d = *shape.last().expect("a vector dimension");
+        let rows = if d == 0 { 0 } else { x.numel() as i64 / d };
+        let kernel = match self.product_kernel(x.kind(), rows) {
+            // Both read `w` in place: a view that is not (a transposed one) takes the BLAS.
+            _ if !w.is_contiguous() || w.kind() != Kind::Float => ProductKernel::Blas,
+            // Neither records a graph: a product autograd would differentiate takes the BLAS.
+            _ if (x.requires_grad() || w.requires_grad()) && grad_enabled() => ProductKernel::Blas,
+            k => k,
+        };
+        let y = match kernel {
+            ProductKernel::FewRows => Some(few_rows_linear(&x.reshape([rows, d]).contiguous(), w)),
+            ProductKernel::OneDnn => {
                 let y = x
                     .reshape([rows, d])
                     .contiguous()
@@ -493,18 +565,23 @@ impl Qwen3 {
                     .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
                     .and_then(|m| m.f_to_dense(None, false));
                 match y {
-                    Ok(y) => {
-                        *shape.last_mut().expect("a vector dimension") = w.size()[0];
-                        return y.reshape(shape);
-                    }
+                    Ok(y) => Some(y),
                     Err(e) => {
-                        ONEDNN_WORKS.store(false, Ordering::Relaxed);
+                        ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
                         tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
+                        None
                     }
                 }
             }
+            ProductKernel::Blas => None,
+        };
+        match y {
+            Some(y) => {
+                *shape.last_mut().expect("a vector dimension") = w.size()[0];
+                y.reshape(shape)
+            }
+            None => x.linear::<Tensor>(w, None),
         }
-        x.linear::<Tensor>(w, None)
     }
 
     /// Loads a Hugging Face folder: `config.json` and `model.safetensors` or the shards listed

@@ -258,12 +258,13 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// The engine's prefill computes the output head at each row's last position only; its logits
-/// equal the full-logit selection. With oneDNN for small products (what the engine turns on for
-/// f32 on the CPU), prefill and decode logits equal the BLAS's, on the tiny shape and on one
-/// with Qwen3-0.6B's layer widths (1,024 / 3,072, 16 query and 8 key-value heads of 128).
+/// equal the full-logit selection. With the small-product kernels (what the engine turns on
+/// for f32 on the CPU) prefill and decode logits equal the BLAS's, on the tiny shape and on one
+/// with Qwen3-0.6B's layer widths (1,024 / 3,072, 16 query and 8 key-value heads of 128), for
+/// prefills whose layers take each kernel: the few-rows one (≤ 64 rows), oneDNN (≤ 128), the BLAS.
 #[test]
-fn last_position_logits_and_onednn_products_equal_the_full_blas_forward() {
-    use rlhost::model::{Preset, Qwen3Config};
+fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() {
+    use rlhost::model::{Preset, ProductKernel, Qwen3Config};
     let tiny = Qwen3Config::preset(Preset::Tiny);
     let mut wide = tiny.clone();
     (wide.hidden_size, wide.intermediate_size) = (1024, 3072);
@@ -274,32 +275,66 @@ fn last_position_logits_and_onednn_products_equal_the_full_blas_forward() {
     ) = (16, 8, 128);
     wide.num_hidden_layers = 2;
     for (name, cfg, lens) in [
-        ("tiny", tiny, vec![9i64, 5, 7]),
+        ("tiny", tiny.clone(), vec![9i64, 5, 7]),
+        ("tiny, 100-row prefill", tiny, vec![50, 50]),
         ("0.6B widths", wide.clone(), vec![12, 3]),
-        // 3 × 50 rows: the prefill's layers take the BLAS, its head and the decode oneDNN.
-        ("0.6B widths, long prefill", wide, vec![50, 41, 50]),
+        ("0.6B widths, 150-row prefill", wide, vec![50, 41, 50]),
     ] {
         let mut model = common::seeded_model(cfg, 11);
         let (full, last, step) = slot_logits(&model, &lens);
         let d = max_diff(&full, &last);
         assert!(d <= 1e-5, "{name}: last-position logits differ by {d}");
-        model.use_onednn_for_small_products();
-        let (full_dnn, last_dnn, step_dnn) = slot_logits(&model, &lens);
-        assert!(
-            model.uses_onednn(),
-            "libtorch's oneDNN refused the products"
-        );
+        model.use_small_product_kernels();
+        let rows = lens.len() as i64 * lens.iter().max().unwrap();
+        let (full_k, last_k, step_k) = slot_logits(&model, &lens);
         let scale = full.abs().max().double_value(&[]);
         for (what, a, b) in [
-            ("full prefill", &full, &full_dnn),
-            ("last-position prefill", &last, &last_dnn),
-            ("decode step", &step, &step_dnn),
+            ("full prefill", &full, &full_k),
+            ("last-position prefill", &last, &last_k),
+            ("decode step", &step, &step_k),
         ] {
             let d = max_diff(a, b);
             assert!(
                 d <= 1e-5 * scale.max(1.0),
-                "{name}, {what}: oneDNN differs from the BLAS by {d} (logits up to {scale})"
+                "{name}, {what} ({:?} for the prefill's {rows} rows): differs from the BLAS by {d} \
+                 (logits up to {scale})",
+                model.product_kernel(Kind::Float, rows)
             );
         }
+    }
+    // Which kernel each size takes on this machine (x86-64 with AVX2: CI's and ours).
+    let mut model = common::seeded_model(Qwen3Config::preset(Preset::Tiny), 1);
+    assert_eq!(
+        model.product_kernel(Kind::Float, 8),
+        ProductKernel::Blas,
+        "a trained model's"
+    );
+    model.use_small_product_kernels();
+    if rlhost::model::few_rows::available() {
+        assert_eq!(model.product_kernel(Kind::Float, 1), ProductKernel::FewRows);
+        assert_eq!(
+            model.product_kernel(Kind::Float, 64),
+            ProductKernel::FewRows
+        );
+    }
+    assert_eq!(
+        model.product_kernel(Kind::Float, 100),
+        ProductKernel::OneDnn
+    );
+    assert_eq!(model.product_kernel(Kind::Float, 129), ProductKernel::Blas);
+    assert_eq!(model.product_kernel(Kind::BFloat16, 8), ProductKernel::Blas);
+    // Products autograd records keep the BLAS: gradients reach every weight.
+    let ids = Tensor::from_slice(&[1i64, 2, 3]).unsqueeze(0);
+    let pos = Tensor::arange(3, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+    model
+        .forward(&ids, &pos, None, None)
+        .sum(Kind::Float)
+        .backward();
+    for (name, v) in model.vs.variables() {
+        let g = v.grad();
+        assert!(
+            g.defined() && g.abs().sum(Kind::Float).double_value(&[]) > 0.0,
+            "{name} got no gradient through the small-product kernels"
+        );
     }
 }
