@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod math_verify;
 pub mod plugins;
 pub mod prefill;
+pub mod products;
 pub mod sampler;
 pub mod sandbox;
 pub mod serve;

@@ -113,6 +113,22 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A decode step's matrix products at a real size by each kernel the engine can run them
+    /// with (libtorch's BLAS, oneDNN, the few-rows kernel): time, GB/s, speed-up.
+    Products {
+        /// Shapes of the random weights.
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Row counts (sequences in a decode step), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+        rows: Vec<usize>,
+        /// Timed sweeps per kernel and row count (the best counts).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// One prompt's prefill at a real vocabulary: the engine's (output head on the last position
     /// only) against logits for every position; time and peak memory.
     Prefill {
@@ -329,6 +345,30 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             };
             let report = crate::bench::logprobs::run(&options, &progress)
                 .context("benchmarking the trainer's log-prob path")?;
+            emit(json, &report, report.to_text())
+        }
+        BenchCommand::Products {
+            preset,
+            rows,
+            repeats,
+            json,
+        } => {
+            anyhow::ensure!(
+                !rows.is_empty() && rows.iter().all(|&r| r > 0),
+                "--rows must list row counts of at least 1"
+            );
+            let options = crate::bench::products::ProductsBenchOptions {
+                preset,
+                rows,
+                repeats,
+            };
+            let progress = |what: &str| {
+                if !json {
+                    eprintln!("{what}");
+                }
+            };
+            let report = crate::bench::products::run(&options, &progress)
+                .context("benchmarking the matrix products")?;
             emit(json, &report, report.to_text())
         }
         BenchCommand::Prefill {

@@ -2,7 +2,7 @@
 //! CPUs with AVX2 and FMA. Such a product streams the weight matrix `W` `[n, k]` from memory
 //! with little arithmetic per weight, and libtorch's general kernels reach a fraction of the
 //! memory bandwidth there (measured on a 2-core AMD EPYC at Qwen3-0.6B's shapes, 8 rows: MKL
-//! 3.4 GB/s, oneDNN 8 GB/s, this kernel 13 GB/s; see [`crate::model::qwen3::FEW_ROWS_MAX`]).
+//! 3.4 GB/s, oneDNN 8 GB/s, this kernel 13 GB/s; see [`crate::model::qwen3::SMALL_PRODUCT_ROWS`]).
 //! It reads `W` where it lies, once: each block of [`NR`] weight rows is multiplied with every
 //! row of `x` while it is in L1 (blocks of [`MR`] rows of `x`, `MR × NR` vector accumulators
 //! along `k`), and the columns of `y` are split between libtorch's OpenMP threads. Every output is the same

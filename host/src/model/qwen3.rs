@@ -209,28 +209,25 @@ pub struct Qwen3 {
 /// What runs a matrix product `x Wᵀ` of the model ([`Qwen3::product_kernel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProductKernel {
-    /// [`few_rows::matmul_nt`]: x86-64 with AVX2 and FMA, f32, at most [`FEW_ROWS_MAX`] rows.
+    /// [`few_rows::matmul_nt`]: x86-64 with AVX2 and FMA, f32, at most [`SMALL_PRODUCT_ROWS`].
     FewRows,
     /// oneDNN (libtorch's `mkldnn_linear`) on the weights in place: f32, at most
-    /// [`ONEDNN_MAX_ROWS`] rows, where the few-rows kernel does not run.
+    /// [`SMALL_PRODUCT_ROWS`] rows, where the few-rows kernel does not run.
     OneDnn,
     /// libtorch's `linear` (its BLAS: MKL in the PyPI build, cuBLAS on CUDA): everything else,
     /// and every product of a model that is trained.
     Blas,
 }
 
-/// Rows up to which [`few_rows::matmul_nt`] runs. Measured on a 2-core AMD EPYC (AVX2), 2
-/// threads, the 28 layers' products of Qwen3-0.6B's shapes streamed from memory: 1 row 80 ms
-/// (oneDNN 93, MKL 151), 8 rows 131 ms (220, 513), 32 rows 261 ms (365, 655), 64 rows 463 ms
-/// at 122 GFLOP/s, about the machine's peak; the output head likewise (8 rows 42 / 59 / 177
-/// ms). Beyond it the general kernels, which use wider vector units where the CPU has them.
-pub const FEW_ROWS_MAX: i64 = 64;
-
-/// Rows up to which oneDNN beats libtorch's BLAS (MKL) on f32 products with this model's
-/// weight shapes where the few-rows kernel cannot run. Measured on the same machine: 8 rows
-/// 2.0x (layers) and 3.0x (output head), 32 rows 1.5x / 2.0x, 64 rows 1.4x / 1.5x, 256 rows
-/// 1.4x / 0.8x, 1,024 rows 0.85x / 0.8x.
-pub const ONEDNN_MAX_ROWS: i64 = 128;
+/// Rows up to which a product runs through [`few_rows::matmul_nt`] (where it runs: x86-64 with
+/// AVX2 and FMA), else oneDNN (where libtorch has it), rather than the BLAS. `host bench
+/// products` on a 2-core AMD EPYC (AVX2), 2 threads, the 28 layers of Qwen3-0.6B's shapes
+/// streamed from memory: 1 row 80 ms (oneDNN 93, MKL 151), 8 rows 131 ms (220, 513), 32 rows
+/// 261 ms (365, 655), 64 rows 463 ms at 122 GFLOP/s, about the machine's peak, and the output
+/// head likewise (8 rows 42 / 59 / 177 ms); on the tiny model's shapes the few-rows kernel still
+/// beats the BLAS at 128 rows (1.06x) where oneDNN does not (0.70x). Beyond it, the BLAS: its
+/// kernels are at the machine's peak there and use wider vector units where the CPU has them.
+pub const SMALL_PRODUCT_ROWS: i64 = 128;
 
 /// Cleared after oneDNN refused a product once (a libtorch built without it, or a CPU it does
 /// not run on): every later product takes the BLAS.
@@ -271,6 +268,28 @@ fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
         few_rows::matmul_nt(xs, ws, ys, m, k, n, threads);
     }
     y
+}
+
+/// `x Wᵀ` for `x` `[rows, in]` and `w` `[out, in]` by `kernel`; the few-rows kernel and oneDNN
+/// need f32 operands on the CPU, `w` contiguous (checked by [`Qwen3::project`]; a bench
+/// passes its own). When oneDNN refuses, the BLAS computes it, and every later oneDNN product.
+pub fn product(kernel: ProductKernel, x: &Tensor, w: &Tensor) -> Tensor {
+    match kernel {
+        ProductKernel::FewRows => few_rows_linear(&x.contiguous(), w),
+        ProductKernel::OneDnn => {
+            let y = x
+                .contiguous()
+                .f_to_mkldnn(None)
+                .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
+                .and_then(|m| m.f_to_dense(None, false));
+            y.unwrap_or_else(|e| {
+                ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
+                x.linear::<Tensor>(w, None)
+            })
+        }
+        ProductKernel::Blas => x.linear::<Tensor>(w, None),
+    }
 }
 
 /// HF names and shapes of every parameter `cfg` implies.
@@ -531,10 +550,11 @@ impl Qwen3 {
         if !self.small_products || kind != Kind::Float || rows < 1 {
             return ProductKernel::Blas;
         }
-        if rows <= FEW_ROWS_MAX && few_rows::available() {
+        if rows > SMALL_PRODUCT_ROWS {
+            ProductKernel::Blas
+        } else if few_rows::available() {
             ProductKernel::FewRows
-        } else if rows <= ONEDNN_MAX_ROWS
-            && tch::utils::has_mkldnn()
+        } else if tch::utils::has_mkldnn()
             && ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
         {
             ProductKernel::OneDnn
@@ -555,33 +575,9 @@ impl Qwen3 {
             _ if (x.requires_grad() || w.requires_grad()) && grad_enabled() => ProductKernel::Blas,
             k => k,
         };
-        let y = match kernel {
-            ProductKernel::FewRows => Some(few_rows_linear(&x.reshape([rows, d]).contiguous(), w)),
-            ProductKernel::OneDnn => {
-                let y = x
-                    .reshape([rows, d])
-                    .contiguous()
-                    .f_to_mkldnn(None)
-                    .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
-                    .and_then(|m| m.f_to_dense(None, false));
-                match y {
-                    Ok(y) => Some(y),
-                    Err(e) => {
-                        ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
-                        None
-                    }
-                }
-            }
-            ProductKernel::Blas => None,
-        };
-        match y {
-            Some(y) => {
-                *shape.last_mut().expect("a vector dimension") = w.size()[0];
-                y.reshape(shape)
-            }
-            None => x.linear::<Tensor>(w, None),
-        }
+        let y = product(kernel, &x.reshape([rows, d]), w);
+        *shape.last_mut().expect("a vector dimension") = w.size()[0];
+        y.reshape(shape)
     }
 
     /// Loads a Hugging Face folder: `config.json` and `model.safetensors` or the shards listed

@@ -261,7 +261,8 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// equal the full-logit selection. With the small-product kernels (what the engine turns on
 /// for f32 on the CPU) prefill and decode logits equal the BLAS's, on the tiny shape and on one
 /// with Qwen3-0.6B's layer widths (1,024 / 3,072, 16 query and 8 key-value heads of 128), for
-/// prefills whose layers take each kernel: the few-rows one (≤ 64 rows), oneDNN (≤ 128), the BLAS.
+/// prefills whose layers take the small-product kernel (≤ 128 rows) and the BLAS; each kernel's
+/// products (few-rows and oneDNN, whichever this machine picks) equal the BLAS's.
 #[test]
 fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() {
     use rlhost::model::{Preset, ProductKernel, Qwen3Config};
@@ -276,7 +277,7 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
     wide.num_hidden_layers = 2;
     for (name, cfg, lens) in [
         ("tiny", tiny.clone(), vec![9i64, 5, 7]),
-        ("tiny, 100-row prefill", tiny, vec![50, 50]),
+        ("tiny, 100-row prefill", tiny.clone(), vec![50, 50]),
         ("0.6B widths", wide.clone(), vec![12, 3]),
         ("0.6B widths, 150-row prefill", wide, vec![50, 41, 50]),
     ] {
@@ -302,6 +303,25 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
             );
         }
     }
+    // Each kernel against the BLAS directly, at the 0.6B shapes' widths and rows of a decode.
+    tch::manual_seed(4);
+    for (rows, n_in, n_out) in [(1i64, 1024i64, 4096i64), (8, 3072, 1024), (100, 1024, 6144)] {
+        let x = Tensor::randn([rows, n_in], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([n_out, n_in], (Kind::Float, Device::Cpu)) * 0.05;
+        let reference = rlhost::model::qwen3::product(ProductKernel::Blas, &x, &w);
+        let scale = reference.abs().max().double_value(&[]);
+        let mut kernels = vec![ProductKernel::OneDnn];
+        if rlhost::model::few_rows::available() {
+            kernels.push(ProductKernel::FewRows);
+        }
+        for k in kernels {
+            let d = max_diff(&rlhost::model::qwen3::product(k, &x, &w), &reference);
+            assert!(
+                d <= 1e-5 * scale,
+                "{k:?} at {rows}x{n_in}x{n_out}: {d} (scale {scale})"
+            );
+        }
+    }
     // Which kernel each size takes on this machine (x86-64 with AVX2: CI's and ours).
     let mut model = common::seeded_model(Qwen3Config::preset(Preset::Tiny), 1);
     assert_eq!(
@@ -310,17 +330,18 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
         "a trained model's"
     );
     model.use_small_product_kernels();
-    if rlhost::model::few_rows::available() {
-        assert_eq!(model.product_kernel(Kind::Float, 1), ProductKernel::FewRows);
+    let small = if rlhost::model::few_rows::available() {
+        ProductKernel::FewRows
+    } else {
+        ProductKernel::OneDnn
+    };
+    for rows in [1, 8, 64, 128] {
         assert_eq!(
-            model.product_kernel(Kind::Float, 64),
-            ProductKernel::FewRows
+            model.product_kernel(Kind::Float, rows),
+            small,
+            "{rows} rows"
         );
     }
-    assert_eq!(
-        model.product_kernel(Kind::Float, 100),
-        ProductKernel::OneDnn
-    );
     assert_eq!(model.product_kernel(Kind::Float, 129), ProductKernel::Blas);
     assert_eq!(model.product_kernel(Kind::BFloat16, 8), ProductKernel::Blas);
     // Products autograd records keep the BLAS: gradients reach every weight.

@@ -1,0 +1,184 @@
+//! `host bench products`: the matrix products of a decode step at a real model size, by each
+//! kernel the engine can run them with ([`ProductKernel`]): libtorch's BLAS (MKL in its x86
+//! build: what transformers runs), oneDNN on the weights in place, and the few-rows kernel. For
+//! each row count, every layer's four products (q/k/v, output, gate/up, down) over random
+//! weights of `--preset`'s shapes, streamed from memory as a decode step streams them, and the
+//! output head; best of `--repeats`.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::model::qwen3::{ProductKernel, product};
+use crate::model::{Preset, Qwen3Config, few_rows};
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct ProductsBenchOptions {
+    /// Shapes of the weights.
+    pub preset: Preset,
+    /// Row counts (sequences in a decode step).
+    pub rows: Vec<usize>,
+    /// Timed sweeps per kernel and row count (the best counts).
+    pub repeats: usize,
+}
+
+/// One kernel's times at one row count.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelTimes {
+    /// `blas`, `onednn` or `few_rows`.
+    pub kernel: String,
+    /// Every layer's products, milliseconds.
+    pub layers_ms: f64,
+    /// The output head, milliseconds.
+    pub head_ms: f64,
+}
+
+/// One row count's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProductsRow {
+    /// Rows of `x`.
+    pub rows: usize,
+    /// Each kernel that runs here.
+    pub kernels: Vec<KernelTimes>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProductsReport {
+    /// Layers.
+    pub layers: i64,
+    /// Bytes of the layers' weights (f32).
+    pub layer_bytes: u64,
+    /// libtorch's threads.
+    pub threads: i32,
+    /// One per row count.
+    pub rows: Vec<ProductsRow>,
+}
+
+fn name(k: ProductKernel) -> &'static str {
+    match k {
+        ProductKernel::Blas => "blas",
+        ProductKernel::OneDnn => "onednn",
+        ProductKernel::FewRows => "few_rows",
+    }
+}
+
+fn best_ms(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..repeats.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// Runs the benchmark; `progress` hears what is being measured.
+pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<ProductsReport> {
+    let c = Qwen3Config::preset(o.preset);
+    let (h, q, kv, i) = (
+        c.hidden_size,
+        c.num_attention_heads * c.head_dim,
+        c.num_key_value_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    // (in, out) of each product of a layer, as the engine runs them (q/k/v and gate/up fused).
+    let shapes = [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)];
+    progress("random weights");
+    let opts = (Kind::Float, Device::Cpu);
+    let layers: Vec<Vec<Tensor>> = (0..c.num_hidden_layers)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(n_in, n_out)| Tensor::randn([n_out, n_in], opts) * 0.02)
+                .collect()
+        })
+        .collect();
+    let head = Tensor::randn([c.vocab_size, h], opts) * 0.02;
+    let mut kernels = vec![ProductKernel::Blas];
+    if tch::utils::has_mkldnn() {
+        kernels.push(ProductKernel::OneDnn);
+    }
+    if few_rows::available() {
+        kernels.push(ProductKernel::FewRows);
+    }
+    let mut rows = Vec::new();
+    tch::no_grad(|| {
+        for &m in &o.rows {
+            let xs: Vec<Tensor> = shapes
+                .iter()
+                .map(|&(n_in, _)| Tensor::randn([m as i64, n_in], opts))
+                .collect();
+            let mut times = Vec::new();
+            for &k in &kernels {
+                progress(&format!("{m} rows: {}", name(k)));
+                let layers_ms = best_ms(o.repeats, || {
+                    for layer in &layers {
+                        for (x, w) in xs.iter().zip(layer) {
+                            let _ = product(k, x, w);
+                        }
+                    }
+                });
+                let head_ms = best_ms(o.repeats, || {
+                    let _ = product(k, &xs[0], &head);
+                });
+                times.push(KernelTimes {
+                    kernel: name(k).into(),
+                    layers_ms,
+                    head_ms,
+                });
+            }
+            rows.push(ProductsRow {
+                rows: m,
+                kernels: times,
+            });
+        }
+    });
+    let layer_bytes =
+        shapes.iter().map(|&(a, b)| (a * b) as u64).sum::<u64>() * c.num_hidden_layers as u64 * 4;
+    Ok(ProductsReport {
+        layers: c.num_hidden_layers,
+        layer_bytes,
+        threads: tch::get_num_threads(),
+        rows,
+    })
+}
+
+impl ProductsReport {
+    /// A readable table: milliseconds, the weights' GB/s, and the speed-up over the BLAS.
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "decode-step products, {} layers ({:.2} GB of f32 weights) + output head, {} thread(s), best of runs\n\
+             {:>5} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8}\n",
+            self.layers,
+            self.layer_bytes as f64 / 1e9,
+            self.threads,
+            "rows",
+            "kernel",
+            "layers ms",
+            "GB/s",
+            "vs blas",
+            "head ms",
+            "vs blas"
+        );
+        for r in &self.rows {
+            let blas = r.kernels.iter().find(|k| k.kernel == "blas");
+            for k in &r.kernels {
+                s.push_str(&format!(
+                    "{:>5} {:>9} {:>11.1} {:>8.1} {:>7.2}x {:>9.1} {:>7.2}x\n",
+                    r.rows,
+                    k.kernel,
+                    k.layers_ms,
+                    self.layer_bytes as f64 / k.layers_ms / 1e6,
+                    blas.map_or(f64::NAN, |b| b.layers_ms / k.layers_ms),
+                    k.head_ms,
+                    blas.map_or(f64::NAN, |b| b.head_ms / k.head_ms),
+                ));
+            }
+        }
+        s
+    }
+}
