@@ -1,13 +1,14 @@
 //! `y = x Wᵀ` for few rows of `x` (a decode step: one row per running sequence), f32, on x86
 //! CPUs with AVX2 and FMA. Such a product streams the weight matrix `W` `[n, k]` from memory
 //! with little arithmetic per weight, and libtorch's general kernels reach a fraction of the
-//! memory bandwidth there (measured on a 2-core AMD EPYC at Qwen3-0.6B's shapes, 8 rows: MKL
-//! 3.4 GB/s, oneDNN 8 GB/s, this kernel 13 GB/s; see [`crate::model::qwen3::SMALL_PRODUCT_ROWS`]).
+//! memory bandwidth there (`host bench products` on a 2-core AMD EPYC at Qwen3-0.6B's shapes,
+//! 8 rows: MKL 5.5 GB/s, oneDNN 10.4, this kernel 13.9; one row: 14.0, 19.3, 23.0; see
+//! [`crate::model::qwen3::SMALL_PRODUCT_ROWS`]).
 //! It reads `W` where it lies, once: each block of [`NR`] weight rows is multiplied with every
 //! row of `x` while it is in L1 (blocks of [`MR`] rows of `x`, `MR × NR` vector accumulators
-//! along `k`), and the columns of `y` are split between libtorch's OpenMP threads. Every output is the same
-//! dot product whatever the number of rows or threads: a row's result does not depend on
-//! the batch it is in.
+//! along `k`), and the columns of `y` are split between libtorch's OpenMP threads. Every output
+//! is the same dot product whatever the number of rows or threads: a row's result does not
+//! depend on the batch it is in.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -42,10 +43,11 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 /// OpenMP's entry points in the libgomp libtorch loaded: `GOMP_parallel` (what `#pragma omp
-/// parallel` compiles to) and `omp_get_thread_num`.
+/// parallel` compiles to), `omp_get_thread_num` and `omp_get_num_threads`.
 struct Gomp {
     parallel: unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint),
     thread_num: unsafe extern "C" fn() -> c_int,
+    num_threads: unsafe extern "C" fn() -> c_int,
 }
 
 /// libtorch's OpenMP threads, when its libgomp is in the process. The kernel's parts run on
@@ -67,10 +69,14 @@ fn gomp() -> Option<&'static Gomp> {
             let thread_num = *this
                 .get::<unsafe extern "C" fn() -> c_int>(b"omp_get_thread_num\0")
                 .ok()?;
+            let num_threads = *this
+                .get::<unsafe extern "C" fn() -> c_int>(b"omp_get_num_threads\0")
+                .ok()?;
             std::mem::forget(this);
             Some(Gomp {
                 parallel,
                 thread_num,
+                num_threads,
             })
         }
     })
@@ -81,16 +87,21 @@ fn gomp() -> Option<&'static Gomp> {
 struct Job<'a> {
     run: &'a (dyn Fn(usize) + Sync),
     parts: usize,
-    thread_num: unsafe extern "C" fn() -> c_int,
+    gomp: &'a Gomp,
 }
 
 extern "C" fn job_part(data: *mut c_void) {
     // SAFETY: `data` is the `Job` `on_threads` passed, alive until GOMP_parallel returns.
     let job = unsafe { &*(data as *const Job<'_>) };
     // SAFETY: called inside the parallel region GOMP_parallel opened.
-    let t = unsafe { (job.thread_num)() } as usize;
-    if t < job.parts {
-        (job.run)(t);
+    let (t, team) = unsafe { ((job.gomp.thread_num)(), (job.gomp.num_threads)()) };
+    // The team may be smaller than asked (nested regions, thread limits): every part still
+    // runs, each on one thread.
+    let team = team.max(1) as usize;
+    let mut part = t.max(0) as usize;
+    while part < job.parts {
+        (job.run)(part);
+        part += team;
     }
 }
 
@@ -102,7 +113,7 @@ fn on_threads(parts: usize, run: &(dyn Fn(usize) + Sync)) {
             let job = Job {
                 run,
                 parts,
-                thread_num: g.thread_num,
+                gomp: g,
             };
             // SAFETY: `job` outlives the call, which returns after every thread ran
             // `job_part`; `run` is Sync, so calling it from several threads is sound.

@@ -222,11 +222,11 @@ pub enum ProductKernel {
 /// Rows up to which a product runs through [`few_rows::matmul_nt`] (where it runs: x86-64 with
 /// AVX2 and FMA), else oneDNN (where libtorch has it), rather than the BLAS. `host bench
 /// products` on a 2-core AMD EPYC (AVX2), 2 threads, the 28 layers of Qwen3-0.6B's shapes
-/// streamed from memory: 1 row 80 ms (oneDNN 93, MKL 151), 8 rows 131 ms (220, 513), 32 rows
-/// 261 ms (365, 655), 64 rows 463 ms at 122 GFLOP/s, about the machine's peak, and the output
-/// head likewise (8 rows 42 / 59 / 177 ms); on the tiny model's shapes the few-rows kernel still
-/// beats the BLAS at 128 rows (1.06x) where oneDNN does not (0.70x). Beyond it, the BLAS: its
-/// kernels are at the machine's peak there and use wider vector units where the CPU has them.
+/// streamed from memory: 1 row 77 ms (oneDNN 92, MKL 126), 8 rows 127 ms (170, 321), 32 rows
+/// 238 ms (311, 444), 64 rows 411 ms (487, 594), 128 rows 863 ms (905, 1,028), and the output
+/// head likewise; on the tiny model's shapes the few-rows kernel still beats the BLAS at 128
+/// rows (1.06x) where oneDNN does not (0.70x). Beyond it, the BLAS: its kernels are at the
+/// machine's peak there and use wider vector units where the CPU has them.
 pub const SMALL_PRODUCT_ROWS: i64 = 128;
 
 /// Cleared after oneDNN refused a product once (a libtorch built without it, or a CPU it does
