@@ -338,11 +338,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         } => {
             anyhow::ensure!(seq_len > 0, "--seq-len must be at least 1");
             let options = crate::bench::logprobs::LogprobsBenchOptions { preset, seq_len };
-            let progress = |what: &str| {
-                if !json {
-                    eprintln!("{what}");
-                }
-            };
+            let progress = stderr_unless(json);
             let report = crate::bench::logprobs::run(&options, &progress)
                 .context("benchmarking the trainer's log-prob path")?;
             emit(json, &report, report.to_text())
@@ -362,11 +358,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 rows,
                 repeats,
             };
-            let progress = |what: &str| {
-                if !json {
-                    eprintln!("{what}");
-                }
-            };
+            let progress = stderr_unless(json);
             let report = crate::bench::products::run(&options, &progress)
                 .context("benchmarking the matrix products")?;
             emit(json, &report, report.to_text())
@@ -378,11 +370,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         } => {
             anyhow::ensure!(prompt_len > 0, "--prompt-len must be at least 1");
             let options = crate::bench::prefill::PrefillBenchOptions { preset, prompt_len };
-            let progress = |what: &str| {
-                if !json {
-                    eprintln!("{what}");
-                }
-            };
+            let progress = stderr_unless(json);
             let report = crate::bench::prefill::run(&options, &progress)
                 .context("benchmarking the prefill")?;
             emit(json, &report, report.to_text())
@@ -399,11 +387,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 batch,
                 repeats,
             };
-            let progress = |what: &str| {
-                if !json {
-                    eprintln!("{what}");
-                }
-            };
+            let progress = stderr_unless(json);
             let report = crate::bench::sampler::run(&options, &progress)
                 .context("benchmarking the sampler")?;
             emit(json, &report, report.to_text())
@@ -421,11 +405,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 new_tokens,
                 threads,
             };
-            let progress = |what: &str| {
-                if !json {
-                    eprintln!("{what}");
-                }
-            };
+            let progress = stderr_unless(json);
             let report = crate::bench::grammar::run(&options, &progress)
                 .context("benchmarking grammar-constrained decoding")?;
             emit(json, &report, report.to_text())
@@ -754,4 +734,13 @@ fn emit(json: bool, report: &impl serde::Serialize, text: String) -> anyhow::Res
         print!("{text}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a benchmark is measuring, on stderr; nothing when the report is JSON.
+fn stderr_unless(json: bool) -> impl Fn(&str) {
+    move |what: &str| {
+        if !json {
+            eprintln!("{what}");
+        }
+    }
 }
