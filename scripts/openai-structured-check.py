@@ -14,9 +14,8 @@ Each tool run is a chat completion with `tool_choice` and `parallel_tool_calls`;
 when it returns at least one call (exactly one unless parallel), every call names a declared tool
 (the named one when named), and every call's arguments parse as JSON and validate against that
 tool's parameters. Each schema run uses `response_format` json_schema; each object run
-json_object. Validation uses the `jsonschema` package when the venv has it, else a checker of the
-schema keywords the test uses (type, properties, required, additionalProperties, enum, minimum,
-maximum, minLength, maxLength, items).
+json_object. Validation uses the `jsonschema` package (Draft 2020-12), which the reference venv
+pins; without it the script fails at once.
 """
 
 import argparse
@@ -24,57 +23,16 @@ import json
 
 from openai import OpenAI
 
-try:
-    import jsonschema
+# The reference venv pins jsonschema (scripts/requirements-ref.txt): a missing one is an error,
+# never a quietly weaker check.
+import jsonschema
 
-    def errors(value, schema):
-        v = jsonschema.Draft202012Validator(schema)
-        return [e.message for e in v.iter_errors(value)]
+VALIDATOR = f"jsonschema {getattr(jsonschema, '__version__', '')}".strip()
 
-    VALIDATOR = "jsonschema " + jsonschema.__version__ if hasattr(jsonschema, "__version__") else "jsonschema"
-except ImportError:
-    VALIDATOR = "builtin subset"
 
-    def errors(value, schema, path="$"):
-        out = []
-        t = schema.get("type")
-        kinds = {
-            "object": lambda v: isinstance(v, dict),
-            "array": lambda v: isinstance(v, list),
-            "string": lambda v: isinstance(v, str),
-            "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-            "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-            "boolean": lambda v: isinstance(v, bool),
-            "null": lambda v: v is None,
-        }
-        if t is not None and not kinds[t](value):
-            return [f"{path}: {value!r} is not of type {t}"]
-        if "enum" in schema and value not in schema["enum"]:
-            out.append(f"{path}: {value!r} is not one of {schema['enum']}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if "minimum" in schema and value < schema["minimum"]:
-                out.append(f"{path}: {value} < minimum {schema['minimum']}")
-            if "maximum" in schema and value > schema["maximum"]:
-                out.append(f"{path}: {value} > maximum {schema['maximum']}")
-        if isinstance(value, str):
-            if "minLength" in schema and len(value) < schema["minLength"]:
-                out.append(f"{path}: {value!r} shorter than {schema['minLength']}")
-            if "maxLength" in schema and len(value) > schema["maxLength"]:
-                out.append(f"{path}: {value!r} longer than {schema['maxLength']}")
-        if isinstance(value, dict):
-            props = schema.get("properties", {})
-            for r in schema.get("required", []):
-                if r not in value:
-                    out.append(f"{path}: missing required {r!r}")
-            for k, v in value.items():
-                if k in props:
-                    out.extend(errors(v, props[k], f"{path}.{k}"))
-                elif schema.get("additionalProperties") is False:
-                    out.append(f"{path}: unexpected property {k!r}")
-        if isinstance(value, list) and "items" in schema:
-            for i, v in enumerate(value):
-                out.extend(errors(v, schema["items"], f"{path}[{i}]"))
-        return out
+def errors(value, schema):
+    v = jsonschema.Draft202012Validator(schema)
+    return [e.message for e in v.iter_errors(value)]
 
 
 def check_json(text, schema):

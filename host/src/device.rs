@@ -1,8 +1,9 @@
 //! Device and precision selection: the one seam where CPU and CUDA differ.
 //!
 //! Everything that places tensors asks this module, so `--device cuda:1 --dtype bf16` on a GPU
-//! machine and the defaults on a CPU-only one go through the same code. On CPU the default
-//! precision is f32 (bf16 speed varies too much between CPUs); on CUDA it is bf16.
+//! machine and the defaults on a CPU-only one go through the same code. `--dtype auto` means bf16
+//! on CUDA and on CPUs with bf16 matrix instructions, f32 on other CPUs ([`Precision::auto`]);
+//! `RLHOST_CPU_BF16` ([`CPU_BF16_ENV`]) overrides the CPU probe.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,6 +14,11 @@ pub enum DeviceError {
     /// The device string is not `auto`, `cpu`, `cuda` or `cuda:N`.
     #[error("invalid device {0:?}: expected auto, cpu, cuda or cuda:N")]
     InvalidDevice(String),
+    /// `RLHOST_CPU_BF16` is set to something other than `0` or `1`.
+    #[error(
+        "invalid RLHOST_CPU_BF16={0:?}: expected 0 (act as a CPU without bf16 matrix instructions) or 1 (with them)"
+    )]
+    InvalidCpuBf16(String),
     /// The precision string is not a known dtype name.
     #[error("invalid dtype {0:?}: expected f32 (float32) or bf16 (bfloat16)")]
     InvalidDtype(String),
@@ -138,14 +144,37 @@ pub struct CpuBf16 {
     pub amx_bf16: bool,
     /// aarch64 `bf16` (BFDOT/BFMMLA).
     pub arm_bf16: bool,
+    /// Set from [`CPU_BF16_ENV`] (`1`: as if the CPU had bf16 matrix instructions, `0`: as if it
+    /// had none), whatever the flags say; `None` where the variable is unset.
+    pub forced: Option<bool>,
 }
 
+/// The environment variable that overrides what [`CpuBf16::detect`] reads from the CPU: `1` makes
+/// `--dtype auto` pick bf16 as on a CPU with bf16 matrix instructions, `0` f32 as on one without.
+/// For running the test suite as either kind of CPU would (`RLHOST_CPU_BF16=1 make test` on an
+/// AVX2 machine) and for users whose kernel hides the flags; `host doctor` says when it is set.
+pub const CPU_BF16_ENV: &str = "RLHOST_CPU_BF16";
+
 impl CpuBf16 {
-    /// What this machine's CPU offers (nothing, where `/proc/cpuinfo` cannot be read).
-    pub fn detect() -> Self {
-        std::fs::read_to_string("/proc/cpuinfo")
+    /// What this machine's CPU offers (nothing, where `/proc/cpuinfo` cannot be read), with
+    /// [`CPU_BF16_ENV`]'s override where it is set to `0` or `1`. Any other value is an error
+    /// naming the variable.
+    pub fn detect() -> Result<Self, DeviceError> {
+        let mut found = std::fs::read_to_string("/proc/cpuinfo")
             .map(|text| Self::from_cpuinfo(&text))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        found.forced = match std::env::var(CPU_BF16_ENV) {
+            Err(std::env::VarError::NotPresent) => None,
+            Ok(v) if v.trim() == "1" => Some(true),
+            Ok(v) if v.trim() == "0" => Some(false),
+            Ok(v) => return Err(DeviceError::InvalidCpuBf16(v)),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(DeviceError::InvalidCpuBf16(
+                    v.to_string_lossy().into_owned(),
+                ));
+            }
+        };
+        Ok(found)
     }
 
     /// Reads the first processor's `flags` (x86) or `Features` (aarch64) line of a
@@ -163,12 +192,14 @@ impl CpuBf16 {
             avx512_bf16: x86.contains(&"avx512_bf16"),
             amx_bf16: x86.contains(&"amx_bf16"),
             arm_bf16: arm.contains(&"bf16"),
+            forced: None,
         }
     }
 
-    /// Whether bf16 matrix products run in hardware.
+    /// Whether bf16 matrix products run in hardware (or [`CPU_BF16_ENV`] says to act as if).
     pub fn matrix(&self) -> bool {
-        self.avx512_bf16 || self.amx_bf16 || self.arm_bf16
+        self.forced
+            .unwrap_or(self.avx512_bf16 || self.amx_bf16 || self.arm_bf16)
     }
 
     /// The instructions found, by their `/proc/cpuinfo` names.
@@ -181,9 +212,13 @@ impl CpuBf16 {
         .into_iter()
         .filter_map(|(has, name)| has.then_some(name))
         .collect();
-        match names.is_empty() {
+        let found = match names.is_empty() {
             true => "none".to_owned(),
             false => names.join(", "),
+        };
+        match self.forced {
+            Some(f) => format!("{found}; {CPU_BF16_ENV}={} overrides it", u8::from(f)),
+            None => found,
         }
     }
 }
@@ -200,13 +235,21 @@ pub enum Precision {
 impl Precision {
     /// The precision `--dtype auto` picks for `device` on this machine: bf16 on CUDA, and on a
     /// CPU with bf16 matrix instructions ([`CpuBf16::detect`]); f32 otherwise.
-    pub fn default_for(device: tch::Device) -> Self {
-        Self::auto(device, &CpuBf16::detect()).0
+    pub fn default_for(device: tch::Device) -> Result<Self, DeviceError> {
+        Ok(Self::auto(device, &CpuBf16::detect()?).0)
     }
 
     /// The precision `--dtype auto` picks for `device` on a CPU offering `cpu`, and why.
     pub fn auto(device: tch::Device, cpu: &CpuBf16) -> (Self, String) {
         match device {
+            tch::Device::Cpu if cpu.forced == Some(true) => (
+                Self::Bf16,
+                format!("{CPU_BF16_ENV}=1 (this CPU has: {})", cpu.found()),
+            ),
+            tch::Device::Cpu if cpu.forced == Some(false) => (
+                Self::F32,
+                format!("{CPU_BF16_ENV}=0 (this CPU has: {})", cpu.found()),
+            ),
             tch::Device::Cpu if cpu.matrix() => (
                 Self::Bf16,
                 format!("this CPU has bf16 matrix instructions ({})", cpu.found()),
@@ -277,7 +320,8 @@ mod tests {
             CpuBf16 {
                 avx512_bf16: true,
                 amx_bf16: true,
-                arm_bf16: false
+                arm_bf16: false,
+                forced: None,
             }
         );
         assert_eq!(cpu(sapphire).found(), "avx512_bf16, amx_bf16");
@@ -299,6 +343,29 @@ mod tests {
                 .contains("no bf16 matrix")
         );
         assert_eq!(Precision::auto(cpu0, &cpu(graviton3)).0, Precision::Bf16);
+        // The override wins both ways and says so.
+        let forced = |text: &str, f: bool| CpuBf16 {
+            forced: Some(f),
+            ..cpu(text)
+        };
+        assert_eq!(
+            Precision::auto(cpu0, &forced(zen3, true)).0,
+            Precision::Bf16
+        );
+        assert_eq!(
+            Precision::auto(cpu0, &forced(zen4, false)).0,
+            Precision::F32
+        );
+        assert!(
+            Precision::auto(cpu0, &forced(zen4, false))
+                .1
+                .contains("RLHOST_CPU_BF16=0")
+        );
+        assert!(
+            forced(zen3, true)
+                .found()
+                .contains("RLHOST_CPU_BF16=1 overrides")
+        );
         // CUDA is bf16 whatever the CPU.
         assert_eq!(
             Precision::auto(tch::Device::Cuda(0), &cpu(zen3)).0,
@@ -361,7 +428,7 @@ mod tests {
     fn precision_defaults_and_parsing() {
         assert_eq!(
             Precision::default_for(tch::Device::Cuda(0)),
-            Precision::Bf16
+            Ok(Precision::Bf16)
         );
         assert_eq!("bfloat16".parse(), Ok(Precision::Bf16));
         assert_eq!("F32".parse(), Ok(Precision::F32));

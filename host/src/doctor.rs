@@ -241,19 +241,24 @@ pub fn collect() -> DoctorReport {
                     source: r.origin.to_string(),
                 }),
                 Err(e) => {
-                    problems.push(error_chain(&e));
+                    problems.push(crate::error_chain(&e));
                     None
                 }
             };
             (Some(paths), registry)
         }
         Err(e) => {
-            problems.push(error_chain(&e));
+            problems.push(crate::error_chain(&e));
             (None, None)
         }
     };
 
-    let bf16 = crate::device::CpuBf16::detect();
+    let bf16 = crate::device::CpuBf16::detect().unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        crate::device::CpuBf16::from_cpuinfo(
+            &std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
+        )
+    });
     let (auto, why) = crate::device::Precision::auto(tch::Device::Cpu, &bf16);
     DoctorReport {
         rlhost_version: crate::VERSION.to_owned(),
@@ -315,17 +320,6 @@ fn installed_plugins(
         });
     }
     Ok(out)
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// `2.13.0+cu130` → `2.13.0`.

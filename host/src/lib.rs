@@ -47,7 +47,21 @@ pub mod rl;
 pub mod rollout;
 pub mod sandbox;
 pub mod server;
+pub mod testing;
 pub mod wasm;
 
 /// This build's rlhost version (the workspace version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// An error and its sources on one line ("doing X: because Y: cause"), for messages that
+/// cannot carry the error itself (a log line, a report field).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

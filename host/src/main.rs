@@ -15,7 +15,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cli = Cli::parse_from(args);
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(err) if err.kind() == clap::error::ErrorKind::InvalidSubcommand => {
+            let _ = err.print();
+            if let Some(list) = rlhost::cli::unknown_subcommand_help(&args) {
+                eprintln!("\n{list}");
+            }
+            return ExitCode::from(2);
+        }
+        Err(err) => err.exit(),
+    };
     rlhost::cli::init_logging(cli.verbose);
     match rlhost::cli::run(cli) {
         Ok(code) => code,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::qwen3::{ProductKernel, product};
+use crate::model::qwen3::{ProductKernel, onednn_product, product};
 use crate::model::{Preset, Qwen3Config, few_rows};
 
 /// Options of the benchmark.
@@ -55,6 +55,18 @@ pub struct ProductsReport {
     pub threads: i32,
     /// One per row count.
     pub rows: Vec<ProductsRow>,
+    /// Kernels that do not run here and why (`onednn` where libtorch lacks it or it refused a
+    /// product, `few_rows` without AVX2 and FMA): no column is measured for them.
+    pub absent: Vec<AbsentKernel>,
+}
+
+/// A kernel the benchmark could not measure here.
+#[derive(Debug, Clone, Serialize)]
+pub struct AbsentKernel {
+    /// `onednn` or `few_rows`.
+    pub kernel: String,
+    /// Why it does not run.
+    pub reason: String,
 }
 
 fn name(k: ProductKernel) -> &'static str {
@@ -99,11 +111,36 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         .collect();
     let head = Tensor::randn([c.vocab_size, h], opts) * 0.02;
     let mut kernels = vec![ProductKernel::Blas];
-    if tch::utils::has_mkldnn() {
-        kernels.push(ProductKernel::OneDnn);
+    let mut absent = Vec::new();
+    let mut missing = |k: ProductKernel, reason: String| {
+        absent.push(AbsentKernel {
+            kernel: name(k).into(),
+            reason,
+        })
+    };
+    // oneDNN is measured only where it really runs: [`product`] would fall back to the BLAS
+    // silently, and the column would time the BLAS under oneDNN's name.
+    if !tch::utils::has_mkldnn() {
+        missing(
+            ProductKernel::OneDnn,
+            "this libtorch was built without oneDNN".into(),
+        );
+    } else {
+        match tch::no_grad(|| onednn_product(&Tensor::ones([1, h], opts), &layers[0][0])) {
+            Ok(_) => kernels.push(ProductKernel::OneDnn),
+            Err(e) => missing(
+                ProductKernel::OneDnn,
+                format!("oneDNN refused a product: {e}"),
+            ),
+        }
     }
     if few_rows::available() {
         kernels.push(ProductKernel::FewRows);
+    } else {
+        missing(
+            ProductKernel::FewRows,
+            "this CPU lacks AVX2 or FMA (or is not x86-64)".into(),
+        );
     }
     let mut rows = Vec::new();
     tch::no_grad(|| {
@@ -144,6 +181,7 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         layer_bytes,
         threads: tch::get_num_threads(),
         rows,
+        absent,
     })
 }
 
@@ -178,6 +216,9 @@ impl ProductsReport {
                     blas.map_or(f64::NAN, |b| b.head_ms / k.head_ms),
                 ));
             }
+        }
+        for a in &self.absent {
+            s.push_str(&format!("{}: not measured: {}\n", a.kernel, a.reason));
         }
         s
     }

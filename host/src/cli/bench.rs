@@ -235,9 +235,6 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Not built yet.
-    #[command(external_subcommand)]
-    Other(Vec<String>),
 }
 
 pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -423,7 +420,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let precision = match dtype.as_str() {
-                "auto" => crate::device::Precision::default_for(tch::Device::Cpu),
+                "auto" => crate::device::Precision::default_for(tch::Device::Cpu)?,
                 other => other
                     .parse::<crate::device::Precision>()
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
@@ -565,10 +562,6 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             bar.finish_and_clear();
             let report = report.context("benchmarking serving")?;
             emit(json, &report, report.to_text())
-        }
-        BenchCommand::Other(words) => {
-            let sub = words.first().map(String::as_str).unwrap_or("");
-            Err(super::not_implemented(&format!("bench {sub}")))
         }
     }
 }

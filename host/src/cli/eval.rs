@@ -233,7 +233,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             let dir = crate::model::hub::resolve(m)?;
             let device = a.device.resolve(CudaStatus::probe())?;
             let precision = match a.dtype.as_str() {
-                "auto" => Precision::default_for(device),
+                "auto" => Precision::default_for(device)?,
                 other => other
                     .parse::<Precision>()
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,

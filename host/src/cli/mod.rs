@@ -1,8 +1,8 @@
 //! The `host` command line. Thin by design: each subcommand parses its arguments, calls one library
 //! function, and prints the result. No logic that a test would want to reach lives here.
 //!
-//! Subcommands that are not built yet (`host bench inference`) refuse to run with a "not
-//! implemented yet" error and a non-zero exit: they never pretend to work.
+//! An unknown subcommand is a usage error (exit 2) that lists the group's subcommands
+//! ([`unknown_subcommand_help`]); nothing parses as "not built yet".
 
 mod bench;
 mod doctor;
@@ -185,12 +185,33 @@ pub(crate) fn capability_hint(err: crate::plugin::PluginError) -> anyhow::Error 
 )]
 struct CapabilityRefusal(crate::plugin::PluginError);
 
-/// The error of a subcommand that is not built yet.
-pub(crate) fn not_implemented(command: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "`host {command}` is not implemented yet in rlhost {}",
-        crate::VERSION
-    )
+/// For a command line clap refused with an unknown subcommand: a line listing the subcommands of
+/// the group it was given to (`host bench`), so the usage error says what exists (clap itself
+/// only suggests a close spelling). `None` where the line names no group.
+pub fn unknown_subcommand_help(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut path = vec![cmd.get_name().to_owned()];
+    for arg in args.iter().skip(1) {
+        let arg = arg.to_str()?;
+        if arg.starts_with('-') {
+            continue;
+        }
+        match cmd.find_subcommand(arg) {
+            Some(sub) => {
+                path.push(sub.get_name().to_owned());
+                cmd = sub.clone();
+            }
+            None => break,
+        }
+    }
+    let names: Vec<&str> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .map(|s| s.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    (!names.is_empty()).then(|| format!("`{}` has: {}", path.join(" "), names.join(", ")))
 }
 
 /// Sets up `tracing` output on stderr: `RLHOST_LOG` if set, else a level from `-v` flags.
@@ -256,9 +277,9 @@ mod tests {
     fn every_group_name_matches_its_clap_name() {
         let cli = Cli::command();
         for sub in cli.get_subcommands() {
-            // Groups with subcommands need one; an unknown one parses as "not built yet".
+            // Groups with subcommands need one of theirs.
             let parsed = Cli::try_parse_from(["host", sub.get_name()])
-                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "later"]))
+                .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "products"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "run", "-c", "1"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "list"]))
                 .or_else(|_| Cli::try_parse_from(["host", sub.get_name(), "trust"]))
@@ -283,14 +304,23 @@ mod tests {
     }
 
     #[test]
-    fn pending_groups_refuse_to_run() {
-        let cli = Cli::try_parse_from(["host", "bench", "inference", "--model", "x"])
-            .expect("unbuilt subcommands parse");
-        let err = run(cli).expect_err("must not pretend to work");
+    fn an_unknown_subcommand_is_a_usage_error_listing_the_group() {
+        let args: Vec<std::ffi::OsString> = ["host", "bench", "inference", "--model", "x"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let err = Cli::try_parse_from(&args).expect_err("no such benchmark");
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidSubcommand);
+        let help = unknown_subcommand_help(&args).expect("bench is a group");
         assert!(
-            err.to_string()
-                .contains("`host bench inference` is not implemented yet"),
-            "{err}"
+            help.starts_with("`host bench` has: plugins, sandbox,"),
+            "{help}"
         );
+        assert!(
+            help.contains("products") && help.contains("serve"),
+            "{help}"
+        );
+        let top: Vec<std::ffi::OsString> = ["host", "nope"].iter().map(Into::into).collect();
+        assert!(unknown_subcommand_help(&top).unwrap().contains("inference"));
     }
 }

@@ -270,25 +270,36 @@ fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
     y
 }
 
+/// `x Wᵀ` by oneDNN (libtorch's `mkldnn_linear`) on `w` in place, or libtorch's error where
+/// oneDNN refuses (a libtorch built without it, a CPU it does not run on). `x` `[rows, in]`, `w`
+/// `[out, in]` contiguous, both f32 on the CPU.
+pub fn onednn_product(x: &Tensor, w: &Tensor) -> Result<Tensor, tch::TchError> {
+    x.contiguous()
+        .f_to_mkldnn(None)
+        .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
+        .and_then(|m| m.f_to_dense(None, false))
+}
+
+/// Whether oneDNN has not refused a product in this process yet ([`product`] falls back to the
+/// BLAS for good after the first refusal, and says so in a warning).
+pub fn onednn_works() -> bool {
+    ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `x Wᵀ` for `x` `[rows, in]` and `w` `[out, in]` by `kernel`; the few-rows kernel and oneDNN
 /// need f32 operands on the CPU, `w` contiguous (checked by [`Qwen3::project`]; a bench
-/// passes its own). When oneDNN refuses, the BLAS computes it, and every later oneDNN product.
+/// passes its own). When oneDNN refuses, the BLAS computes it, and every later oneDNN product
+/// ([`onednn_works`] then says false; a caller that must know oneDNN ran calls
+/// [`onednn_product`]).
 pub fn product(kernel: ProductKernel, x: &Tensor, w: &Tensor) -> Tensor {
     match kernel {
         ProductKernel::FewRows => few_rows_linear(&x.contiguous(), w),
-        ProductKernel::OneDnn => {
-            let y = x
-                .contiguous()
-                .f_to_mkldnn(None)
-                .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
-                .and_then(|m| m.f_to_dense(None, false));
-            y.unwrap_or_else(|e| {
-                ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
-                x.linear::<Tensor>(w, None)
-            })
-        }
-        ProductKernel::Blas => x.linear::<Tensor>(w, None),
+        ProductKernel::OneDnn if onednn_works() => onednn_product(x, w).unwrap_or_else(|e| {
+            ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
+            x.linear::<Tensor>(w, None)
+        }),
+        ProductKernel::OneDnn | ProductKernel::Blas => x.linear::<Tensor>(w, None),
     }
 }
 
@@ -554,9 +565,7 @@ impl Qwen3 {
             ProductKernel::Blas
         } else if few_rows::available() {
             ProductKernel::FewRows
-        } else if tch::utils::has_mkldnn()
-            && ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        } else if tch::utils::has_mkldnn() && onednn_works() {
             ProductKernel::OneDnn
         } else {
             ProductKernel::Blas

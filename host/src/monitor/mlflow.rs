@@ -53,6 +53,21 @@ pub enum MlflowError {
         #[source]
         source: serde_json::Error,
     },
+    /// A request body could not be written as JSON.
+    #[error("{route}: encoding the request")]
+    Encode {
+        /// The REST route.
+        route: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The worker's runtime could not be set up (its async runtime or its thread).
+    #[error("starting the MLflow worker")]
+    Start(#[source] std::io::Error),
+    /// The worker's HTTP client could not be built.
+    #[error("building the MLflow HTTP client")]
+    Client(#[source] reqwest::Error),
 }
 
 impl MlflowError {
@@ -62,6 +77,7 @@ impl MlflowError {
         match self {
             Self::Unreachable { .. } | Self::Answer { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
+            Self::Encode { .. } | Self::Start(_) | Self::Client(_) => false,
         }
     }
 }
@@ -136,17 +152,28 @@ fn millis() -> i64 {
 
 impl MlflowRun {
     /// Starts the worker for `target` with `params` (logged once the run exists). Returns at
-    /// once: the server is first contacted by the worker.
+    /// once: the server is first contacted by the worker. Fails soft like the rest of the
+    /// worker: when its thread, runtime or HTTP client cannot be set up, that is logged as an
+    /// error and the run goes on without MLflow (its metrics are in `metrics.jsonl`).
     pub fn start(target: MlflowTarget, params: Vec<(String, String)>) -> Self {
         let (tx, rx) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("mlflow".into())
-            .spawn(move || Worker::new(target, params).run(rx))
-            .expect("spawning a thread");
-        Self {
-            tx,
-            worker: Some(worker),
-        }
+            .spawn(move || match Worker::new(target, params) {
+                Ok(w) => w.run(rx),
+                Err(e) => tracing::error!(
+                    "mlflow: {}; this run's metrics are in metrics.jsonl only",
+                    crate::error_chain(&e)
+                ),
+            })
+            .map_err(|e| {
+                tracing::error!(
+                    "mlflow: {}; this run's metrics are in metrics.jsonl only",
+                    crate::error_chain(&MlflowError::Start(e))
+                )
+            })
+            .ok();
+        Self { tx, worker }
     }
 
     /// Queues `values` at `step` (non-finite values are left out: JSON cannot carry them).
@@ -244,11 +271,11 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(target: MlflowTarget, params: Vec<(String, String)>) -> Self {
+    fn new(target: MlflowTarget, params: Vec<(String, String)>) -> Result<Self, MlflowError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("a tokio runtime");
+            .map_err(MlflowError::Start)?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(3))
@@ -256,8 +283,8 @@ impl Worker {
             // may have closed as idle meanwhile.
             .pool_max_idle_per_host(0)
             .build()
-            .expect("an HTTP client");
-        Self {
+            .map_err(MlflowError::Client)?;
+        Ok(Self {
             run_id: target.run_id.clone(),
             target,
             params,
@@ -269,7 +296,7 @@ impl Worker {
             down: false,
             pause: Duration::from_secs(1),
             next_try: Instant::now(),
-        }
+        })
     }
 
     fn url(&self, route: &str) -> String {
@@ -291,7 +318,10 @@ impl Worker {
                 .http
                 .post(url)
                 .header("content-type", "application/json")
-                .body(serde_json::to_vec(b).expect("serialisable")),
+                .body(
+                    serde_json::to_vec(b)
+                        .map_err(|source| MlflowError::Encode { route, source })?,
+                ),
             None => self.http.get(url).query(query),
         };
         self.rt.block_on(async {
@@ -476,9 +506,18 @@ impl Worker {
             }) {
                 Ok(Msg::Metrics(m)) => {
                     self.take(m);
-                    // Take whatever else is queued before talking to the server.
-                    while let Ok(Msg::Metrics(m)) = rx.try_recv() {
-                        self.take(m);
+                    // Take whatever else is queued before talking to the server; a `Finish`
+                    // among it ends the run here (it must not be lost: its sender waits).
+                    loop {
+                        match rx.try_recv() {
+                            Ok(Msg::Metrics(m)) => self.take(m),
+                            Ok(Msg::Finish { failed, done }) => {
+                                self.finish(failed);
+                                let _ = done.send(());
+                                return;
+                            }
+                            Err(_) => break,
+                        }
                     }
                     self.try_flush();
                 }
@@ -514,7 +553,10 @@ impl Worker {
             }
         }
         let status = if failed { "FAILED" } else { "FINISHED" };
-        let run_id = self.run_id.clone().expect("flushed, so the run exists");
+        let Some(run_id) = self.run_id.clone() else {
+            tracing::warn!("mlflow: the run was never created; its status is not set");
+            return;
+        };
         if let Err(e) = self.call::<serde_json::Value>(
             "runs/update",
             Some(&serde_json::json!({ "run_id": run_id, "status": status, "end_time": millis() })),

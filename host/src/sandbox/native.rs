@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,7 +18,7 @@ use rlhost_sdk::types::{PythonLimits, PythonOutput};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{Sandbox, SandboxError, SandboxPolicy};
 
@@ -198,13 +199,96 @@ async fn interpreter_path(python: &Path) -> Result<PathBuf, SandboxError> {
 
 /// Native CPython behind isolated forks of pre-started zygotes.
 pub struct NativeSandbox {
+    pool: Arc<Pool>,
+    policy: SandboxPolicy,
+    _dir: tempfile::TempDir,
+}
+
+/// The zygotes and what starts a fresh one. Invariant: every permit the semaphore has available
+/// stands for an idle zygote, so a call that holds a permit always finds one. A zygote goes back
+/// to `idle` before its permit is released; a zygote that is lost (its call failed, or the call's
+/// future was dropped mid-call) keeps its permit until a fresh one replaces it, and when even that
+/// fails the semaphore is closed, so later calls fail at once instead of waiting for a zygote that
+/// will never come back.
+struct Pool {
     options: NativeOptions,
     python: PathBuf,
-    policy: SandboxPolicy,
     script: PathBuf,
-    _dir: tempfile::TempDir,
-    idle: Mutex<Vec<Zygote>>,
-    permits: tokio::sync::Semaphore,
+    idle: std::sync::Mutex<Vec<Zygote>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Pool {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Zygote>> {
+        // The lock is never held across an await nor while anything can panic.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts `zygote` back, then releases the permit that counted it.
+    fn give_back(&self, zygote: Zygote, permit: OwnedSemaphorePermit) {
+        self.idle().push(zygote);
+        drop(permit);
+    }
+
+    /// Starts a fresh zygote in place of a lost one (already killed) and returns it with
+    /// `permit`; closes the pool when it cannot.
+    async fn replace(self: Arc<Self>, permit: OwnedSemaphorePermit) -> Result<(), SandboxError> {
+        match Zygote::start(&self.python, &self.options, &self.script).await {
+            Ok(fresh) => {
+                self.give_back(fresh, permit);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("the native sandbox lost a zygote and cannot start another: {e}");
+                self.permits.close();
+                Err(e)
+            }
+        }
+    }
+
+    /// Replaces a lost zygote on a task of its own, so the replacement completes even when the
+    /// caller's future is dropped; where there is no runtime to run it, closes the pool.
+    fn replace_in_background(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+    ) -> Option<tokio::task::JoinHandle<Result<(), SandboxError>>> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => Some(rt.spawn(self.clone().replace(permit))),
+            Err(_) => {
+                self.permits.close();
+                None
+            }
+        }
+    }
+}
+
+/// A zygote lent to one call, with the permit that counts it. Dropped while still holding the
+/// zygote (the call's future was dropped mid-call, so the zygote may be half-way through a
+/// request), it kills that zygote and starts a fresh one in the background.
+struct Lent {
+    pool: Arc<Pool>,
+    zygote: Option<Zygote>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Lent {
+    /// The zygote and its permit, taken out so that dropping `self` does nothing.
+    fn take(mut self) -> (Zygote, OwnedSemaphorePermit) {
+        match (self.zygote.take(), self.permit.take()) {
+            (Some(z), Some(p)) => (z, p),
+            _ => unreachable!("a Lent holds both until taken or dropped"),
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let (Some(mut zygote), Some(permit)) = (self.zygote.take(), self.permit.take()) {
+            let _ = zygote.child.start_kill();
+            drop(zygote);
+            self.pool.replace_in_background(permit);
+        }
+    }
 }
 
 impl NativeSandbox {
@@ -238,12 +322,14 @@ impl NativeSandbox {
             zygotes.push(Zygote::start(&python, &options, &script).await?);
         }
         Ok(Self {
-            permits: tokio::sync::Semaphore::new(zygotes.len()),
-            idle: Mutex::new(zygotes),
-            options,
-            python,
+            pool: Arc::new(Pool {
+                permits: Arc::new(Semaphore::new(zygotes.len())),
+                idle: std::sync::Mutex::new(zygotes),
+                options,
+                python,
+                script,
+            }),
             policy,
-            script,
             _dir: dir,
         })
     }
@@ -251,47 +337,61 @@ impl NativeSandbox {
     /// Process ids of the zygotes idle now (all of them between calls): for monitoring, and
     /// for tests that take the sandbox down under a run.
     pub async fn zygote_pids(&self) -> Vec<u32> {
-        self.idle
-            .lock()
-            .await
+        self.pool
+            .idle()
             .iter()
             .filter_map(|z| z.child.id())
             .collect()
     }
 
-    /// Runs `code` in a fresh isolated child of a zygote.
+    /// Runs `code` in a fresh isolated child of a zygote. Cancellation-safe: dropping the
+    /// returned future mid-call kills that call's zygote and replaces it in the background, so
+    /// the sandbox keeps its full number of workers.
     pub async fn run(
         &self,
         code: &str,
         limits: PythonLimits,
     ) -> Result<PythonOutput, SandboxError> {
         let limits = self.policy.clamp(limits);
-        let _permit = self
+        let shut = || SandboxError::Failed("the sandbox is shut down".into());
+        let permit = self
+            .pool
             .permits
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
-            .map_err(|_| SandboxError::Failed("the sandbox is shut down".into()))?;
-        let mut zygote = self
-            .idle
-            .lock()
-            .await
-            .pop()
-            .expect("a permit means an idle zygote");
-        let result = zygote.call(code, limits).await;
-        if result.is_err() {
-            // Replace a zygote that failed. When even that fails the sandbox is broken: it is
-            // closed, so every later call fails at once instead of waiting for a zygote that
-            // will never come back.
-            let _ = zygote.child.start_kill();
-            match Zygote::start(&self.python, &self.options, &self.script).await {
-                Ok(fresh) => zygote = fresh,
-                Err(e) => {
-                    self.permits.close();
-                    return Err(e);
-                }
+            .map_err(|_| shut())?;
+        // A permit stands for an idle zygote (see `Pool`); none here would be a bookkeeping bug,
+        // reported as a failed call rather than a panic.
+        let zygote = self.pool.idle().pop().ok_or_else(|| {
+            SandboxError::Failed("internal error: a worker permit without an idle zygote".into())
+        })?;
+        let mut lent = Lent {
+            pool: self.pool.clone(),
+            zygote: Some(zygote),
+            permit: Some(permit),
+        };
+        let result = match lent.zygote.as_mut() {
+            Some(z) => z.call(code, limits).await,
+            None => unreachable!("just lent"),
+        };
+        let (mut zygote, permit) = lent.take();
+        if result.is_ok() {
+            self.pool.give_back(zygote, permit);
+            return result;
+        }
+        // Replace a zygote that failed, on a task of its own (the replacement outlives this
+        // future if it is dropped); when even that fails the pool is closed and this call
+        // reports why.
+        let _ = zygote.child.start_kill();
+        drop(zygote);
+        if let Some(replacing) = self.pool.replace_in_background(permit) {
+            match replacing.await {
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(SandboxError::Failed(format!("replacing a zygote: {e}"))),
+                Ok(Ok(())) => {}
             }
         }
-        self.idle.lock().await.push(zygote);
         result
     }
 }

@@ -42,25 +42,29 @@ fn version_is_the_workspace_version() {
 }
 
 #[test]
-fn unbuilt_groups_fail_loudly_and_touch_nothing() {
+fn an_unknown_benchmark_is_a_usage_error_listing_the_benchmarks_and_touches_nothing() {
     let home = tempfile::tempdir().unwrap();
-    // Groups with some subcommands built refuse the ones that are not.
-    let pending: Vec<(Vec<&str>, &str)> =
-        vec![(vec!["bench", "inference", "--flag"], "host bench inference")];
-    for (args, command) in pending {
-        let out = run(host(home.path()).args(&args));
+    for word in ["inference", "typo"] {
+        let out = run(host(home.path()).args(["bench", word, "--flag"]));
         let (stdout, stderr) = texts(&out);
-        assert_eq!(out.status.code(), Some(1), "`{command}`: {stderr}");
-        assert!(stdout.is_empty(), "`{command}` printed to stdout: {stdout}");
+        assert_eq!(out.status.code(), Some(2), "`host bench {word}`: {stderr}");
+        assert!(stdout.is_empty(), "`host bench {word}` printed: {stdout}");
         assert!(
-            stderr.contains(&format!("`{command}` is not implemented yet")),
-            "`{command}`: {stderr}"
+            stderr.contains(&format!("unrecognized subcommand '{word}'")),
+            "{stderr}"
         );
+        assert!(
+            stderr.contains("`host bench` has: plugins, sandbox, math-verify,")
+                && stderr.contains("products")
+                && stderr.contains("serve"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("not implemented"), "{stderr}");
     }
     let left: Vec<_> = std::fs::read_dir(home.path()).unwrap().collect();
     assert!(
         left.is_empty(),
-        "pending commands wrote into RLHOST_HOME: {left:?}"
+        "a usage error wrote into RLHOST_HOME: {left:?}"
     );
 }
 

@@ -17,7 +17,8 @@
 //!    robin, both loaded each step's weights.
 //!
 //! Not part of `make test` (it needs the vLLM venv and minutes): `#[ignore]`d, run by
-//! `make interop`, which says so and stops when the venv is absent.
+//! `make interop`, which CI runs after `make test`; without the venv `make interop` says so and
+//! stops, and under `CI=true` fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -485,7 +486,11 @@ fn vllm_interop() {
     };
     let (s_vllm, r_vllm) = eval(&["-b", &vllm.url], &tmp.path().join("eval-vllm"));
     let warm_s = warm.display().to_string();
-    let (s_ours, r_ours) = eval(&["-m", &warm_s], &tmp.path().join("eval-ours"));
+    // In f32 like vLLM (`auto` is bf16 on CPUs with bf16 matrix instructions).
+    let (s_ours, r_ours) = eval(
+        &["-m", &warm_s, "--dtype", "f32"],
+        &tmp.path().join("eval-ours"),
+    );
     let completions = |r: &[Value]| -> Vec<String> {
         r.iter()
             .map(|l| l["completion"].to_string() + &l["reward"].to_string())

@@ -27,7 +27,11 @@ fn special(path: &str) -> Option<&'static str> {
         "trainer.optim.warmup_steps" => "5",
         "trainer.max_steps" | "orchestrator.max_steps" => "7",
         "inference.device" => "cuda:3",
-        "inference.dtype" => "bf16",
+        // Not what `auto` picks on this machine (bf16 on CPUs with bf16 matrix instructions).
+        "inference.dtype" => match rlhost::device::Precision::default_for(Device::Cpu) {
+            Ok(rlhost::device::Precision::Bf16) => "f32",
+            _ => "bf16",
+        },
         "inference.tool_call_parser" | "orchestrator.client.tool_call_parser" => "qwen3_coder",
         "inference.reasoning_parser" => "qwen3",
         "inference.host" => "0.0.0.0",

@@ -431,3 +431,60 @@ async fn a_sandbox_dying_mid_run_stops_the_evaluation() {
     assert!(done[0].error.is_none() && done[0].missing_capabilities.is_empty());
     assert!(env.capabilities().lost().is_some());
 }
+
+/// Calls dropped mid-flight at full concurrency (a client that went away, a rollout cancelled)
+/// lose nothing: their zygotes are replaced, and the next calls at full concurrency all run
+/// (before, the permit came back without its zygote and the next call panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_mid_flight_leave_every_worker_usable() {
+    let Some(sb) = sandbox("calls_dropped_mid_flight_leave_every_worker_usable").await else {
+        return;
+    };
+    let sb = Arc::new(sb);
+    let before = sb.zygote_pids().await;
+    assert_eq!(before.len(), 2);
+    for round in 0..2 {
+        // Both workers busy, then both calls dropped while their code sleeps.
+        let calls: Vec<_> = (0..2)
+            .map(|_| {
+                let sb = sb.clone();
+                tokio::spawn(async move {
+                    tokio::time::timeout(
+                        std::time::Duration::from_millis(700),
+                        sb.run("import time\ntime.sleep(30)", limits(60_000)),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for c in calls {
+            assert!(
+                c.await.unwrap().is_err(),
+                "round {round}: the call was not dropped"
+            );
+        }
+        // Full concurrency again: every call runs (waiting for the replacements if need be).
+        let calls: Vec<_> = (0..4)
+            .map(|i| {
+                let sb = sb.clone();
+                tokio::spawn(async move { sb.run(&format!("print({i})"), limits(10_000)).await })
+            })
+            .collect();
+        for (i, c) in calls.into_iter().enumerate() {
+            let out = c.await.expect("no panic").expect("the call runs");
+            assert_eq!(
+                out.stdout,
+                format!("{i}\n"),
+                "round {round}: {}",
+                out.stderr
+            );
+        }
+    }
+    // The dropped calls' zygotes were killed and replaced: two idle zygotes, new processes.
+    let after = sb.zygote_pids().await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(
+        after.iter().all(|p| !before.contains(p)),
+        "{before:?} {after:?}"
+    );
+}

@@ -201,7 +201,7 @@ impl InferConfig {
             .and_then(|d| d.resolve(cuda))
             .map_err(InferConfigError::Device)?;
         let precision = match dtype.as_str() {
-            "auto" => Precision::default_for(device),
+            "auto" => Precision::default_for(device).map_err(InferConfigError::Device)?,
             other => other
                 .parse::<Precision>()
                 .map_err(|e| InferConfigError::Value {

@@ -185,9 +185,15 @@ pub struct InferenceServer {
 }
 
 impl InferenceServer {
-    /// Starts the server (one thread, auto tool choice) with `extra` flags; waits until it
-    /// listens.
+    /// Starts the server (one thread, auto tool choice, f32 unless `extra` names a `--dtype`:
+    /// `auto` means bf16 on CPUs with bf16 matrix instructions, and most tests compare with f32
+    /// references) with `extra` flags; waits until it listens.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
+        let dtype: &[&str] = if extra.iter().any(|a| a.starts_with("--dtype")) {
+            &[]
+        } else {
+            &["--dtype", "f32"]
+        };
         let mut child = Command::new(host_bin())
             .args([
                 "inference",
@@ -199,6 +205,7 @@ impl InferenceServer {
                 "-m",
             ])
             .arg(model)
+            .args(dtype)
             .args(extra)
             .env("RLHOST_LOG", "warn")
             .stdout(std::process::Stdio::piped())

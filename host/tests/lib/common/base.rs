@@ -91,21 +91,9 @@ pub fn run_python(python: &Path, script: &str, input: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// Records that `test` skipped (part of) its work and why: printed, and appended to the file named
-/// by `$RLHOST_SKIP_LOG` so `make test` can show it (cargo hides passing tests' output).
+/// Records that `test` skipped (part of) its work and why ([`rlhost::testing::skip`]).
 pub fn skip(test: &str, why: &str) {
-    let line = format!("SKIPPED {test}: {why}");
-    println!("{line}");
-    if let Some(path) = std::env::var_os("RLHOST_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
+    rlhost::testing::skip(test, why);
 }
 
 /// `path`, a file that `make TARGET` builds, or a panic that says to run it.

@@ -167,28 +167,3 @@ pub fn check_with(convention: Convention, pred: &str, gold: &str, steps: u64) ->
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod cold {
-    #[test]
-    fn cold_costs() {
-        let t = std::time::Instant::now();
-        crate::normalize::normalize("5", Some(crate::normalize::Boxed::Last));
-        eprintln!("normalize cold {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        crate::normalize::normalize("\\frac{1}{2}", Some(crate::normalize::Boxed::Last));
-        eprintln!("normalize frac {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        crate::normalize::normalize("5", Some(crate::normalize::Boxed::Last));
-        eprintln!("normalize warm {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        crate::check(crate::Convention::MathRubric, "5", "5");
-        eprintln!("check mr {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        crate::check(crate::Convention::Seed, "5", "5");
-        eprintln!("check seed {:?}", t.elapsed());
-        let t = std::time::Instant::now();
-        crate::check(crate::Convention::Seed, "5", "5");
-        eprintln!("check seed warm {:?}", t.elapsed());
-    }
-}
