@@ -15,7 +15,19 @@
 //!
 //! **Cost.** The token table ([`GrammarTokens`]) is built once per engine, the first time a
 //! constrained request arrives (unconstrained engines never build it); masks are computed only
-//! for the rows that carry a constraint, so unconstrained requests pay nothing.
+//! for the rows that carry a constraint, so unconstrained requests pay nothing. Building the
+//! table and compiling a grammar take from milliseconds to seconds of CPU: callers run them off
+//! the threads that serve requests (the server's grammar pool, `server::constrain`).
+//!
+//! **Validation.** llguidance compiles parts of a grammar lazily (JSON schemas' `$ref`s, the
+//! lexer) and applies its parser's limits from the first step, so a grammar that compiles can
+//! still fail on its first token (a `$ref` cycle that never reaches a type, more alternatives at
+//! one point than the parser allows). [`GrammarTokens::compile_lark`] therefore computes the
+//! first mask too, and keeps it for every sequence that starts with the grammar.
+//!
+//! **Panics.** llguidance catches its own panics and returns them as errors whose text carries a
+//! backtrace. Every error leaving this module is one line a client may read: a panic becomes
+//! [`GrammarError::Internal`] with the panic's message alone, and the full text is logged.
 //!
 //! This module never chooses what a grammar is (that is the server's: tool calls, response
 //! formats); it only compiles grammars and applies them to sequences.
@@ -28,7 +40,8 @@ use llguidance::{Matcher, ParserFactory, TokenParser};
 
 use crate::model::Tokenizer;
 
-/// Why a grammar could not be built, compiled or followed.
+/// Why a grammar could not be built, compiled or followed. Every message is fit for a client:
+/// no parser state, grammar dump or backtrace (those are logged).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrammarError {
     /// The tokenizer cannot be described byte by byte (not a byte-level BPE).
@@ -37,9 +50,47 @@ pub enum GrammarError {
     /// The grammar (or a JSON schema or regex inside it) does not compile; llguidance's message.
     #[error("{0}")]
     Compile(String),
+    /// The grammar compiles but cannot start: it admits no output, or its first step is beyond
+    /// the parser's limits.
+    #[error("{0}")]
+    Unusable(String),
     /// The grammar refused the sequence's next step.
     #[error("grammar-constrained decoding failed: {0}")]
     Step(String),
+    /// llguidance panicked (and caught it) on this grammar: the panic's message, one line.
+    #[error("the grammar library failed on this grammar (an internal error, logged): {0}")]
+    Internal(String),
+}
+
+/// llguidance's error text as a [`GrammarError`] a client may read, logging the full text.
+/// A panic llguidance caught reads `panic: MESSAGE` then a `<backtrace>`: it becomes
+/// [`GrammarError::Internal`] with the message's first line. Other errors keep their text up to
+/// the parser-state, grammar or backtrace dump llguidance appends (`kind` wraps it).
+fn from_llguidance(
+    e: impl std::fmt::Display,
+    doing: &str,
+    kind: fn(String) -> GrammarError,
+) -> GrammarError {
+    let full = e.to_string();
+    if let Some(panic) = full.trim_start().strip_prefix("panic: ") {
+        tracing::error!("llguidance panicked while {doing}: {full}");
+        let first = panic.lines().next().unwrap_or_default().trim();
+        return GrammarError::Internal(first.to_string());
+    }
+    let cut = [
+        "\n<state>",
+        "\n<non-verbose/>",
+        "\n<backtrace>",
+        "\nStack backtrace:",
+    ]
+    .iter()
+    .filter_map(|m| full.find(m))
+    .min()
+    .unwrap_or(full.len());
+    if cut < full.len() {
+        tracing::debug!("llguidance refused a grammar while {doing}: {full}");
+    }
+    kind(full[..cut].trim_end().to_string())
 }
 
 /// Every token of a model as bytes, with its end-of-sequence ids: what llguidance needs to turn a
@@ -126,24 +177,71 @@ impl GrammarTokens {
         self.factory.tok_env().tok_trie().vocab_size()
     }
 
-    /// Compiles a Lark grammar (llguidance's dialect: `%json {…}` embeds a JSON schema). The
-    /// error is llguidance's message.
+    /// Compiles a Lark grammar (llguidance's dialect: `%json {…}` embeds a JSON schema) and
+    /// validates it by computing its first mask: a grammar that compiles but cannot start is
+    /// [`GrammarError::Unusable`]. Errors carry llguidance's message (a panic's, one line).
+    /// Costs up to seconds of CPU for large grammars: never call it on a thread that serves
+    /// requests.
     pub fn compile_lark(&self, lark: &str) -> Result<Constraint, GrammarError> {
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark.to_string()))
-            .map_err(|e| GrammarError::Compile(e.to_string()))?;
+            .map_err(|e| from_llguidance(e, "compiling a grammar", GrammarError::Compile))?;
+        let mut probe = SequenceGrammar {
+            matcher: Matcher::new(Ok(parser.clone())),
+            first: None,
+        };
+        let first = probe.mask().map_err(|e| match e {
+            GrammarError::Step(m) if m.contains("NoExtensionBias") => GrammarError::Unusable(
+                "the grammar admits no output: no token can start it (a JSON schema whose \
+                 $ref chain never reaches a type does this)"
+                    .into(),
+            ),
+            GrammarError::Step(m) => {
+                GrammarError::Unusable(format!("the grammar cannot start: {m}"))
+            }
+            other => other,
+        })?;
+        // llguidance applies its parser's width limit (2,000 items in a row) once a token is
+        // consumed, not at the start: one step is probed with the shortest allowed token (the
+        // one that keeps the most alternatives open), so an alternation too wide is refused here
+        // rather than at a sequence's second token.
+        let trie = self.factory.tok_env().tok_trie();
+        let mut shortest: Option<(usize, u32)> = None;
+        first.iter_set_entries(|t| {
+            let t = t as u32;
+            if !trie.eos_tokens().contains(&t) {
+                let len = trie.token(t).len();
+                if shortest.is_none_or(|(l, _)| len < l) {
+                    shortest = Some((len, t));
+                }
+            }
+        });
+        if let Some((_, t)) = shortest {
+            probe
+                .consume(t)
+                .and_then(|()| probe.mask())
+                .map_err(|e| match e {
+                    GrammarError::Step(m) => GrammarError::Unusable(format!(
+                        "the grammar cannot go on past its first token: {m}"
+                    )),
+                    other => other,
+                })?;
+        }
         Ok(Constraint {
             parser,
+            first,
             source: lark.to_string(),
         })
     }
 }
 
-/// A compiled grammar for one request: each of its sequences follows a copy.
+/// A compiled, validated grammar for one request: each of its sequences follows a copy.
 #[derive(Clone)]
 pub struct Constraint {
     parser: TokenParser,
+    /// The mask at the grammar's start (computed when it was validated).
+    first: SimpleVob,
     source: String,
 }
 
@@ -157,6 +255,7 @@ impl Constraint {
     pub fn start(&self) -> SequenceGrammar {
         SequenceGrammar {
             matcher: Matcher::new(Ok(self.parser.clone())),
+            first: Some(self.first.clone()),
         }
     }
 }
@@ -178,16 +277,23 @@ impl PartialEq for Constraint {
 /// One sequence's place in its grammar.
 pub struct SequenceGrammar {
     matcher: Matcher,
+    /// The first mask, computed when the grammar was validated; taken by the first [`mask`].
+    ///
+    /// [`mask`]: SequenceGrammar::mask
+    first: Option<SimpleVob>,
 }
 
 impl SequenceGrammar {
     /// The tokens allowed next (end-of-sequence only once the grammar is complete), as bit words:
     /// bit `i % 32` of word `i / 32` is token `i`. An empty set is an error.
     pub fn mask(&mut self) -> Result<SimpleVob, GrammarError> {
+        if let Some(m) = self.first.take() {
+            return Ok(m);
+        }
         let m = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| GrammarError::Step(e.to_string()))?;
+            .map_err(|e| from_llguidance(e, "computing a token mask", GrammarError::Step))?;
         if m.is_zero() {
             return Err(GrammarError::Step(
                 "the grammar allows no token here".into(),
@@ -198,9 +304,10 @@ impl SequenceGrammar {
 
     /// Advances past a sampled token.
     pub fn consume(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.first = None;
         self.matcher
             .consume_token(token)
-            .map_err(|e| GrammarError::Step(e.to_string()))
+            .map_err(|e| from_llguidance(e, "advancing past a token", GrammarError::Step))
     }
 
     /// Whether the output so far is a complete sentence of the grammar.
@@ -337,6 +444,122 @@ mod tests {
             &Qwen3Coder,
             &coder.replace("parameter=n>\n7", "parameter=n>\nx")
         ));
+    }
+
+    /// llguidance's error texts as clients see them: a caught panic is its message's first
+    /// line (no backtrace, no file path), other errors stop before the state dump.
+    #[test]
+    fn llguidance_errors_are_one_line_reasons() {
+        let panic = "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n\
+                     <backtrace>\n   0: llguidance::panic_utils::catch_unwind\n             at \
+                     /root/.cargo/registry/src/llguidance-1.9.1/src/panic_utils.rs:40:29\n\
+                     </backtrace>";
+        let e = from_llguidance(panic, "compiling", GrammarError::Compile);
+        assert_eq!(
+            e,
+            GrammarError::Internal(
+                "assertion failed: grammar.symbols.len() < u16::MAX as usize - 10".into()
+            )
+        );
+        let shown = e.to_string();
+        assert!(!shown.contains('\n') && !shown.contains(".rs") && !shown.contains("backtrace"));
+        let e = from_llguidance(
+            "Parser Error: Current row has 20001 items; max is 2000\n<state>\nTokens: ⟦w⟧\n</state>",
+            "masking",
+            GrammarError::Step,
+        );
+        assert_eq!(
+            e,
+            GrammarError::Step("Parser Error: Current row has 20001 items; max is 2000".into())
+        );
+        // A compile error's own lines (a regex and its caret) stay: they are the reason.
+        let e = from_llguidance(
+            "regex parse error:\n    (?=a)\n    ^",
+            "c",
+            GrammarError::Compile,
+        );
+        assert_eq!(
+            e,
+            GrammarError::Compile("regex parse error:\n    (?=a)\n    ^".into())
+        );
+    }
+
+    /// Grammars llguidance compiles but cannot start are refused when compiled, not when a
+    /// sequence first needs a mask: a JSON schema whose `$ref`s only cycle (it admits no
+    /// output), and an alternation wider than the parser's 2,000 items per row.
+    #[test]
+    fn grammars_that_cannot_start_are_refused_at_compile_time() {
+        let (_d, tok) = tiny();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let g = GrammarTokens::new(&tok, &[eos], 512).unwrap();
+        for schema in [
+            r##"{"$ref": "#"}"##,
+            r##"{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}"##,
+            r##"{"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}"##,
+        ] {
+            let e = g
+                .compile_lark(&format!("start: %json {schema}"))
+                .unwrap_err();
+            assert!(
+                matches!(&e, GrammarError::Unusable(m) if m.contains("admits no output")),
+                "{schema}: {e:?}"
+            );
+        }
+        // A recursive schema that does reach a type is fine.
+        g.compile_lark(
+            r##"start: %json {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}"##,
+        )
+        .unwrap();
+        let wide: Vec<String> = (0..2500).map(|i| format!("\"a{i}\"")).collect();
+        let e = g
+            .compile_lark(&format!("start: {}", wide.join(" | ")))
+            .map(|_| "compiled")
+            .unwrap_err();
+        assert!(
+            matches!(&e, GrammarError::Unusable(m) if m.contains("2000")),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("<state>"), "{e}");
+    }
+
+    /// A grammar llguidance panics on (over 65k symbols: here 34,000 rules) is refused with the
+    /// panic's one-line message; the backtrace llguidance attaches is not in it.
+    #[test]
+    fn a_panic_inside_llguidance_is_a_one_line_internal_error() {
+        let (_d, tok) = tiny();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let g = GrammarTokens::new(&tok, &[eos], 512).unwrap();
+        let n = 34_000;
+        let names: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let rules: Vec<String> = (0..n).map(|i| format!("r{i}: \"a{i}\" \"b\"")).collect();
+        let lark = format!("start: {}\n{}\n", names.join(" | "), rules.join("\n"));
+        let e = g.compile_lark(&lark).map(|_| "compiled").unwrap_err();
+        assert!(matches!(e, GrammarError::Internal(_)), "{e:?}");
+        let shown = e.to_string();
+        assert!(shown.contains("assertion failed"), "{shown}");
+        assert!(!shown.contains('\n') && !shown.contains("backtrace") && !shown.contains(".rs:"));
+    }
+
+    /// The first mask, computed when the grammar was validated, is the one a sequence gets at
+    /// its start; after a token, masks are computed again.
+    #[test]
+    fn the_validated_first_mask_starts_every_sequence() {
+        let (_d, tok) = tiny();
+        let eos = tok.token_id("<|im_end|>").unwrap();
+        let g = GrammarTokens::new(&tok, &[eos], 512).unwrap();
+        let c = g.compile_lark(r#"start: "ab" | "cd""#).unwrap();
+        let mut fresh = SequenceGrammar {
+            matcher: Matcher::new(Ok(c.parser.clone())),
+            first: None,
+        };
+        let want = fresh.mask().unwrap();
+        let mut seq = c.start();
+        assert_eq!(seq.mask().unwrap().to_list(), want.to_list());
+        let a = tok.encode("a").unwrap()[0];
+        seq.consume(a).unwrap();
+        let next = seq.mask().unwrap();
+        assert_ne!(next.to_list(), want.to_list());
+        assert!(next.is_allowed(tok.encode("b").unwrap()[0]));
     }
 
     /// Added tokens that are not special (`<tool_call>`) are text: the grammar's literal accepts

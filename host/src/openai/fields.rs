@@ -135,7 +135,7 @@ const COMPLETIONS: &[(&str, Rule)] = &[
     ("logprobs", Honoured),
     ("top_logprobs", Honoured),
     ("echo", Honoured),
-    ("best_of", DefaultOnly(&["1"])),
+    ("best_of", Honoured),
     ("suffix", Refused),
     ("add_special_tokens", DefaultOnly(&["true"])),
     ("prompt_embeds", Refused),
@@ -385,6 +385,7 @@ mod tests {
             logprobs: Some(1),
             top_logprobs: Some(json!(1)),
             echo: true,
+            best_of: Some(1),
             constraints: Default::default(),
         };
         for k in keys(&serde_json::to_value(&completion).unwrap()) {

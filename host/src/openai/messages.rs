@@ -143,11 +143,14 @@ impl<'de> Deserialize<'de> for AnthropicContent {
 }
 
 /// One content block of a request. Blocks are told apart by `type`; one struct reads them all
-/// and the server checks the fields each needs:
-/// - `text`: `text`;
-/// - `tool_use` (assistant): `id`, `name`, `input` (an object);
-/// - `tool_result` (user): `tool_use_id`, `content` (text or text blocks);
-/// - `thinking` (assistant): `thinking` (`signature` is read and not checked).
+/// and the server checks, as Anthropic's API does, that each has the fields its type requires
+/// (of their types) and none that another type owns:
+/// - `text`: `text`, a non-empty string (`citations`, `cache_control` accepted);
+/// - `tool_use` (assistant): `id` and `name`, strings of letters, digits, `_` and `-`; `input`,
+///   an object;
+/// - `tool_result` (user): `tool_use_id`; `content`, text or text blocks (optional);
+/// - `thinking` (assistant): `thinking` and `signature`, strings (the signature is not checked:
+///   this server signs nothing).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContentBlock {
     /// `text`, `tool_use`, `tool_result`, `thinking`; `image`, `document`, … are refused.
@@ -180,6 +183,34 @@ pub struct ContentBlock {
     /// A thinking block's signature (this server signs nothing, so none is checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// A text block's citations (accepted: what the model is shown is the text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub citations: Option<Value>,
+    /// Prompt caching on a block: accepted (every prompt prefix is cached here anyway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<Value>,
+}
+
+impl ContentBlock {
+    /// The fields this block carries, by their wire names (`type` aside).
+    pub fn fields(&self) -> Vec<&'static str> {
+        [
+            ("text", self.text.is_some()),
+            ("id", self.id.is_some()),
+            ("name", self.name.is_some()),
+            ("input", self.input.is_some()),
+            ("tool_use_id", self.tool_use_id.is_some()),
+            ("content", self.content.is_some()),
+            ("is_error", self.is_error.is_some()),
+            ("thinking", self.thinking.is_some()),
+            ("signature", self.signature.is_some()),
+            ("citations", self.citations.is_some()),
+            ("cache_control", self.cache_control.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
 }
 
 /// A tool in a request.
@@ -234,6 +265,61 @@ pub struct ThinkingConfig {
     /// Most thinking tokens (`enabled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_tokens: Option<i64>,
+}
+
+/// An error response as Anthropic's API writes it, `{"type": "error", "error": {"type",
+/// "message"}}`, with OpenAI's `param` and `code` kept inside `error` so a client of either
+/// shape reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnthropicErrorBody {
+    /// `error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The error.
+    pub error: AnthropicErrorDetail,
+}
+
+/// What an [`AnthropicErrorBody`] says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnthropicErrorDetail {
+    /// Anthropic's error type for the status: `invalid_request_error` (400, 405),
+    /// `not_found_error` (404), `request_too_large` (413), `rate_limit_error` (429),
+    /// `overloaded_error` (503, 529), `api_error` (other 5xx).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What went wrong.
+    pub message: String,
+    /// The request field at fault (`messages[1].content[0].input`), when one is.
+    #[serde(default)]
+    pub param: Option<String>,
+    /// The HTTP status.
+    #[serde(default)]
+    pub code: Option<u16>,
+}
+
+impl AnthropicErrorBody {
+    /// The body of `e` in Anthropic's shape.
+    pub fn of(e: &super::ApiError) -> Self {
+        let kind = match e.status {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            500.. => "api_error",
+            _ => "invalid_request_error",
+        };
+        Self {
+            kind: "error".into(),
+            error: AnthropicErrorDetail {
+                kind: kind.into(),
+                message: e.message.clone(),
+                param: e.param.clone(),
+                code: Some(e.status),
+            },
+        }
+    }
 }
 
 /// A content block of the returned message.

@@ -576,6 +576,15 @@ pub struct CompletionRequest {
         skip_serializing_if = "is_false"
     )]
     pub echo: bool,
+    /// vLLM's `best_of`: how many samples to generate, of which the `n` most likely are
+    /// returned. Served only at `n` (every sample is returned): less is refused with vLLM's
+    /// message, more is not implemented and refused.
+    #[serde(
+        default,
+        deserialize_with = "super::lax::opt_number",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub best_of: Option<usize>,
     /// Constraints on the output's shape.
     #[serde(flatten)]
     pub constraints: OutputConstraints,

@@ -5,8 +5,13 @@
 //! answer becomes thinking, text and `tool_use` blocks; a stream is built from the chat stream's
 //! chunks.
 //!
-//! This module must never render prompts or parse model output itself. Errors keep the server's
-//! one error shape (OpenAI's, with `param`), which Anthropic's clients read as API errors.
+//! Requests are checked as Anthropic's API checks them: each content block has the fields its
+//! type requires, of their types (a text block its non-empty `text`, a `tool_use` an object
+//! `input`, …), a tool its `input_schema`; a refusal is a 400 `invalid_request_error` naming the
+//! field's path. Errors are in Anthropic's shape (`{"type": "error", "error": {"type",
+//! "message"}}`) with OpenAI's `param` and `code` kept inside `error`.
+//!
+//! This module must never render prompts or parse model output itself.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,10 +24,10 @@ use serde_json::Value;
 use tokio::sync::mpsc as tmpsc;
 
 use super::responses::{CallDeltaRead, ChunkRead, bad, new_id, sse};
-use super::{Api, Reply, error};
+use super::{Api, Reply};
 use crate::openai::messages::{
-    AnthropicContent, AnthropicUsage, BlockDelta, MessageDelta, MessagesEvent, MessagesRequest,
-    MessagesResponse, ResponseBlock, StreamError,
+    AnthropicContent, AnthropicErrorBody, AnthropicUsage, BlockDelta, ContentBlock, MessageDelta,
+    MessagesEvent, MessagesRequest, MessagesResponse, ResponseBlock, StreamError,
 };
 use crate::openai::{
     self, ApiError, ChatMessage, ChatRequest, FunctionDef, FunctionName, GenerationParams,
@@ -37,6 +42,12 @@ pub fn route() -> MethodRouter<Arc<Api>> {
             Err(e) => error(e),
         }
     })
+}
+
+/// The route's error response: Anthropic's shape ([`AnthropicErrorBody`]), `Retry-After` on a
+/// 503 as on every route.
+pub(super) fn error(e: ApiError) -> HttpResponse {
+    super::error_body(e.status, AnthropicErrorBody::of(&e))
 }
 
 /// What a request becomes.
@@ -223,46 +234,7 @@ fn plan(api: &Api, req: &MessagesRequest) -> Result<Plan, ApiError> {
         };
         kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
-    let mut tools = Vec::new();
-    for (i, t) in req.tools.iter().flatten().enumerate() {
-        if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
-            return Err(bad(
-                &format!("tools[{i}].type"),
-                format!(
-                    "tools[{i}] is the server tool `{kind}`, which this server does not run; \
-                     only client tools (name, description, input_schema) are supported"
-                ),
-            ));
-        }
-        if t.name.is_empty() {
-            return Err(bad(
-                &format!("tools[{i}].name"),
-                format!("tools[{i}].name must be a non-empty string"),
-            ));
-        }
-        if let Some(s) = t
-            .input_schema
-            .as_ref()
-            .filter(|s| !s.is_object() && !s.is_null())
-        {
-            return Err(bad(
-                &format!("tools[{i}].input_schema"),
-                format!(
-                    "tools[{i}].input_schema must be a JSON schema object, got {}",
-                    super::request::kind(s)
-                ),
-            ));
-        }
-        tools.push(ToolDef {
-            kind: "function".into(),
-            function: FunctionDef {
-                name: t.name.clone(),
-                description: t.description.clone(),
-                parameters: t.input_schema.clone(),
-                strict: t.strict,
-            },
-        });
-    }
+    let tools = chat_tools(req)?;
     let (tool_choice, one_call) = match &req.tool_choice {
         None => (None, false),
         Some(c) => {
@@ -335,25 +307,216 @@ fn plan(api: &Api, req: &MessagesRequest) -> Result<Plan, ApiError> {
     })
 }
 
-/// Text content, or text blocks joined.
+/// The request's client tools as chat function tools, checked as Anthropic checks them: a name
+/// of 1 to 128 letters, digits, `_` and `-`; an `input_schema` object of type `object`. Server
+/// tools are refused.
+fn chat_tools(req: &MessagesRequest) -> Result<Vec<ToolDef>, ApiError> {
+    let mut tools = Vec::new();
+    for (i, t) in req.tools.iter().flatten().enumerate() {
+        if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
+            return Err(bad(
+                &format!("tools[{i}].type"),
+                format!(
+                    "tools[{i}] is the server tool `{kind}`, which this server does not run; \
+                 only client tools (name, description, input_schema) are supported"
+                ),
+            ));
+        }
+        if !is_identifier(&t.name, 128) {
+            return Err(bad(
+                &format!("tools[{i}].name"),
+                format!(
+                    "tools[{i}].name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$', got \
+                 {:?}",
+                    t.name
+                ),
+            ));
+        }
+        let at = format!("tools[{i}].input_schema");
+        match &t.input_schema {
+            None | Some(Value::Null) => {
+                return Err(bad(
+                    &at,
+                    format!("{at}: Field required (the tool's input as a JSON schema object)"),
+                ));
+            }
+            Some(Value::Object(schema)) => {
+                if schema.get("type") != Some(&Value::String("object".into())) {
+                    return Err(bad(
+                        &format!("{at}.type"),
+                        format!("{at}.type: Input should be 'object'"),
+                    ));
+                }
+            }
+            Some(s) => {
+                return Err(bad(
+                    &at,
+                    format!(
+                        "{at} must be a JSON schema object, got {}",
+                        super::request::kind(s)
+                    ),
+                ));
+            }
+        }
+        tools.push(ToolDef {
+            kind: "function".into(),
+            function: FunctionDef {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.input_schema.clone(),
+                strict: t.strict,
+            },
+        });
+    }
+    Ok(tools)
+}
+
+/// Text content, or text blocks joined (each checked: [`check_block`]).
 fn block_text(c: &AnthropicContent, at: &str) -> Result<String, ApiError> {
     match c {
         AnthropicContent::Text(t) => Ok(t.clone()),
         AnthropicContent::Blocks(blocks) => {
             let mut out = String::new();
             for (j, b) in blocks.iter().enumerate() {
-                match (b.kind.as_str(), &b.text) {
-                    ("text", Some(t)) => out.push_str(t),
-                    (kind, _) => {
-                        return Err(bad(
-                            &format!("{at}[{j}]"),
-                            format!("{at}[{j}]: `{kind}` blocks are not supported here; only text"),
-                        ));
-                    }
+                let here = format!("{at}[{j}]");
+                if b.kind != "text" {
+                    return Err(bad(
+                        &here,
+                        format!(
+                            "{here}: `{}` blocks are not supported here; only text",
+                            b.kind
+                        ),
+                    ));
                 }
+                check_block(b, &here)?;
+                out.push_str(b.text.as_deref().unwrap_or_default());
             }
             Ok(out)
         }
+    }
+}
+
+/// `s` is 1 to `max` letters, digits, `_` and `-` (Anthropic's pattern for tool names and ids).
+fn is_identifier(s: &str, max: usize) -> bool {
+    (1..=max).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Checks a content block of a type this route serves (`text`, `tool_use`, `tool_result`,
+/// `thinking`) as Anthropic's API does: the fields its type requires, of their types, and none
+/// that only another type has. `at` is the block's path (`messages[1].content[0]`); the error
+/// names the field's. Other types pass here: the caller refuses them.
+fn check_block(b: &ContentBlock, at: &str) -> Result<(), ApiError> {
+    let field = |f: &str| format!("{at}.{f}");
+    let allowed: &[&str] = match b.kind.as_str() {
+        "text" => &["text", "citations", "cache_control"],
+        "tool_use" => &["id", "name", "input", "cache_control"],
+        "tool_result" => &["tool_use_id", "content", "is_error", "cache_control"],
+        "thinking" => &["thinking", "signature"],
+        _ => return Ok(()),
+    };
+    if let Some(f) = b.fields().into_iter().find(|f| !allowed.contains(f)) {
+        return Err(bad(
+            &field(f),
+            format!(
+                "{}: Extra inputs are not permitted (a {} block has {})",
+                field(f),
+                b.kind,
+                allowed.join(", ")
+            ),
+        ));
+    }
+    let required = |v: Option<&String>, f: &str| -> Result<(), ApiError> {
+        match v {
+            None => Err(bad(&field(f), format!("{}: Field required", field(f)))),
+            Some(_) => Ok(()),
+        }
+    };
+    let identifier = |v: Option<&String>, f: &str| -> Result<(), ApiError> {
+        required(v, f)?;
+        let v = v.expect("checked above");
+        if is_identifier(v, usize::MAX) {
+            Ok(())
+        } else {
+            Err(bad(
+                &field(f),
+                format!(
+                    "{}: String should match pattern '^[a-zA-Z0-9_-]+$', got {v:?}",
+                    field(f)
+                ),
+            ))
+        }
+    };
+    match b.kind.as_str() {
+        "text" => {
+            required(b.text.as_ref(), "text")?;
+            if b.text.as_deref().is_some_and(str::is_empty) {
+                return Err(bad(
+                    &field("text"),
+                    format!("{}: text content blocks must be non-empty", field("text")),
+                ));
+            }
+            if let Some(c) = b
+                .citations
+                .as_ref()
+                .filter(|c| !c.is_array() && !c.is_null())
+            {
+                return Err(bad(
+                    &field("citations"),
+                    format!(
+                        "{}: Input should be a valid list, got {}",
+                        field("citations"),
+                        super::request::kind(c)
+                    ),
+                ));
+            }
+        }
+        "tool_use" => {
+            identifier(b.id.as_ref(), "id")?;
+            required(b.name.as_ref(), "name")?;
+            if b.name.as_deref().is_some_and(str::is_empty) {
+                return Err(bad(
+                    &field("name"),
+                    format!("{}: String should have at least 1 character", field("name")),
+                ));
+            }
+            match &b.input {
+                None => {
+                    return Err(bad(
+                        &field("input"),
+                        format!("{}: Field required", field("input")),
+                    ));
+                }
+                Some(Value::Object(_)) => {}
+                Some(v) => {
+                    return Err(bad(
+                        &field("input"),
+                        format!(
+                            "{}: Input should be a valid dictionary (the tool's arguments as an \
+                             object), got {}",
+                            field("input"),
+                            super::request::kind(v)
+                        ),
+                    ));
+                }
+            }
+        }
+        "tool_result" => identifier(b.tool_use_id.as_ref(), "tool_use_id")?,
+        "thinking" => {
+            required(b.thinking.as_ref(), "thinking")?;
+            required(b.signature.as_ref(), "signature")?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Whether `c` has no content (an empty string or no blocks).
+fn is_empty(c: &AnthropicContent) -> bool {
+    match c {
+        AnthropicContent::Text(t) => t.is_empty(),
+        AnthropicContent::Blocks(b) => b.is_empty(),
     }
 }
 
@@ -381,6 +544,15 @@ fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
         };
+        if is_empty(&m.content) && !(role == Role::Assistant && i + 1 == req.messages.len()) {
+            return Err(bad(
+                &format!("messages[{i}].content"),
+                format!(
+                    "messages[{i}]: all messages must have non-empty content except for the \
+                     optional final assistant message"
+                ),
+            ));
+        }
         let blocks = match &m.content {
             AnthropicContent::Text(t) => {
                 out.push(ChatMessage::text(role, t.clone()));
@@ -394,23 +566,18 @@ fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
         let mut calls = Vec::new();
         let mut thinking: Option<String> = None;
         for (j, b) in blocks.iter().enumerate() {
+            check_block(b, &at(j, ""))?;
             match (role, b.kind.as_str()) {
                 (_, "text") => {
                     text.push_str(b.text.as_deref().unwrap_or_default());
                     has_text = true;
                 }
                 (Role::Assistant, "tool_use") => {
-                    let need = |v: &Option<String>, f: &str| {
-                        v.clone()
-                            .ok_or_else(|| bad(&at(j, f), format!("{} is required", at(j, f))))
-                    };
-                    let input = b
-                        .input
-                        .clone()
-                        .unwrap_or_else(|| Value::Object(Default::default()));
+                    // check_block made sure of id, name and an object input.
+                    let input = b.input.clone().unwrap_or_default();
                     calls.push(ToolCall::function(
-                        &need(&b.id, ".id")?,
-                        &need(&b.name, ".name")?,
+                        b.id.as_deref().unwrap_or_default(),
+                        b.name.as_deref().unwrap_or_default(),
                         &input.to_string(),
                     ));
                 }
@@ -427,12 +594,7 @@ fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                              place for the flag; send the error as the result's text",
                         ));
                     }
-                    let id = b.tool_use_id.clone().ok_or_else(|| {
-                        bad(
-                            &at(j, ".tool_use_id"),
-                            format!("{} is required", at(j, ".tool_use_id")),
-                        )
-                    })?;
+                    let id = b.tool_use_id.clone().unwrap_or_default();
                     // Text before a result is its own user turn, so the order stays.
                     if has_text {
                         out.push(ChatMessage::text(Role::User, std::mem::take(&mut text)));
@@ -774,6 +936,230 @@ fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn request(v: Value) -> MessagesRequest {
+        openai::parse(v.to_string().as_bytes()).unwrap()
+    }
+
+    /// The path and message of the refusal of `messages` (with a system prompt `system`).
+    fn refusal(system: Value, messages: Value) -> (String, String) {
+        let req = request(json!({"max_tokens": 8, "system": system, "messages": messages}));
+        let e = req
+            .system
+            .as_ref()
+            .map_or(Ok(String::new()), |s| block_text(s, "system"))
+            .and_then(|_| chat_messages(&req))
+            .unwrap_err();
+        assert_eq!((e.status, e.kind), (400, "invalid_request_error"), "{e:?}");
+        (e.param.unwrap_or_default(), e.message)
+    }
+
+    /// Blocks Anthropic's API refuses are refused, each naming the field's path: a text block
+    /// without `text` or with an empty one, a `tool_use` whose `input` is not an object (or
+    /// missing, or whose id is not an identifier), a `tool_result` without `tool_use_id` or with
+    /// a text block without text inside, a `thinking` block without `signature`, a field of
+    /// another block type, and a message with no content before the last.
+    #[test]
+    fn blocks_are_checked_as_anthropic_checks_them() {
+        let user = |content: Value| json!([{"role": "user", "content": content}]);
+        let after_call = |content: Value| {
+            json!([
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": content},
+            ])
+        };
+        let assistant = |content: Value| {
+            json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": content},
+                   {"role": "user", "content": "go on"}])
+        };
+        let cases = [
+            (
+                user(json!([{"type": "text"}])),
+                "messages[0].content[0].text",
+                "Field required",
+            ),
+            (
+                user(json!([{"type": "text", "text": ""}])),
+                "messages[0].content[0].text",
+                "must be non-empty",
+            ),
+            (
+                user(json!([{"type": "text", "text": "x", "input": {}}])),
+                "messages[0].content[0].input",
+                "Extra inputs are not permitted",
+            ),
+            (
+                user(json!([{"type": "text", "text": "x", "citations": 3}])),
+                "messages[0].content[0].citations",
+                "valid list",
+            ),
+            (user(json!([])), "messages[0].content", "non-empty content"),
+            (user(json!("")), "messages[0].content", "non-empty content"),
+            (
+                assistant(json!([{"type": "tool_use", "id": "t1", "name": "f", "input": [1]}])),
+                "messages[1].content[0].input",
+                "valid dictionary",
+            ),
+            (
+                assistant(json!([{"type": "tool_use", "id": "t1", "name": "f", "input": "{}"}])),
+                "messages[1].content[0].input",
+                "valid dictionary",
+            ),
+            (
+                assistant(json!([{"type": "tool_use", "id": "t1", "name": "f"}])),
+                "messages[1].content[0].input",
+                "Field required",
+            ),
+            (
+                assistant(json!([{"type": "tool_use", "name": "f", "input": {}}])),
+                "messages[1].content[0].id",
+                "Field required",
+            ),
+            (
+                assistant(json!([{"type": "tool_use", "id": "t 1", "name": "f", "input": {}}])),
+                "messages[1].content[0].id",
+                "should match pattern",
+            ),
+            (
+                assistant(json!([{"type": "tool_use", "id": "t1", "name": "", "input": {}}])),
+                "messages[1].content[0].name",
+                "at least 1 character",
+            ),
+            (
+                assistant(json!([{"type": "thinking", "thinking": "hm"}])),
+                "messages[1].content[0].signature",
+                "Field required",
+            ),
+            (
+                assistant(json!([{"type": "thinking", "signature": ""}])),
+                "messages[1].content[0].thinking",
+                "Field required",
+            ),
+            (
+                after_call(json!([{"type": "tool_result", "content": "1"}])),
+                "messages[2].content[0].tool_use_id",
+                "Field required",
+            ),
+            (
+                after_call(
+                    json!([{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text"}]}]),
+                ),
+                "messages[2].content[0].content[0].text",
+                "Field required",
+            ),
+            (
+                after_call(
+                    json!([{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {}}]}]),
+                ),
+                "messages[2].content[0].content[0]",
+                "only text",
+            ),
+        ];
+        for (messages, param, says) in cases {
+            let (p, m) = refusal(Value::Null, messages.clone());
+            assert_eq!(p, param, "{messages}: {m}");
+            assert!(m.contains(says), "{messages}: {m}");
+        }
+        let (p, m) = refusal(json!([{"type": "text"}]), user(json!("q")));
+        assert_eq!(p, "system[0].text", "{m}");
+        // What Anthropic accepts passes: an empty final assistant turn (a prefill), blocks with
+        // cache_control and citations, a signed-nothing thinking block.
+        let ok = request(json!({"max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q",
+                "cache_control": {"type": "ephemeral"}, "citations": []}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": ""},
+                {"type": "tool_use", "id": "toolu_01-x", "name": "f", "input": {"a": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01-x",
+                "content": [{"type": "text", "text": "1"}], "is_error": false}]},
+            {"role": "assistant", "content": []},
+        ]}));
+        chat_messages(&ok).unwrap();
+    }
+
+    /// A tool needs an `input_schema` of type `object` and a name Anthropic's pattern allows.
+    #[test]
+    fn tools_are_checked_as_anthropic_checks_them() {
+        let tools = |t: Value| {
+            chat_tools(&request(
+                json!({"max_tokens": 8, "messages": [], "tools": [t]}),
+            ))
+        };
+        for (tool, param, says) in [
+            (
+                json!({"name": "f"}),
+                "tools[0].input_schema",
+                "Field required",
+            ),
+            (
+                json!({"name": "f", "input_schema": null}),
+                "tools[0].input_schema",
+                "Field required",
+            ),
+            (
+                json!({"name": "f", "input_schema": {}}),
+                "tools[0].input_schema.type",
+                "'object'",
+            ),
+            (
+                json!({"name": "f", "input_schema": {"type": "string"}}),
+                "tools[0].input_schema.type",
+                "'object'",
+            ),
+            (
+                json!({"name": "f", "input_schema": [1]}),
+                "tools[0].input_schema",
+                "JSON schema object",
+            ),
+            (
+                json!({"name": "a b", "input_schema": {"type": "object"}}),
+                "tools[0].name",
+                "pattern",
+            ),
+            (
+                json!({"name": "", "input_schema": {"type": "object"}}),
+                "tools[0].name",
+                "pattern",
+            ),
+            (
+                json!({"type": "bash_20250124", "name": "bash"}),
+                "tools[0].type",
+                "server tool",
+            ),
+        ] {
+            let e = tools(tool.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{tool}: {}", e.message);
+            assert!(e.message.contains(says), "{tool}: {}", e.message);
+        }
+        let ok =
+            tools(json!({"name": "get_weather-2", "input_schema": {"type": "object"}})).unwrap();
+        assert_eq!(ok[0].function.name, "get_weather-2");
+    }
+
+    /// Errors on this route are in Anthropic's shape, with OpenAI's `param` and `code` inside.
+    #[test]
+    fn errors_are_in_anthropics_shape() {
+        let body = |status| {
+            serde_json::to_value(AnthropicErrorBody::of(&ApiError {
+                status,
+                kind: "internal_error",
+                message: "m".into(),
+                param: Some("p".into()),
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            body(400),
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "m",
+                   "param": "p", "code": 400}})
+        );
+        assert_eq!(body(404)["error"]["type"], "not_found_error");
+        assert_eq!(body(413)["error"]["type"], "request_too_large");
+        assert_eq!(body(503)["error"]["type"], "overloaded_error");
+        assert_eq!(body(500)["error"]["type"], "api_error");
+    }
 
     #[test]
     fn a_tool_round_trip_becomes_the_chat_conversation() {

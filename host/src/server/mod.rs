@@ -65,6 +65,8 @@ pub struct Api {
     parser: Box<dyn ToolCallParser>,
     reasoning: Option<ReasoningParser>,
     created: u64,
+    /// Where request grammars are compiled, off the threads that serve requests.
+    grammars: constrain::GrammarPool,
 }
 
 type AppState = Api;
@@ -89,12 +91,14 @@ impl Api {
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let grammars = constrain::GrammarPool::for_machine(engine.info().config.max_queue);
         Ok(Self {
             engine,
             cfg,
             parser,
             reasoning,
             created,
+            grammars,
         })
     }
 
@@ -196,6 +200,12 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    // Each route answers in its dialect's error shape.
+    let error: fn(ApiError) -> Response = if path == "/v1/messages" {
+        messages::error
+    } else {
+        error
+    };
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return error(ApiError {
             status: 413,
@@ -211,7 +221,10 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
         .await
     {
         Ok(res) => res,
-        Err(_) => {
+        Err(payload) => {
+            // The client gets one line; the panic's message goes to the log.
+            let msg = panic_message(payload.as_ref());
+            tracing::error!("panic serving {method} {path}: {msg}");
             return error(ApiError {
                 status: 500,
                 kind: "internal_error",
@@ -276,6 +289,15 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
         }
     }
     r
+}
+
+/// What a caught panic said (its `&str` or `String` payload), for the log.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 fn reply<T: Serialize>(r: Result<Reply<T>, ApiError>) -> Response {
@@ -343,9 +365,14 @@ pub async fn serve_metrics(
 }
 
 fn error(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-    let mut r = (status, axum::Json(e.body())).into_response();
-    if e.status == 503 {
+    error_body(e.status, e.body())
+}
+
+/// An error response with `body` (OpenAI's shape, or a dialect's); a 503 says when to retry.
+fn error_body(status: u16, body: impl Serialize) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut r = (code, axum::Json(body)).into_response();
+    if status == 503 {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -548,7 +575,6 @@ async fn chat_impl(
         opened: false,
     };
     let info = st.engine.info();
-    let constraint = grammar.map(|g| constrain::compile(info, &g)).transpose()?;
     let template = info.template.as_ref().ok_or_else(|| {
         ApiError::bad(
             None,
@@ -633,12 +659,15 @@ async fn chat_impl(
             .unwrap_or_default();
         plan.opened = r.opens_in(&tail);
     }
-    let params = request::constrained(
-        request::sampling_params(&req.params, top, info.vocab_size)?,
-        constraint,
-    )?;
+    let sampling = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
     let ids = request::fit_prompt(ids, &req.params, info.config.max_model_len)?;
+    // Last before admission: every cheap check has passed.
+    let constraint = match grammar {
+        Some(g) => Some(st.grammars.compile(&st.engine, g).await?),
+        None => None,
+    };
+    let params = request::constrained(sampling, constraint)?;
     let prompt_tokens = ids.len();
     let rx = st
         .engine
@@ -1179,18 +1208,20 @@ async fn completions_impl(
             ),
         ));
     }
-    let constraint = constrain::output_grammar(&req.constraints)?
-        .map(|g| constrain::compile(info, &g))
-        .transpose()?;
-    let params = request::constrained(
-        request::sampling_params(&req.params, top, info.vocab_size)?,
-        constraint,
-    )?;
+    let grammar = constrain::output_grammar(&req.constraints)?;
+    let sampling = request::sampling_params(&req.params, top, info.vocab_size)?;
     let n = request::samples(&req.params)?;
+    request::best_of(req.best_of, n)?;
     let prompts = prompts
         .into_iter()
         .map(|p| request::fit_prompt(p, &req.params, info.config.max_model_len))
         .collect::<Result<Vec<_>, _>>()?;
+    // Last before admission: every cheap check has passed.
+    let constraint = match grammar {
+        Some(g) => Some(st.grammars.compile(&st.engine, g).await?),
+        None => None,
+    };
+    let params = request::constrained(sampling, constraint)?;
     let meta = Meta::new(
         &st,
         "cmpl",

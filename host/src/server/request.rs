@@ -201,6 +201,31 @@ pub fn samples(p: &GenerationParams) -> Result<usize, ApiError> {
     }
 }
 
+/// `best_of` against `n` (`/v1/completions`): absent or `n` is served (every sample returned);
+/// fewer than `n` is refused in vLLM's words, more than `n` (rank samples and drop the rest) is
+/// not implemented and refused.
+pub fn best_of(best_of: Option<usize>, n: usize) -> Result<(), ApiError> {
+    match best_of {
+        Some(b) if b < n => Err(ApiError {
+            status: 400,
+            kind: "BadRequestError",
+            message: format!(
+                "best_of must be greater than or equal to n, got n={n} and best_of={b}."
+            ),
+            param: Some("best_of".into()),
+        }),
+        Some(b) if b > n => Err(ApiError::bad(
+            Some("best_of".into()),
+            format!(
+                "best_of greater than n is not supported by this server (got n={n} and \
+                 best_of={b}): it returns every sample it generates; send n={b} and rank the \
+                 choices by their logprobs, or leave best_of out"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `tool_choice`, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolChoice {
@@ -364,6 +389,27 @@ pub fn template_messages(list: &[ChatMessage]) -> Result<Value, ApiError> {
 mod tests {
     use super::*;
     use crate::openai::{ContentPart, Role, ToolCall};
+
+    #[test]
+    fn best_of_below_n_is_refused_in_vllms_words_and_above_n_is_refused() {
+        best_of(None, 3).unwrap();
+        best_of(Some(3), 3).unwrap();
+        let e = best_of(Some(1), 3).unwrap_err();
+        assert_eq!(
+            e.message,
+            "best_of must be greater than or equal to n, got n=3 and best_of=1."
+        );
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("best_of")));
+        let e = best_of(Some(0), 1).unwrap_err();
+        assert!(
+            e.message.contains("got n=1 and best_of=0."),
+            "{}",
+            e.message
+        );
+        let e = best_of(Some(4), 2).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
+        assert!(e.message.contains("not supported"), "{}", e.message);
+    }
 
     #[test]
     fn template_messages_join_parts_and_parse_arguments() {

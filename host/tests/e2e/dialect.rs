@@ -603,3 +603,43 @@ except openai.BadRequestError as e:
         );
     });
 }
+
+/// `best_of` on `/v1/completions`: fewer than `n` is vLLM's 400 in its words (it was accepted at
+/// 1 whatever `n` was), `n` itself is served with every sample, more than `n` is refused by name.
+#[test]
+fn best_of_below_n_is_refused_in_vllms_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("random");
+    common::tiny_model(&dir, 5);
+    let server = common::InferenceServer::start(&dir, &["--served-model-name", "tiny"]);
+    let completions = format!("{}/completions", server.url);
+    let client = reqwest::Client::new();
+    rt().block_on(async {
+        let body = |n: usize, best_of: Value| {
+            json!({"model": "tiny", "prompt": "hello", "max_tokens": 2, "n": n, "best_of": best_of})
+        };
+        let (status, v) = post(&client, &completions, &body(3, json!(1))).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            "best_of must be greater than or equal to n, got n=3 and best_of=1."
+        );
+        assert_eq!(v["error"]["param"], "best_of");
+        let (status, v) = post(&client, &completions, &body(2, json!("0"))).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            "best_of must be greater than or equal to n, got n=2 and best_of=0."
+        );
+        let (status, v) = post(&client, &completions, &body(2, json!(2))).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
+        for best_of in [json!(null), json!(1)] {
+            let (status, v) = post(&client, &completions, &body(1, best_of)).await;
+            assert_eq!(status, 200, "{v}");
+        }
+        let (status, v) = post(&client, &completions, &body(1, json!(4))).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "best_of", "{v}");
+    });
+}

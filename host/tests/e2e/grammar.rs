@@ -317,3 +317,281 @@ fn a_taught_models_call_is_the_same_when_forced() {
         }
     });
 }
+
+/// `host inference` on a random tiny model like [`random_server`], its log (`RLHOST_LOG=warn`,
+/// stderr) written to `log`.
+fn random_server_logging_to(log: &std::path::Path) -> (tempfile::TempDir, common::InferenceServer) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("random");
+    common::tiny_model(&dir, 5);
+    let mut child = Command::new(common::host_bin())
+        .args([
+            "inference",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--dtype",
+            "f32",
+        ])
+        .args([
+            "--enable-auto-tool-choice",
+            "--served-model-name",
+            "tiny",
+            "-m",
+        ])
+        .arg(&dir)
+        .env("RLHOST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let line = common::first_line(&mut child);
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches('/')
+        .to_string();
+    (tmp, common::InferenceServer { child, url })
+}
+
+/// An object of `outer` objects of `inner` integer properties each, none required and no others
+/// allowed: valid, no wider than llguidance's parser allows at any point, and about a second of
+/// its CPU to compile at 100 x 100 (near its "schema too large" limit).
+fn nested_schema(outer: usize, inner: usize) -> Value {
+    let group = |o: usize| {
+        let props: serde_json::Map<String, Value> = (0..inner)
+            .map(|i| (format!("q{o}_{i}"), json!({"type": "integer"})))
+            .collect();
+        json!({"type": "object", "properties": props, "additionalProperties": false})
+    };
+    let props: serde_json::Map<String, Value> =
+        (0..outer).map(|o| (format!("g{o}"), group(o))).collect();
+    json!({"type": "object", "properties": props, "additionalProperties": false})
+}
+
+/// Grammar compilation never runs on the threads that serve requests: while three times as many
+/// requests as the machine has cores compile slow grammars (a JSON schema of 100 objects of 100
+/// properties takes about a second each), `/health` answers within a second every time and an
+/// unconstrained completion within a few, and the slow ones still complete. When grammars
+/// compiled on the request threads, these requests held every tokio worker (one per core) for
+/// seconds and `/health` waited behind them.
+#[test]
+fn compiling_grammars_never_stalls_health_or_unconstrained_requests() {
+    let (_tmp, server) = random_server();
+    let root = server.url.trim_end_matches("/v1").to_string();
+    let text = format!("{}/completions", server.url);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let heavy = 3 * cores + 1;
+    let schema = nested_schema(100, 100);
+    rt().block_on(async {
+        let c = reqwest::Client::new();
+        // The token table is built by the first constrained request: done here, so what is
+        // measured is compiling alone.
+        let (s, r) = post(&c, &text, &json!({"prompt": "x", "max_tokens": 1, "guided_regex": "a"})).await;
+        assert_eq!(s, 200, "{r}");
+        let started = std::time::Instant::now();
+        let slow: Vec<_> = (0..heavy)
+            .map(|_| {
+                let (c, text) = (c.clone(), text.clone());
+                let body = json!({"prompt": "x", "max_tokens": 1, "guided_json": schema});
+                tokio::spawn(async move { post(&c, &text, &body).await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let mut worst_health = std::time::Duration::ZERO;
+        let mut probes = 0;
+        while probes < 6 {
+            let t = std::time::Instant::now();
+            let r = tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                c.get(format!("{root}/health")).send(),
+            )
+            .await
+            .expect("/health answered within 30 s")
+            .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            worst_health = worst_health.max(t.elapsed());
+            probes += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        let t = std::time::Instant::now();
+        let (s, r) = post(&c, &text, &json!({"prompt": "hello", "max_tokens": 2})).await;
+        let plain = t.elapsed();
+        assert_eq!(s, 200, "{r}");
+        for h in slow {
+            let (s, r) = h.await.unwrap();
+            assert_eq!(s, 200, "{r}");
+        }
+        let total = started.elapsed();
+        eprintln!(
+            "{heavy} slow grammars ({cores} cores) compiled in {total:?}; /health worst {worst_health:?} over {probes} probes; unconstrained completion {plain:?}"
+        );
+        // The slow grammars did take seconds, so the probes ran while they compiled.
+        assert!(total.as_secs_f64() > 2.0, "the slow grammars took only {total:?}");
+        assert!(
+            worst_health < std::time::Duration::from_secs(1),
+            "/health took {worst_health:?} while grammars compiled"
+        );
+        assert!(
+            plain < std::time::Duration::from_secs(3),
+            "an unconstrained completion took {plain:?} while grammars compiled"
+        );
+    });
+}
+
+/// Grammars that compile but cannot be used are 400s naming their field before the request is
+/// admitted (they were accepted, then failed as 500s once generation started): JSON schemas
+/// whose `$ref`s only cycle, and grammars wider than llguidance's parser takes at one point (a
+/// forced call among 2,500 tools, an object schema of 6,000 optional properties). Long choice lists, which failed at their second token (2,001+ choices sharing
+/// a first token) or panicked after ~18 s (100,000), are served.
+#[test]
+fn grammars_are_validated_before_admission() {
+    let (_tmp, server) = random_server();
+    let chat = format!("{}/chat/completions", server.url);
+    let text = format!("{}/completions", server.url);
+    let tokens_route = format!("{}/chat/completions/tokens", server.url);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    rt().block_on(async {
+        let c = reqwest::Client::new();
+        let cycles = [
+            json!({"$ref": "#"}),
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                   "$ref": "#/$defs/a"}),
+            json!({"definitions": {"a": {"allOf": [{"$ref": "#/definitions/a"}]}},
+                   "$ref": "#/definitions/a"}),
+        ];
+        for schema in &cycles {
+            let (s, r) = post(
+                &c,
+                &text,
+                &json!({"prompt": "x", "max_tokens": 4,
+                                                 "guided_json": schema}),
+            )
+            .await;
+            assert_eq!(s, 400, "{schema}: {r}");
+            assert_eq!(r["error"]["param"], "guided_json", "{r}");
+            let m = r["error"]["message"].as_str().unwrap();
+            assert!(m.contains("admits no output"), "{m}");
+            assert!(!m.contains("<state>") && !m.contains('\n'), "{m}");
+            let (s, r) = post(
+                &c,
+                &chat,
+                &json!({"messages": msgs, "max_tokens": 4,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "x", "schema": schema}}}),
+            )
+            .await;
+            assert_eq!(s, 400, "{schema}: {r}");
+            assert_eq!(
+                r["error"]["param"], "response_format.json_schema.schema",
+                "{r}"
+            );
+        }
+        // 2,500 tools, one call forced: more alternatives at the start than the parser allows.
+        // (The token route takes the prompt's ids, so the tools need not fit in a prompt.)
+        let many: Vec<Value> = (0..2500)
+            .map(|i| {
+                json!({"type": "function", "function": {"name": format!("f{i}"),
+                             "parameters": {"type": "object", "properties": {}}}})
+            })
+            .collect();
+        let (s, r) = post(
+            &c,
+            &tokens_route,
+            &json!({"messages": msgs, "tokens": [1, 2, 3],
+            "max_tokens": 8, "tools": many, "tool_choice": "required"}),
+        )
+        .await;
+        assert_eq!(s, 400, "{r}");
+        assert_eq!(r["error"]["param"], "tool_choice", "{r}");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(m.contains("max is 2000") && !m.contains('\n'), "{m}");
+        // As wide, inside a JSON schema: an object of 6,000 optional properties.
+        let props: serde_json::Map<String, Value> = (0..6000)
+            .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+            .collect();
+        let (s, r) = post(
+            &c,
+            &text,
+            &json!({"prompt": "x", "max_tokens": 4, "guided_json":
+            {"type": "object", "properties": props, "additionalProperties": false}}),
+        )
+        .await;
+        assert_eq!(s, 400, "{r}");
+        assert_eq!(r["error"]["param"], "guided_json", "{r}");
+        // 3,000 choices sharing their first token: every sample is one of them, to its end.
+        let choices: Vec<String> = (0..3000).map(|i| format!("w{i}x")).collect();
+        for seed in 0..3 {
+            let (s, r) = post(
+                &c,
+                &text,
+                &json!({"prompt": "x", "max_tokens": 16, "seed": seed,
+                                                 "guided_choice": choices}),
+            )
+            .await;
+            assert_eq!(s, 200, "{r}");
+            let t = r["choices"][0]["text"].as_str().unwrap();
+            assert!(choices.iter().any(|c| c == t), "{t:?} is not a choice");
+            assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        }
+        // 100,000 choices: served, in seconds.
+        let choices: Vec<String> = (0..100_000).map(|i| format!("{i:06}")).collect();
+        let t = std::time::Instant::now();
+        let (s, r) = post(
+            &c,
+            &text,
+            &json!({"prompt": "x", "max_tokens": 16,
+                                             "guided_choice": choices}),
+        )
+        .await;
+        assert_eq!(s, 200, "{r}");
+        let got = r["choices"][0]["text"].as_str().unwrap();
+        assert!(
+            got.len() == 6 && got.bytes().all(|b| b.is_ascii_digit()),
+            "{got:?}"
+        );
+        assert!(t.elapsed().as_secs_f64() < 10.0, "took {:?}", t.elapsed());
+    });
+}
+
+/// A panic inside llguidance (a forced call among 9,000 tools: more grammar symbols than it
+/// asserts) reaches the client as one line that says what failed, with no backtrace and no
+/// file path, and the server's log has it in full. Before, the 400's message carried the
+/// panic's backtrace.
+#[test]
+fn a_panic_while_compiling_is_one_line_for_the_client_and_logged_in_full() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("server.log");
+    let (_tmp, server) = random_server_logging_to(&log);
+    let tokens_route = format!("{}/chat/completions/tokens", server.url);
+    let many: Vec<Value> = (0..9000)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("f{i}"),
+                         "parameters": {"type": "object", "properties": {}}}})
+        })
+        .collect();
+    let (s, r) = rt().block_on(async {
+        post(
+            &reqwest::Client::new(),
+            &tokens_route,
+            &json!({"messages": [{"role": "user", "content": "hi"}], "tokens": [1, 2, 3],
+                     "max_tokens": 8, "tools": many, "tool_choice": "required"}),
+        )
+        .await
+    });
+    assert_eq!(s, 400, "{r}");
+    assert_eq!(r["error"]["param"], "tool_choice", "{r}");
+    let m = r["error"]["message"].as_str().unwrap();
+    assert!(m.contains("internal error"), "{m}");
+    for internal in ["\n", "backtrace", ".rs:", "panic_utils", "/root/", "/home/"] {
+        assert!(!m.contains(internal), "{internal:?} in {m}");
+    }
+    drop(server);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("llguidance panicked") && logged.contains("backtrace"),
+        "the server's log lacks the panic:\n{logged}"
+    );
+}

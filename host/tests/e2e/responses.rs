@@ -13,7 +13,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::common;
-use crate::inference::{QUESTION, taught_server, tools};
+use crate::inference::{QUESTION, post, rt, taught_server, tools};
 
 /// The event types of a stream, in order, with repeated deltas folded into one.
 fn folded(types: &Value) -> Vec<String> {
@@ -439,4 +439,88 @@ fn the_anthropic_client_drives_messages_like_chat_completions() {
         assert_eq!(refused[case]["status"], 400, "{case}: {refused}");
         assert_eq!(refused[case]["param"], param, "{case}: {refused}");
     }
+}
+
+/// `/v1/messages` refuses what Anthropic's API refuses, with a 400 in Anthropic's error shape
+/// (`{"type": "error", "error": {"type": "invalid_request_error", …}}`) naming the field's path:
+/// a text block without `text`, a `tool_use` whose `input` is not an object, a tool without
+/// `input_schema`, a `tool_result` whose content holds a text block without text, a thinking
+/// block without its signature. Before, each was accepted and generated from.
+#[test]
+fn messages_refuses_blocks_anthropic_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("random");
+    common::tiny_model(&dir, 5);
+    let server = common::InferenceServer::start(&dir, &["--served-model-name", "tiny"]);
+    let url = format!("{}/messages", server.url);
+    let call = json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "python", "input": {"code": "1"}}]});
+    let tool = json!({"name": "python", "input_schema": {"type": "object"}});
+    let cases = [
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "messages[0].content[0].text",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "python", "input": [1, 2]}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}]}],
+                "tools": [tool]}),
+            "messages[1].content[0].input",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "q"}],
+                   "tools": [{"name": "python"}]}),
+            "tools[0].input_schema",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "q"}, call,
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                    "content": [{"type": "text"}]}]}],
+                "tools": [tool]}),
+            "messages[2].content[0].content[0].text",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]},
+                {"role": "user", "content": "go on"}]}),
+            "messages[1].content[0].signature",
+        ),
+    ];
+    rt().block_on(async {
+        let c = reqwest::Client::new();
+        for (body, param) in cases {
+            let mut body = body.as_object().unwrap().clone();
+            body.insert("model".into(), json!("tiny"));
+            body.insert("max_tokens".into(), json!(4));
+            let body = Value::Object(body);
+            let (s, r) = post(&c, &url, &body).await;
+            assert_eq!(s, 400, "{body}: {r}");
+            assert_eq!(r["type"], "error", "{r}");
+            assert_eq!(r["error"]["type"], "invalid_request_error", "{r}");
+            assert_eq!(r["error"]["param"], param, "{body}: {r}");
+            assert!(
+                r["error"]["message"].as_str().unwrap().contains(param),
+                "{r}"
+            );
+        }
+        // The same route's other errors share the shape: a wrong method is Anthropic's too.
+        let r = c.get(&url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 405);
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        // And a well-formed request is served.
+        let (s, r) = post(
+            &c,
+            &url,
+            &json!({"model": "tiny", "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}]}),
+        )
+        .await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(r["type"], "message", "{r}");
+    });
 }
