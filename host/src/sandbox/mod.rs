@@ -3,11 +3,21 @@
 //!
 //! [`WasmSandbox`] runs CPython compiled to WebAssembly (`sandbox/python/`, built by
 //! `make sandbox`): a fresh, isolated interpreter per call (or one per rollout in REPL mode),
-//! with sympy pre-loaded in its memory snapshot, a deadline (which also ends a call blocked in a
-//! sleep or a poll), a memory cap, capped output, and no files, network, environment variables or
-//! subprocesses. Results read like what a model
+//! with sympy pre-loaded in its memory snapshot, a deadline, a memory cap, capped output, and no
+//! files, network, environment variables or subprocesses. Results read like what a model
 //! expects from Python: a timeout is `Error: Code execution timed out after N seconds`, memory
 //! exhaustion a `MemoryError`, runaway recursion a `RecursionError`.
+//!
+//! The deadline also ends a call blocked in a wait, the same way in both sandboxes: a sleep, a
+//! `select`/`poll` (on no descriptors too), `threading.Event().wait()`, `Condition().wait()`,
+//! `Semaphore`, `Barrier`, `queue.Queue().get()`/`put()`, a lock acquired while held. Each lasts
+//! until the deadline and the call times out (exit 124, timed out, the interpreter replaced: the
+//! next call runs normally); given a timeout, each returns after it as in CPython
+//! (`Event().wait(0.2)` is `False` after 0.2 s). In the WebAssembly guest, which has no threads,
+//! the locks behind these wait by `time.sleep` (`sandbox/python/app.py`), and a wait that still
+//! reaches wasi-libc's thread stubs or polls nothing is held by the host until the deadline
+//! instead of crashing. stdin is empty (`/dev/null` in the native sandbox): reading it returns
+//! at once, `input()` with `EOFError`.
 //!
 //! This module must never run model code outside a sandbox.
 

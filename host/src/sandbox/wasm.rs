@@ -9,6 +9,9 @@
 //! poll on a clock) suspends it instead of blocking the worker, and the whole call sits under a
 //! `tokio::time::timeout` that, when it fires, drops (and so cancels) whatever the guest was
 //! waiting for. Epoch interruption still traps CPU-bound code, which never reaches such a wait.
+//! A wait the guest cannot even begin because nothing could ever end it (see [`waits_forever`]:
+//! a lock no other thread can release, a poll on nothing) is what a real interpreter would block
+//! in until killed, so the call waits out its deadline and times out the same way.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, mpsc};
@@ -278,13 +281,21 @@ impl Shared {
         arm_deadline(&mut live.store, limits.timeout_ms);
         // Dropping the call's future at the deadline cancels the host wait the guest is
         // suspended in (a sleep, a poll); the interpreter is then unusable and is discarded.
-        let result = tokio::time::timeout(
+        let started = tokio::time::Instant::now();
+        let result = match tokio::time::timeout(
             deadline,
             live.python
                 .rlhost_sandbox_python()
                 .call_run(&mut live.store, code),
         )
-        .await;
+        .await
+        {
+            Ok(Err(e)) if waits_forever(&e) => {
+                tokio::time::sleep_until(started + deadline).await;
+                None
+            }
+            result => result.ok(),
+        };
         let stdout = live.stdout.take(limits.max_output_bytes as usize);
         let stderr = live.stderr.take(limits.max_output_bytes as usize);
         let (stdout_cut, stderr_cut) = (stdout.truncated, stderr.truncated);
@@ -310,8 +321,8 @@ impl Shared {
             out.stderr.push_str(&n);
         }
         let result = match result {
-            Ok(result) => result,
-            Err(_) => {
+            Some(result) => result,
+            None => {
                 let t = timed_out(limits);
                 out.exit_code = t.exit_code;
                 out.timed_out = true;
@@ -347,6 +358,20 @@ fn arm_deadline(store: &mut Store<SandboxState>, timeout_ms: u32) {
     let ticks = u64::from(timeout_ms).div_ceil(EPOCH_TICK.as_millis() as u64);
     store.set_epoch_deadline(ticks.max(1));
     store.epoch_deadline_trap();
+}
+
+/// Whether a call failed because its guest began a wait that nothing can ever end: wasi-libc
+/// built without threads traps in `pthread_cond_wait` (no other thread could signal it: CPython's
+/// own lock type acquired while held), and wasmtime refuses to poll an empty list of pollables
+/// (`select`/`poll` on no descriptors without a timeout). On a real system both block for ever.
+fn waits_forever(e: &wasmtime::Error) -> bool {
+    if e.root_cause().to_string() == "empty poll list" {
+        return true;
+    }
+    e.downcast_ref::<wasmtime::WasmBacktrace>()
+        .and_then(|trace| trace.frames().first())
+        .and_then(|frame| frame.func_name())
+        == Some("pthread_cond_wait")
 }
 
 /// Appends `line` to `text` on a line of its own.

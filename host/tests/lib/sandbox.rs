@@ -371,3 +371,207 @@ async fn endless_printing_on_either_stream_is_stopped_early() {
     assert!(out.stderr.ends_with(REPL_RESET_NOTE), "{}", out.stderr);
     assert_eq!(repl.run("1 + 1", l).await.unwrap().stdout, "2\n");
 }
+
+/// Waits that nothing in the single-threaded guest can end (issue 36): each must last until the
+/// deadline and end like `time.sleep` past it, not crash the interpreter. The last cases reach
+/// past the guest's sleeping locks to what the host itself must catch: CPython's own lock type
+/// (wasi-libc traps in `pthread_cond_wait`) and a poll on no descriptors (wasmtime refuses an
+/// empty poll list).
+const ENDLESS_WAITS: &[&str] = &[
+    "import threading\nthreading.Event().wait()",
+    "import threading\nc = threading.Condition()\nwith c:\n    c.wait()",
+    "import threading\nc = threading.Condition(threading.Lock())\nwith c:\n    c.wait_for(lambda: False)",
+    "import queue\nqueue.Queue().get()",
+    "import queue\nq = queue.Queue(maxsize=1)\nq.put(1)\nq.put(2)",
+    "import queue\nqueue.SimpleQueue().get()",
+    "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()",
+    "import threading\nlock = threading.Lock()\nwith lock:\n    with lock:\n        pass",
+    "import _thread\nlock = _thread.allocate_lock()\nlock.acquire()\nlock.acquire()",
+    "import threading\nthreading.Semaphore(0).acquire()",
+    "import threading\nthreading.Barrier(2).wait()",
+    "import concurrent.futures\nconcurrent.futures.Future().result()",
+    "import select\nselect.select([], [], [])",
+    "import select\nselect.select([], [], [], 3600)",
+    "import select\nselect.poll().poll()",
+    "import threading\nCLock = next(t for t in object.__subclasses__() if t.__module__ == '_thread' \
+     and t.__name__ == 'lock' and t is not threading.Lock)\nlock = CLock()\nlock.acquire()\n\
+     lock.acquire()",
+];
+
+fn assert_waited_out(code: &str, out: &PythonOutput, elapsed: std::time::Duration) {
+    assert!(out.timed_out, "{code}: {out:?}");
+    assert_eq!(out.exit_code, 124, "{code}: {out:?}");
+    assert!(
+        elapsed >= std::time::Duration::from_millis(400),
+        "{code}: ended after {elapsed:?}, before its 0.4 s deadline: {out:?}"
+    );
+    assert!(
+        elapsed < std::time::Duration::from_millis(400 + 1_500),
+        "{code}: a 0.4 s deadline took {elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_waits_end_at_the_deadline() {
+    run("pass").await;
+    for code in ENDLESS_WAITS {
+        let started = std::time::Instant::now();
+        let out = sandbox().run(code, limits(400)).await.unwrap();
+        assert_waited_out(code, &out, started.elapsed());
+        assert_eq!(
+            (out.stdout.as_str(), out.stderr.as_str()),
+            ("", "Error: Code execution timed out after 0.4 seconds"),
+            "{code}: the same note as a sleep past the deadline"
+        );
+        assert_eq!(run("print(6 * 7)").await.stdout, "42\n", "after {code}");
+    }
+    // Output before the wait is kept, as before a sleep.
+    let out = sandbox()
+        .run(
+            "import threading\nprint('before', flush=True)\nthreading.Event().wait()",
+            limits(400),
+        )
+        .await
+        .unwrap();
+    assert!(out.timed_out, "{out:?}");
+    assert_eq!(out.stdout, "before\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_waits_end_at_the_deadline_in_a_repl() {
+    let mut repl = sandbox().repl();
+    for code in ENDLESS_WAITS {
+        repl.run("kept = 1", limits(10_000)).await.unwrap();
+        let started = std::time::Instant::now();
+        let out = repl.run(code, limits(400)).await.unwrap();
+        assert_waited_out(code, &out, started.elapsed());
+        assert!(
+            out.stderr
+                .starts_with("Error: Code execution timed out after 0.4 seconds"),
+            "{code}: {}",
+            out.stderr
+        );
+        assert!(out.stderr.ends_with(REPL_RESET_NOTE), "{}", out.stderr);
+        let out = repl.run("print(6 * 7)", limits(10_000)).await.unwrap();
+        assert_eq!(out.stdout, "42\n", "after {code}: {}", out.stderr);
+    }
+}
+
+/// The same waits with a timeout return after it, as CPython's do when no other thread ends
+/// them (before issue 36 they returned at once); one that need not wait does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_waits_return_after_their_timeout() {
+    let code = r#"
+import _thread, queue, select, threading, time
+
+def timed(name, wait, seconds=0.2):
+    start = time.monotonic()
+    try:
+        result = wait()
+    except Exception as e:
+        result = type(e).__name__
+    took = time.monotonic() - start
+    print(name, result, "on-time" if seconds <= took < seconds + 1.0 else f"took {took:.3f} s")
+
+held = threading.Lock()
+held.acquire()
+timed("event", lambda: threading.Event().wait(0.2))
+timed("condition", lambda: (c := threading.Condition()).__enter__() and c.wait(0.2))
+timed("wait_for", lambda: (c := threading.Condition()).__enter__() and c.wait_for(bool, 0.2))
+timed("lock", lambda: held.acquire(timeout=0.2))
+timed("lock_positional", lambda: held.acquire(True, 0.2))
+timed("thread_lock", lambda: (l := _thread.allocate_lock()).acquire() and l.acquire(True, 0.2))
+timed("queue", lambda: queue.Queue().get(timeout=0.2))
+timed("queue_put", lambda: (q := queue.Queue(1)).put(1) or q.put(2, timeout=0.2))
+timed("simple_queue", lambda: queue.SimpleQueue().get(timeout=0.2))
+timed("semaphore", lambda: threading.Semaphore(0).acquire(timeout=0.2))
+timed("barrier", lambda: threading.Barrier(2).wait(0.2))
+timed("select", lambda: select.select([], [], [], 0.2))
+timed("poll", lambda: select.poll().poll(200))
+timed("no_wait", lambda: held.acquire(False), 0)
+timed("no_wait_zero", lambda: held.acquire(True, 0), 0)
+timed("queue_nowait", lambda: queue.Queue().get_nowait(), 0)
+set_event = threading.Event()
+set_event.set()
+timed("set_event", lambda: set_event.wait(5), 0)
+held.release()
+timed("free_lock", lambda: held.acquire(timeout=5), 0)
+print(held, held.locked())
+for bad in [lambda: held.acquire(False, 1), lambda: held.acquire(timeout=-2)]:
+    try:
+        bad()
+    except ValueError as e:
+        print("ValueError:", e)
+held.release()
+try:
+    held.release()
+except RuntimeError as e:
+    print("RuntimeError:", e)
+"#;
+    let out = sandbox().run(code, limits(20_000)).await.unwrap();
+    let expected = "\
+event False on-time
+condition False on-time
+wait_for False on-time
+lock False on-time
+lock_positional False on-time
+thread_lock False on-time
+queue Empty on-time
+queue_put Full on-time
+simple_queue Empty on-time
+semaphore False on-time
+barrier BrokenBarrierError on-time
+select ([], [], []) on-time
+poll [] on-time
+no_wait False on-time
+no_wait_zero False on-time
+queue_nowait Empty on-time
+set_event True on-time
+free_lock True on-time
+";
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let (timed, rest) = out.stdout.split_at(expected.len().min(out.stdout.len()));
+    assert_eq!(timed, expected, "{}", out.stderr);
+    let rest: Vec<&str> = rest.lines().collect();
+    assert!(
+        rest[0].starts_with("<locked _thread.lock object at 0x") && rest[0].ends_with("> True"),
+        "{rest:?}"
+    );
+    assert_eq!(
+        rest[1..],
+        [
+            "ValueError: can't specify a timeout for a non-blocking call",
+            "ValueError: timeout value must be a non-negative number",
+            "RuntimeError: release unlocked lock",
+        ]
+    );
+}
+
+/// stdin is empty and closed, as in the native sandbox (/dev/null there): reading it ends at
+/// once, `input()` with EOFError, as CPython's does; nothing waits for input that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_is_empty_and_reading_it_ends_at_once() {
+    let started = std::time::Instant::now();
+    let out = sandbox().run("input('? ')", limits(5_000)).await.unwrap();
+    assert!(!out.timed_out, "{out:?}");
+    assert_eq!(out.exit_code, 1, "{out:?}");
+    assert!(
+        out.stderr
+            .trim_end()
+            .ends_with("EOFError: EOF when reading a line"),
+        "{}",
+        out.stderr
+    );
+    let out = run(
+        "import os, select, sys\nprint(repr(sys.stdin.read()), repr(sys.stdin.readline()), \
+         repr(os.read(0, 10)))\nprint(select.select([sys.stdin], [], [], 60)[0] == [sys.stdin])",
+    )
+    .await;
+    assert_eq!(
+        (out.stdout.as_str(), out.exit_code),
+        ("'' '' b''\nTrue\n", 0),
+        "{}",
+        out.stderr
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(4));
+}
