@@ -217,9 +217,9 @@ pub fn best_of(best_of: Option<usize>, n: usize) -> Result<(), ApiError> {
         Some(b) if b > n => Err(ApiError::bad(
             Some("best_of".into()),
             format!(
-                "best_of greater than n is not supported by this server (got n={n} and \
-                 best_of={b}): it returns every sample it generates; send n={b} and rank the \
-                 choices by their logprobs, or leave best_of out"
+                "best_of is not supported by this server above n (got n={n} and best_of={b}): it \
+                 returns every sample it generates; send n={b} and rank the choices by their \
+                 logprobs, or leave best_of out"
             ),
         )),
         _ => Ok(()),
