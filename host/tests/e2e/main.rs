@@ -30,4 +30,5 @@ mod rl;
 mod rl_config;
 mod sandbox_native;
 mod sft;
+mod slowloris;
 mod weight_sync;
