@@ -340,6 +340,11 @@ def serve_one(request, empty_dir):
             os.close(err_w)
             sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
             sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+            # fd 0 is the zygote's request pipe: the call must neither read the requests that
+            # follow nor keep the pipe open, so it becomes /dev/null like sys.stdin.
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
             sys.stdin = open(os.devnull)
             run_contained(request, empty_dir)
         except BaseException as e:  # noqa: BLE001

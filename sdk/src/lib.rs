@@ -2,7 +2,7 @@
 //!
 //! Implement [`Environment`] (or [`RewardFunction`]) and export it with one line:
 //!
-//! ```ignore
+//! ```text
 //! use rlhost_sdk::prelude::*;
 //!
 //! struct Arith;

@@ -120,3 +120,36 @@ fn libtorch_matches_the_python_reference() {
         "ours {ours}, reference {reference}"
     );
 }
+
+/// `RLHOST_CPU_BF16` overrides the CPU probe both ways (so the suite can run as either kind of
+/// CPU would), `host doctor` says so, and a bad value is a problem naming the variable.
+#[test]
+fn the_cpu_bf16_probe_can_be_overridden_and_says_so() {
+    let home = tempfile::tempdir().unwrap();
+    for (value, auto) in [("1", "bf16"), ("0", "f32")] {
+        let (code, r) = doctor_json(host(home.path()).env("RLHOST_CPU_BF16", value));
+        assert_eq!(code, Some(0), "{r:#}");
+        assert_eq!(r["cpu_dtype"]["auto"], auto, "{r:#}");
+        let why = r["cpu_dtype"]["why"].as_str().unwrap();
+        assert!(why.contains(&format!("RLHOST_CPU_BF16={value}")), "{why}");
+        assert_eq!(r["cpu_dtype"]["bf16"]["forced"], value == "1", "{r:#}");
+    }
+    let (code, r) = doctor_json(host(home.path()).env("RLHOST_CPU_BF16", "yes"));
+    assert_eq!(code, Some(1), "{r:#}");
+    assert!(
+        r["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("invalid RLHOST_CPU_BF16=\"yes\""),
+        "{r:#}"
+    );
+    // `--dtype auto` anywhere refuses the bad value too, naming it.
+    let err = common::run_err(host(home.path()).env("RLHOST_CPU_BF16", "yes").args([
+        "bench",
+        "generate",
+        "--model",
+        "/nonexistent",
+        "--no-peer",
+    ]));
+    assert!(err.contains("RLHOST_CPU_BF16"), "{err}");
+}
