@@ -160,10 +160,20 @@ impl CpuBf16 {
     /// [`CPU_BF16_ENV`]'s override where it is set to `0` or `1`. Any other value is an error
     /// naming the variable.
     pub fn detect() -> Result<Self, DeviceError> {
-        let mut found = std::fs::read_to_string("/proc/cpuinfo")
+        Self::read_cpu().with_env_override()
+    }
+
+    /// What `/proc/cpuinfo` says, without [`CPU_BF16_ENV`] (nothing where it cannot be read).
+    pub fn read_cpu() -> Self {
+        std::fs::read_to_string("/proc/cpuinfo")
             .map(|text| Self::from_cpuinfo(&text))
-            .unwrap_or_default();
-        found.forced = match std::env::var(CPU_BF16_ENV) {
+            .unwrap_or_default()
+    }
+
+    /// `self` with [`CPU_BF16_ENV`]'s override where it is set to `0` or `1`; any other value is
+    /// an error naming the variable.
+    pub fn with_env_override(mut self) -> Result<Self, DeviceError> {
+        self.forced = match std::env::var(CPU_BF16_ENV) {
             Err(std::env::VarError::NotPresent) => None,
             Ok(v) if v.trim() == "1" => Some(true),
             Ok(v) if v.trim() == "0" => Some(false),
@@ -174,7 +184,7 @@ impl CpuBf16 {
                 ));
             }
         };
-        Ok(found)
+        Ok(self)
     }
 
     /// Reads the first processor's `flags` (x86) or `Features` (aarch64) line of a

@@ -253,11 +253,10 @@ pub fn collect() -> DoctorReport {
         }
     };
 
-    let bf16 = crate::device::CpuBf16::detect().unwrap_or_else(|e| {
+    let cpu = crate::device::CpuBf16::read_cpu();
+    let bf16 = cpu.with_env_override().unwrap_or_else(|e| {
         problems.push(e.to_string());
-        crate::device::CpuBf16::from_cpuinfo(
-            &std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
-        )
+        cpu
     });
     let (auto, why) = crate::device::Precision::auto(tch::Device::Cpu, &bf16);
     DoctorReport {

@@ -345,7 +345,10 @@ def serve_one(request, empty_dir):
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.close(null)
-            sys.stdin = open(os.devnull)
+            # Nothing else the zygote holds or inherited (a descriptor whoever started the host
+            # left open without close-on-exec: a pipe, a socket, a file) reaches the call.
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            sys.stdin = os.fdopen(0, "r", closefd=False)
             run_contained(request, empty_dir)
         except BaseException as e:  # noqa: BLE001
             os.write(2, f"Error: the sandbox could not isolate this call: {e}\n".encode())

@@ -576,9 +576,10 @@ pub struct CompletionRequest {
         skip_serializing_if = "is_false"
     )]
     pub echo: bool,
-    /// vLLM's `best_of`: how many samples to generate, of which the `n` most likely are
-    /// returned. Served only at `n` (every sample is returned): less is refused with vLLM's
-    /// message, more is not implemented and refused.
+    /// OpenAI's `best_of`: how many samples to generate, of which the `n` most likely are
+    /// returned. Served at `n` (every sample is returned); less is refused with older vLLM's
+    /// message; more (ranking and dropping samples) is refused by name, where vLLM 0.32, whose
+    /// completion request no longer has the field, ignores it.
     #[serde(
         default,
         deserialize_with = "super::lax::opt_number",

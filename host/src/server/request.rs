@@ -202,8 +202,9 @@ pub fn samples(p: &GenerationParams) -> Result<usize, ApiError> {
 }
 
 /// `best_of` against `n` (`/v1/completions`): absent or `n` is served (every sample returned);
-/// fewer than `n` is refused in vLLM's words, more than `n` (rank samples and drop the rest) is
-/// not implemented and refused.
+/// fewer than `n` is refused in older vLLM's words; more than `n` (rank the samples, drop the
+/// rest) is refused by name rather than ignored as vLLM 0.32 ignores it (its completion request
+/// has no `best_of` any more): a client asking for it learns that it does not get it.
 pub fn best_of(best_of: Option<usize>, n: usize) -> Result<(), ApiError> {
     match best_of {
         Some(b) if b < n => Err(ApiError {

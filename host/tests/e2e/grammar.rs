@@ -324,36 +324,9 @@ fn random_server_logging_to(log: &std::path::Path) -> (tempfile::TempDir, common
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("random");
     common::tiny_model(&dir, 5);
-    let mut child = Command::new(common::host_bin())
-        .args([
-            "inference",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--dtype",
-            "f32",
-        ])
-        .args([
-            "--enable-auto-tool-choice",
-            "--served-model-name",
-            "tiny",
-            "-m",
-        ])
-        .arg(&dir)
-        .env("RLHOST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let line = common::first_line(&mut child);
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches('/')
-        .to_string();
-    (tmp, common::InferenceServer { child, url })
+    let server =
+        common::InferenceServer::start_logging_to(&dir, &["--served-model-name", "tiny"], log);
+    (tmp, server)
 }
 
 /// An object of `outer` objects of `inner` integer properties each, none required and no others

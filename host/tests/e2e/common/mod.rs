@@ -187,8 +187,19 @@ pub struct InferenceServer {
 impl InferenceServer {
     /// Starts the server (one thread, auto tool choice, f32 unless `extra` names a `--dtype`:
     /// `auto` means bf16 on CPUs with bf16 matrix instructions, and most tests compare with f32
-    /// references) with `extra` flags; waits until it listens.
+    /// references) with `extra` flags; waits until it listens. Its log goes to the test's stderr.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
+        Self::start_with_stderr(model, extra, std::process::Stdio::inherit())
+    }
+
+    /// [`InferenceServer::start`] with the server's log (`RLHOST_LOG=warn`, stderr) written to
+    /// the file `log`.
+    pub fn start_logging_to(model: &Path, extra: &[&str], log: &Path) -> Self {
+        let file = std::fs::File::create(log).unwrap();
+        Self::start_with_stderr(model, extra, file.into())
+    }
+
+    fn start_with_stderr(model: &Path, extra: &[&str], stderr: std::process::Stdio) -> Self {
         let dtype: &[&str] = if extra.iter().any(|a| a.starts_with("--dtype")) {
             &[]
         } else {
@@ -209,7 +220,7 @@ impl InferenceServer {
             .args(extra)
             .env("RLHOST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let line = first_line(&mut child);
