@@ -11,13 +11,18 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: interop all install setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
+.PHONY: gpu-bundle gpu-bundle-check interop all install setup setup-py-reference setup-py-bench bench-rl build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
-## setup: toolchain, libtorch, env file (idempotent)
+# CUDA=1: build with CUDA (`make build CUDA=1`): setup installs the CUDA wheels torch names, and
+# cargo links libtorch_cuda (`--features rlhost/cuda`), in the same target folder.
+CUDA ?= 0
+CUDA_FEATURES := $(if $(filter 1,$(CUDA)),--features rlhost/cuda)
+
+## setup: toolchain, libtorch, env file (idempotent); CUDA=1 adds the CUDA libraries
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh $(if $(filter 1,$(CUDA)),--cuda)
 
 ## setup-py-reference: the Python reference venv (.venv-ref) that parity tests compare against
 setup-py-reference:
@@ -27,9 +32,20 @@ setup-py-reference:
 setup-py-bench:
 	bash scripts/setup-py-reference.sh bench
 
-## build: the host binary
+## build: the host binary (CUDA=1: with CUDA; README, "GPU")
 build: setup
-	$(WITH_ENV) cargo build --release --workspace
+	$(WITH_ENV) cargo build --release --workspace $(CUDA_FEATURES)
+
+## gpu-bundle: target/gpu-bundle/, host for a GPU machine's installed PyTorch (2.11.0+cu130 by
+## default, GPU_TORCH_VERSION), the launcher, tokenizer, arith registry and scripts/gpu-check.sh
+gpu-bundle: plugins
+	bash scripts/gpu-bundle.sh
+
+## gpu-bundle-check: the bundle proven on this CPU (scripts/gpu-check.sh --cpu): its host runs
+## against the pip-installed torch it was built for; every step of the GPU check at small sizes
+gpu-bundle-check: gpu-bundle setup-py-reference
+	RLHOST_PYTHON=$${XDG_CACHE_HOME:-$$HOME/.cache}/rlhost/venv-torch-$${GPU_TORCH_VERSION:-2.11.0}/bin/python \
+	  bash target/gpu-bundle/gpu-check.sh --cpu --out $(TARGET_DIR)/gpu-check-cpu --peer-python $(abspath .venv-ref/bin/python)
 
 ## install: the host binary into $(PREFIX)/bin (cargo install, reusing this build) and what it
 ## ships with into $(PREFIX)/share/rlhost: the Python sandbox component and the rl presets
@@ -71,6 +87,7 @@ fmt-check: setup
 
 clippy: setup
 	$(WITH_ENV) cargo clippy --release --workspace --all-targets -- -D warnings
+	$(WITH_ENV) cargo clippy --release -p rlhost --all-targets --features cuda -- -D warnings
 	cd plugins && cargo clippy --release --workspace --all-targets -- -D warnings
 
 ## test: setup + formatting + lints + build + every test (unit, end-to-end, doc)

@@ -19,10 +19,22 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch_cuda");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        // libtorch_cuda.so finds cuBLAS, cuDNN, NCCL... through its RPATH (`$ORIGIN/../../nvidia/*/lib`,
+        // where pip puts the CUDA wheels); the linker checks them too and needs their folders.
+        if let Some(torch) = std::env::var_os("LIBTORCH").map(PathBuf::from) {
+            for dir in nvidia_library_dirs(&torch) {
+                println!("cargo:rustc-link-arg=-Wl,-rpath-link,{}", dir.display());
+            }
+        }
     }
 
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let lock = manifest_dir.join("../Cargo.lock");
+    // `parent()`, not `join("..")`: in an overlay workspace (scripts/build-for-torch.sh) this crate's
+    // folder is a symlink, and the lock that counts is the overlay's, beside the link.
+    let lock = manifest_dir
+        .parent()
+        .expect("the crate sits in the workspace")
+        .join("Cargo.lock");
     println!("cargo:rerun-if-changed={}", lock.display());
     let lock_text = std::fs::read_to_string(&lock).unwrap_or_default();
     for (krate, var) in [
@@ -46,6 +58,21 @@ fn main() {
         );
     }
     println!("cargo:rustc-env=RLHOST_BUILD_LIBTORCH_VERSION={torch_version}");
+}
+
+/// The library folders of the CUDA wheels beside a PyPI torch (`<site-packages>/nvidia/*/lib`).
+fn nvidia_library_dirs(torch: &Path) -> Vec<PathBuf> {
+    let Some(site) = torch.parent() else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(site.join("nvidia"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path().join("lib")))
+        .filter(|lib| lib.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// The version of `krate` in a Cargo.lock (the first entry, if several).

@@ -7,7 +7,18 @@
 #      ~/.cache/rlhost (see ../shared/SETUP-NOTES.md for why each piece is there);
 #   3. Node.js and npm (the AssemblyScript plugins' compiler comes from npm);
 #   4. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
+#
+# With --cuda (`make build CUDA=1`), step 2 also installs the CUDA wheels torch's METADATA names for
+# Linux (cuBLAS, cuDNN, cuFFT, cuFile, cuRAND, cuSOLVER, cuSPARSE(Lt), NCCL, NVRTC, NVSHMEM...,
+# about 3 GB) next to libtorch, where libtorch_cuda.so's RPATH looks for them.
 set -euo pipefail
+CUDA=0
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (--cuda: also the CUDA libraries)" >&2; exit 2 ;;
+  esac
+done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rlhost"
@@ -54,8 +65,39 @@ else
   mv "$tmp" "$LIBTORCH_DIR"
 fi
 
-# libtorch_cpu.so finds libcudart/libcupti through LD_LIBRARY_PATH; collect their folders.
-CUDA_LIBS=$(find "$LIBTORCH_DIR/nvidia" -name 'libcu*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: -)
+if [ "$CUDA" = 1 ]; then
+  if [ -f "$LIBTORCH_DIR/.cuda-complete" ]; then
+    say "CUDA libraries for torch $TORCH_VERSION: already in $LIBTORCH_DIR/nvidia"
+  else
+    # Exactly what torch's METADATA requires on Linux, less its Python-only packages (triton,
+    # cuda-bindings); pip resolves the cuda-toolkit extras to their wheels.
+    REQS=$("$PYTHON" - "$LIBTORCH_DIR/torch-$TORCH_VERSION.dist-info/METADATA" <<'PY'
+import re, sys
+for line in open(sys.argv[1]):
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req, _, marker = line.split(":", 1)[1].strip().partition(";")
+    name = re.split(r"[\[=<>!~ ]", req.strip())[0]
+    if 'platform_system == "Linux"' in marker and name not in ("triton", "cuda-bindings"):
+        print(req.strip())
+PY
+)
+    say "installing the CUDA libraries torch $TORCH_VERSION names (about 3 GB): $(echo $REQS)"
+    tmp="$LIBTORCH_DIR.cuda.tmp.$$"
+    rm -rf "$tmp"
+    # shellcheck disable=SC2086
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --only-binary :all: --target "$tmp" $REQS
+    # The wheels share the `nvidia/` folder: merge it (and their records) into libtorch's.
+    cp -a "$tmp/nvidia/." "$LIBTORCH_DIR/nvidia/"
+    cp -a "$tmp"/*.dist-info "$LIBTORCH_DIR/"
+    rm -rf "$tmp"
+    touch "$LIBTORCH_DIR/.cuda-complete"
+  fi
+fi
+
+# libtorch_cpu.so finds libcudart/libcupti through LD_LIBRARY_PATH; collect their folders (with
+# --cuda, every CUDA library's: libtorch_cuda.so also finds them through its RPATH).
+CUDA_LIBS=$(find "$LIBTORCH_DIR/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd: -)
 
 # --- 3. Node.js --------------------------------------------------------------------------------
 # npm brings the AssemblyScript compiler and the Extism PDK for the Extism plugins (plugins/extism).

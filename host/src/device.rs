@@ -69,6 +69,24 @@ impl FromStr for DeviceSpec {
     }
 }
 
+/// `cpu` or `cuda:N`: a resolved device as `--device` and torch write it.
+pub fn name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        tch::Device::Mps => "mps".to_owned(),
+        tch::Device::Vulkan => "vulkan".to_owned(),
+        tch::Device::Cpu => "cpu".to_owned(),
+    }
+}
+
+/// Serializes a value as its `Display` text (for serde fields of types that parse from text).
+pub fn serialize_display<T: fmt::Display, S: serde::Serializer>(
+    value: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -114,7 +132,15 @@ impl DeviceSpec {
         match self {
             Self::Cpu => Ok(tch::Device::Cpu),
             Self::Auto if cuda.available() => Ok(tch::Device::Cuda(0)),
-            Self::Auto => Ok(tch::Device::Cpu),
+            Self::Auto => {
+                if !cuda.compiled && nvidia_driver_present() {
+                    tracing::warn!(
+                        "this machine has an NVIDIA driver but this host was built without CUDA: \
+                         running on the CPU (build with `make build CUDA=1`; `host doctor` says more)"
+                    );
+                }
+                Ok(tch::Device::Cpu)
+            }
             Self::Cuda(_) if !cuda.compiled => Err(DeviceError::CudaUnavailable {
                 requested: self,
                 why: "this host binary was built without the `cuda` feature",
@@ -130,6 +156,11 @@ impl DeviceSpec {
             Self::Cuda(n) => Ok(tch::Device::Cuda(n)),
         }
     }
+}
+
+/// Whether the NVIDIA kernel driver is loaded (it lists itself in `/proc/driver/nvidia`).
+pub fn nvidia_driver_present() -> bool {
+    std::path::Path::new("/proc/driver/nvidia/version").exists()
 }
 
 /// The bf16 matrix instructions a CPU offers, read from the flags the kernel lists in

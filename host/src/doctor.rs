@@ -9,7 +9,9 @@ use serde::Serialize;
 use crate::device::CudaStatus;
 use crate::home::{REGISTRY_ENV, RlhostHome};
 
-/// The libtorch version tch 0.26.0 is written against; anything else is a problem.
+/// The libtorch release the workspace's tch (0.26.0) is written against, the one scripts/setup.sh
+/// installs. A binary built against another PyPI torch (scripts/build-for-torch.sh) expects the
+/// release it was built against instead.
 pub const EXPECTED_LIBTORCH: &str = "2.13.0";
 
 /// Everything `host doctor` reports.
@@ -65,12 +67,23 @@ pub struct LibtorchInfo {
 pub struct CudaInfo {
     /// Built with the `cuda` feature.
     pub compiled: bool,
+    /// The CUDA release the loaded libtorch was built for (`cuda` in its `version.py`), `None` for
+    /// a CPU-only libtorch.
+    pub libtorch_cuda: Option<String>,
     /// At least one device is usable.
     pub available: bool,
     /// Number of devices libtorch sees.
     pub device_count: usize,
     /// cuDNN is usable.
     pub cudnn: bool,
+    /// The NVIDIA driver's view: its CUDA version and every device (name, memory, capability).
+    pub driver: Option<crate::cuda::DriverInfo>,
+    /// Why the driver could not be asked (none installed, or a call failed).
+    pub driver_error: Option<String>,
+    /// The attention kernels libtorch picks and runs on device 0 (bf16), when a device is usable.
+    pub sdpa: Option<crate::cuda::SdpaKernels>,
+    /// Why CUDA is unavailable, in words, when it is.
+    pub why_unavailable: Option<String>,
 }
 
 /// The CPU's bf16 matrix instructions and the precision `--dtype auto` picks from them.
@@ -161,9 +174,11 @@ pub fn collect() -> DoctorReport {
         .as_deref()
         .and_then(version_beside_library)
         .unwrap_or_else(|| built_against.clone());
-    if release_of(&version) != EXPECTED_LIBTORCH {
+    let expected = release_of(&built_against);
+    if release_of(&version) != expected {
         problems.push(format!(
-            "libtorch {version} is loaded but tch {} needs {EXPECTED_LIBTORCH}: re-run scripts/setup.sh",
+            "libtorch {version} is loaded but this host was built against {built_against} (tch {}): \
+             re-run scripts/setup.sh, or rebuild with scripts/build-for-torch.sh for this torch",
             env!("RLHOST_BUILD_TCH_VERSION")
         ));
     }
@@ -174,13 +189,12 @@ pub fn collect() -> DoctorReport {
         tch_version: env!("RLHOST_BUILD_TCH_VERSION").to_owned(),
     };
 
-    let status = CudaStatus::probe();
-    let cuda = CudaInfo {
-        compiled: status.compiled,
-        available: status.available(),
-        device_count: status.device_count,
-        cudnn: status.available() && tch::Cuda::cudnn_is_available(),
-    };
+    let libtorch_cuda = libtorch
+        .library
+        .as_deref()
+        .and_then(|lib| version_py_field(lib, "cuda"))
+        .filter(|v| v != "None");
+    let cuda = cuda_info(CudaStatus::probe(), libtorch_cuda, &mut problems);
 
     // The plugin runtime as plugins get it: engine, WASI and host-API linker, epoch thread.
     let engine_ok = match crate::plugin::PluginLoader::new(Default::default(), None) {
@@ -342,12 +356,87 @@ fn loaded_library(name: &str) -> Option<PathBuf> {
 
 /// PyTorch wheels keep `version.py` one folder above `lib/libtorch_cpu.so`.
 fn version_beside_library(lib: &Path) -> Option<String> {
+    version_py_field(lib, "__version__")
+}
+
+/// A field of the `version.py` beside a wheel's `lib/` folder: `__version__ = '2.11.0+cu130'`,
+/// `cuda: Optional[str] = '13.0'`.
+fn version_py_field(lib: &Path, field: &str) -> Option<String> {
     let text = std::fs::read_to_string(lib.parent()?.parent()?.join("version.py")).ok()?;
     text.lines().find_map(|line| {
-        let value = line.trim().strip_prefix("__version__")?.trim_start();
-        let value = value.strip_prefix('=')?.trim();
-        Some(value.trim_matches(|c| c == '\'' || c == '"').to_owned())
+        let rest = line.trim().strip_prefix(field)?;
+        // An annotation (`cuda: Optional[str] = ...`) sits between the name and the `=`.
+        let rest = match rest.strip_prefix(':') {
+            Some(annotated) => annotated.split_once('=')?.1,
+            None => rest.trim_start().strip_prefix('=')?,
+        };
+        Some(
+            rest.trim()
+                .trim_matches(|c| c == '\'' || c == '"')
+                .to_owned(),
+        )
     })
+}
+
+/// CUDA as libtorch and the driver see it, with why it is unavailable when it is.
+fn cuda_info(
+    status: CudaStatus,
+    libtorch_cuda: Option<String>,
+    problems: &mut Vec<String>,
+) -> CudaInfo {
+    let (driver, driver_error) = match crate::cuda::probe() {
+        Ok(info) => (Some(info), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let sdpa = if status.available() {
+        match crate::cuda::sdpa_kernels(tch::Device::Cuda(0)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                problems.push(format!("attention kernels cannot be probed on cuda:0: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let gpus = driver.as_ref().map_or(0, |d| d.devices.len());
+    let why_unavailable = if status.available() {
+        None
+    } else if !status.compiled {
+        Some(if gpus > 0 {
+            format!(
+                "this host was built without the `cuda` feature, and this machine has {gpus} GPU(s): \
+                 rebuild with `make build CUDA=1` (or scripts/build-for-torch.sh --cuda)"
+            )
+        } else {
+            "not compiled in (build with `make build CUDA=1`)".to_owned()
+        })
+    } else if libtorch_cuda.is_none() {
+        Some("the loaded libtorch is a CPU-only build".to_owned())
+    } else if let Some(e) = &driver_error {
+        Some(e.clone())
+    } else if gpus == 0 {
+        Some("the NVIDIA driver sees no device (check CUDA_VISIBLE_DEVICES)".to_owned())
+    } else {
+        let why = format!(
+            "the driver sees {gpus} device(s) but libtorch none: its CUDA {} may be newer than the driver's {}",
+            libtorch_cuda.as_deref().unwrap_or("?"),
+            driver.as_ref().map_or("?", |d| d.cuda_version.as_str())
+        );
+        problems.push(why.clone());
+        Some(why)
+    };
+    CudaInfo {
+        compiled: status.compiled,
+        libtorch_cuda,
+        available: status.available(),
+        device_count: status.device_count,
+        cudnn: status.available() && tch::Cuda::cudnn_is_available(),
+        driver,
+        driver_error,
+        sdpa,
+        why_unavailable,
+    }
 }
 
 impl DoctorReport {
@@ -367,18 +456,56 @@ impl DoctorReport {
             .unwrap_or_default();
         line("libtorch", format!("{}{lib}", self.libtorch.version));
         line("tch", self.libtorch.tch_version.clone());
-        let cuda = match (&self.cuda.compiled, self.cuda.available) {
-            (_, true) => format!(
-                "available, {} device(s){}",
-                self.cuda.device_count,
-                if self.cuda.cudnn { ", cudnn" } else { "" }
+        let c = &self.cuda;
+        let built = match (&c.libtorch_cuda, c.compiled) {
+            (Some(v), true) => format!("built for CUDA {v}"),
+            (Some(v), false) => format!("libtorch for CUDA {v}, not linked in"),
+            (None, _) => "CPU-only libtorch".to_owned(),
+        };
+        let driver = c
+            .driver
+            .as_ref()
+            .map(|d| format!(", driver CUDA {}", d.cuda_version))
+            .unwrap_or_default();
+        let cuda = match (c.available, &c.why_unavailable) {
+            (true, _) => format!(
+                "available, {} device(s){} ({built}{driver})",
+                c.device_count,
+                if c.cudnn { ", cudnn" } else { "" }
             ),
-            (true, false) => "not available (compiled in, but no device found)".to_owned(),
-            (false, false) => {
-                "not available (not compiled in: build with `--features cuda`)".to_owned()
-            }
+            (false, why) => format!(
+                "not available: {} ({built}{driver})",
+                why.as_deref().unwrap_or("unknown")
+            ),
         };
         line("cuda", cuda);
+        for d in c.driver.iter().flat_map(|d| &d.devices) {
+            const GIB: f64 = (1u64 << 30) as f64;
+            line(
+                &format!("gpu {}", d.ordinal),
+                format!(
+                    "{}, {:.1} GiB ({:.1} GiB free), compute capability {}.{}, bf16 {}",
+                    d.name,
+                    d.total_bytes as f64 / GIB,
+                    d.free_bytes as f64 / GIB,
+                    d.compute_capability.0,
+                    d.compute_capability.1,
+                    if d.bf16 { "yes" } else { "no (emulated)" }
+                ),
+            );
+        }
+        if let Some(k) = &c.sdpa {
+            line(
+                "attention (sdpa, bf16)",
+                format!(
+                    "causal: {}, with a mask: {}; flash {}, memory-efficient {}",
+                    k.causal,
+                    k.masked,
+                    if k.flash { "usable" } else { "not usable" },
+                    if k.efficient { "usable" } else { "not usable" }
+                ),
+            );
+        }
         line("torch threads", self.torch_threads.to_string());
         line(
             "dtype auto (CPU)",
@@ -482,7 +609,8 @@ mod tests {
         std::fs::create_dir(dir.path().join("lib")).unwrap();
         std::fs::write(
             dir.path().join("version.py"),
-            "from typing import Optional\n__version__ = '2.13.0+cu130'\ndebug = False\n",
+            "from typing import Optional\n__version__ = '2.13.0+cu130'\ndebug = False\n\
+             cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n",
         )
         .unwrap();
         let lib = dir.path().join("lib/libtorch_cpu.so");
@@ -490,6 +618,9 @@ mod tests {
             version_beside_library(&lib).as_deref(),
             Some("2.13.0+cu130")
         );
+        assert_eq!(version_py_field(&lib, "cuda").as_deref(), Some("13.0"));
+        assert_eq!(version_py_field(&lib, "hip").as_deref(), Some("None"));
+        assert_eq!(version_py_field(&lib, "xpu"), None);
         assert_eq!(version_beside_library(Path::new("/libtorch_cpu.so")), None);
     }
 

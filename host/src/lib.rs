@@ -33,6 +33,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod cuda;
 pub mod device;
 pub mod doctor;
 pub mod engine;

@@ -36,6 +36,8 @@ pub struct GenerateBenchOptions {
     pub peer_script: PathBuf,
     /// Weights and activations on both sides.
     pub precision: crate::device::Precision,
+    /// Where both sides run.
+    pub device: tch::Device,
 }
 
 /// One batch size's figures.
@@ -67,12 +69,14 @@ pub struct GenerateReport {
     pub new_tokens: usize,
     /// Threads per side.
     pub threads: usize,
+    /// `cpu` or `cuda:N`, both sides.
+    pub device: String,
     /// `f32` or `bf16`, both sides.
     pub dtype: String,
     /// Bytes of the model's weights.
     pub weight_bytes: u64,
-    /// This machine's memory read bandwidth on `threads` threads, GB/s: the best of five sums
-    /// over 1 GiB with libtorch, measured in the same run.
+    /// The device's memory read bandwidth (on `threads` threads for the CPU), GB/s: the best of
+    /// five sums over 1 GiB with libtorch, measured in the same run.
     pub read_gb_per_s: f64,
     /// Rows per batch size.
     pub rows: Vec<GenerateRow>,
@@ -143,6 +147,7 @@ fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Re
                 crate::device::Precision::Bf16 => "bfloat16",
             },
         ])
+        .args(["--device", &crate::device::name(o.device)])
         .env("OMP_WAIT_POLICY", "PASSIVE")
         .output()?;
     anyhow::ensure!(
@@ -164,7 +169,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         Engine::load(
             &o.model,
             "bench",
-            tch::Device::Cpu,
+            o.device,
             o.precision.kind(),
             EngineConfig {
                 max_batch_size: max_batch,
@@ -179,8 +184,9 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         )
     };
     let engine = start(o.engine_threads)?;
+    // On a GPU the CPU threads do not do the arithmetic: no one-thread run.
     let single = match o.engine_threads {
-        None if o.threads > 1 => Some(start(Some(1))?),
+        None if o.threads > 1 && o.device == tch::Device::Cpu => Some(start(Some(1))?),
         _ => None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -205,7 +211,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         .sum::<u64>()
         * o.precision.kind().elt_size_in_bytes() as u64;
     progress("memory read bandwidth");
-    let read_gb_per_s = read_bandwidth(o.threads);
+    let read_gb_per_s = read_bandwidth(o.threads, o.device);
     let mut rows = Vec::new();
     for &batch in &o.batch_sizes {
         let (mut ours, mut theirs, mut one) = (0f64, None::<f64>, None::<f64>);
@@ -253,6 +259,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         prompt_len: o.prompt_len,
         new_tokens: o.new_tokens,
         threads: o.threads,
+        device: crate::device::name(o.device),
         dtype: o.precision.to_string(),
         weight_bytes,
         read_gb_per_s,
@@ -260,11 +267,12 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
     })
 }
 
-/// GB/s of a libtorch sum over 1 GiB of f32 on `threads` threads, best of five.
-fn read_bandwidth(threads: usize) -> f64 {
+/// GB/s of a libtorch sum over 1 GiB of f32 on `device` (`threads` threads on the CPU), best of
+/// five. Reading the sum back waits for the device.
+fn read_bandwidth(threads: usize, device: tch::Device) -> f64 {
     let before = tch::get_num_threads();
     tch::set_num_threads(threads.max(1) as i32);
-    let t = Tensor::ones([1 << 28], (tch::Kind::Float, tch::Device::Cpu));
+    let t = Tensor::ones([1 << 28], (tch::Kind::Float, device));
     let mut best = f64::MAX;
     for _ in 0..5 {
         let started = Instant::now();
@@ -279,16 +287,21 @@ impl GenerateReport {
     /// A readable table.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "greedy generation, {} prompt + {} new tokens, {} thread(s), {} CPU (both sides), best of runs\n{}\n\
-             weights {:.2} GB; memory read bandwidth {:.1} GB/s on {} thread(s)\n",
+            "greedy generation, {} prompt + {} new tokens, {} thread(s), {} on {} (both sides), best of runs\n{}\n\
+             weights {:.2} GB; memory read bandwidth {:.1} GB/s{}\n",
             self.prompt_len,
             self.new_tokens,
             self.threads,
             self.dtype,
+            self.device,
             self.model,
             self.weight_bytes as f64 / 1e9,
             self.read_gb_per_s,
-            self.threads
+            if self.device == "cpu" {
+                format!(" on {} thread(s)", self.threads)
+            } else {
+                format!(" ({})", self.device)
+            }
         );
         s.push_str(&format!(
             "{:>6} {:>16} {:>22} {:>8} {:>22} {:>18}\n",

@@ -11,6 +11,7 @@ pub mod products;
 pub mod sampler;
 pub mod sandbox;
 pub mod serve;
+pub mod train;
 
 use std::time::Instant;
 

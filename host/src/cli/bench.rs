@@ -93,9 +93,15 @@ enum BenchCommand {
         #[arg(long)]
         no_peer: bool,
         /// Weights and activations on both sides: `f32`, `bf16`, or `auto` (what `host
-        /// inference --dtype auto` picks on this CPU; `host doctor` says which and why).
+        /// inference --dtype auto` picks on the device: bf16 on CUDA; on a CPU, `host doctor`
+        /// says which and why).
         #[arg(long, default_value = "auto")]
         dtype: String,
+        /// Where both sides run: `cpu`, `cuda`, `cuda:N` or `auto` (the first GPU when there is
+        /// one). On CUDA the peer runs transformers with SDPA attention and `--threads` sets
+        /// only the CPU threads of either side.
+        #[arg(long, default_value = "cpu")]
+        device: crate::device::DeviceSpec,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -109,6 +115,44 @@ enum BenchCommand {
         /// Tokens in the row.
         #[arg(long, default_value_t = 4096)]
         seq_len: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The trainer's optimiser step at a real model shape on a device (random weights, f32,
+    /// AdamW) against PyTorch training transformers' Qwen3 the same way: seconds per step,
+    /// tokens/s, MFU and peak device memory.
+    Train {
+        /// The model's shape.
+        #[arg(long, default_value = "0.6b")]
+        preset: crate::model::Preset,
+        /// Where both sides train: `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "auto")]
+        device: crate::device::DeviceSpec,
+        /// Tokens per row.
+        #[arg(long, default_value_t = 2048)]
+        seq_len: usize,
+        /// Rows per optimiser step.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Timed steps per side (after one untimed warm-up step).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// The trainer's micro-batch budget in tokens (default: one row); the peer accumulates
+        /// gradients over the same number of rows.
+        #[arg(long)]
+        micro_batch_tokens: Option<usize>,
+        /// The device's dense bf16 peak in TFLOP/s, for MFU (default: known for H100, H200,
+        /// A100, L40S, A10).
+        #[arg(long)]
+        peak_tflops: Option<f64>,
+        /// The peer's interpreter, with torch and transformers (default: $RLHOST_SOURCE's
+        /// .venv-ref).
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// Measure rlhost alone.
+        #[arg(long)]
+        no_peer: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -340,6 +384,49 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .context("benchmarking the trainer's log-prob path")?;
             emit(json, &report, report.to_text())
         }
+        BenchCommand::Train {
+            preset,
+            device,
+            seq_len,
+            batch,
+            steps,
+            micro_batch_tokens,
+            peak_tflops,
+            python,
+            no_peer,
+            json,
+        } => {
+            let device = device
+                .resolve(crate::device::CudaStatus::probe())
+                .context("--device")?;
+            let python = if no_peer {
+                None
+            } else {
+                Some(peer_python(python)?)
+            };
+            let peer_script = match &python {
+                Some(_) => crate::home::shipped("scripts/train-peer.py").context(
+                    "the peer's script scripts/train-peer.py ships with rlhost's source: set \
+                     RLHOST_SOURCE to an rlhost checkout, or pass --no-peer",
+                )?,
+                None => PathBuf::new(),
+            };
+            let options = crate::bench::train::TrainBenchOptions {
+                preset,
+                device,
+                seq_len,
+                batch,
+                steps,
+                micro_batch_tokens,
+                peak_tflops,
+                python,
+                peer_script,
+            };
+            let progress = stderr_unless(json);
+            let report = crate::bench::train::run(&options, &progress)
+                .context("benchmarking a training step")?;
+            emit(json, &report, report.to_text())
+        }
         BenchCommand::Products {
             preset,
             rows,
@@ -417,10 +504,14 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             python,
             no_peer,
             dtype,
+            device,
             json,
         } => {
+            let device = device
+                .resolve(crate::device::CudaStatus::probe())
+                .context("--device")?;
             let precision = match dtype.as_str() {
-                "auto" => crate::device::Precision::default_for(tch::Device::Cpu)?,
+                "auto" => crate::device::Precision::default_for(device)?,
                 other => other
                     .parse::<crate::device::Precision>()
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
@@ -428,19 +519,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let python = if no_peer {
                 None
             } else {
-                let p = python
-                    .or_else(|| crate::home::shipped(".venv-ref/bin/python"))
-                    .context(
-                        "the peer needs Python with transformers: pass --python (or set \
-                         RLHOST_SOURCE to an rlhost checkout with .venv-ref, made by \
-                         scripts/setup-py-reference.sh), or --no-peer",
-                    )?;
-                anyhow::ensure!(
-                    p.is_file(),
-                    "the peer needs Python with transformers: {} is missing (scripts/setup-py-reference.sh, or --python, or --no-peer)",
-                    p.display()
-                );
-                Some(p)
+                Some(peer_python(python)?)
             };
             let peer_script = match &python {
                 Some(_) => crate::home::shipped("scripts/generate-peer.py").context(
@@ -461,6 +540,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 python,
                 peer_script,
                 precision,
+                device,
             };
             let spinner = ProgressBar::new_spinner();
             if json {
@@ -736,4 +816,20 @@ fn stderr_unless(json: bool) -> impl Fn(&str) {
             eprintln!("{what}");
         }
     }
+}
+
+/// The interpreter of a transformers peer: `--python`, else $RLHOST_SOURCE's .venv-ref.
+fn peer_python(python: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let p = python
+        .or_else(|| crate::home::shipped(".venv-ref/bin/python"))
+        .context(
+            "the peer needs Python with transformers: pass --python (or set RLHOST_SOURCE to an \
+             rlhost checkout with .venv-ref, made by scripts/setup-py-reference.sh), or --no-peer",
+        )?;
+    anyhow::ensure!(
+        p.is_file(),
+        "the peer needs Python with transformers: {} is missing (scripts/setup-py-reference.sh, or --python, or --no-peer)",
+        p.display()
+    );
+    Ok(p)
 }

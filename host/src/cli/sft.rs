@@ -60,6 +60,11 @@ pub struct SftArgs {
     /// CPU threads for libtorch.
     #[arg(long)]
     threads: Option<usize>,
+    /// Where the model trains: `auto` (the first GPU when this build and machine have one, else
+    /// the CPU), `cpu`, `cuda`, `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    #[serde(serialize_with = "crate::device::serialize_display")]
+    device: crate::device::DeviceSpec,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
     #[command(flatten)]
@@ -107,7 +112,10 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         a.data.display(),
         convs.len()
     );
-    let device = crate::device::DeviceSpec::Auto.resolve(crate::device::CudaStatus::probe())?;
+    let device = a
+        .device
+        .resolve(crate::device::CudaStatus::probe())
+        .context("--device")?;
     let model = Qwen3::load(&dir, device, tch::Kind::Float)?;
     let optim = OptimConfig {
         lr: a.lr,
@@ -126,12 +134,13 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
     // A merged sample holds one more turn per turn start.
     let turns: usize = samples.iter().map(|s| 1 + s.turn_starts.len()).sum();
     println!(
-        "sft: {} conversations, {} assistant turns in {} samples, {} steps of {}",
+        "sft: {} conversations, {} assistant turns in {} samples, {} steps of {} on {}",
         convs.len(),
         turns,
         samples.len(),
         a.steps,
-        a.batch_size
+        a.batch_size,
+        crate::device::name(device)
     );
     let bar = ProgressBar::new(a.steps as u64).with_style(
         ProgressStyle::with_template(

@@ -1,0 +1,485 @@
+//! `host bench train`: the trainer's optimiser step at a real model shape on a device, against
+//! PyTorch training transformers' Qwen3 of the same shape the same way (f32 weights, AdamW,
+//! next-token loss on the same random tokens) in the same run. Reports seconds per step, tokens
+//! per second, model FLOP utilisation (MFU: the model's FLOPs per token times tokens per second,
+//! over the device's dense bf16 peak) and, on CUDA, the peak device memory in use (the driver's
+//! free-memory figure polled every 10 ms, so every allocation of the process counts, libtorch's
+//! cache included). A side that runs out of memory is reported as such, with the peak it reached.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tch::Kind;
+
+use crate::model::{Preset, Qwen3, Qwen3Config};
+use crate::rl::trainer::{Objective, OptimConfig, Sample, Trainer};
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct TrainBenchOptions {
+    /// The model's shape (random weights).
+    pub preset: Preset,
+    /// Where both sides train.
+    pub device: tch::Device,
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// Rows per step.
+    pub batch: usize,
+    /// Timed steps per side (after one untimed warm-up step).
+    pub steps: usize,
+    /// The trainer's micro-batch budget in tokens (default: one row).
+    pub micro_batch_tokens: Option<usize>,
+    /// The device's dense bf16 peak, TFLOP/s (default: known for H100, H200, A100, L40S, A10).
+    pub peak_tflops: Option<f64>,
+    /// The peer's interpreter (torch and transformers), or none to measure rlhost alone.
+    pub python: Option<PathBuf>,
+    /// `scripts/train-peer.py`.
+    pub peer_script: PathBuf,
+}
+
+/// One side's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainSide {
+    /// Seconds of each timed step.
+    pub step_s: Vec<f64>,
+    /// Tokens per second (median step).
+    pub tokens_per_s: Option<f64>,
+    /// Model FLOP utilisation against the peak (median step), when the peak is known.
+    pub mfu: Option<f64>,
+    /// Peak device memory in use during the side's run, MiB (CUDA only).
+    pub peak_memory_mib: Option<f64>,
+    /// Why the side stopped, when it did (`CUDA out of memory` ...).
+    pub error: Option<String>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    /// The shape.
+    pub preset: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// The GPU's name, on CUDA.
+    pub gpu: Option<String>,
+    /// Parameters of the model.
+    pub parameters: u64,
+    /// Tokens per row and rows per step.
+    pub seq_len: usize,
+    /// Rows per step.
+    pub batch: usize,
+    /// Model FLOPs per trained token: 6 per matrix parameter (forward and backward) plus
+    /// attention's 12 · layers · heads · head dim · sequence length (PaLM's accounting).
+    pub flops_per_token: f64,
+    /// The peak MFU is measured against, TFLOP/s.
+    pub peak_tflops: Option<f64>,
+    /// Device memory in use before either side started, MiB (CUDA only).
+    pub memory_before_mib: Option<f64>,
+    /// The device's memory, MiB (CUDA only).
+    pub memory_total_mib: Option<f64>,
+    /// rlhost's trainer.
+    pub rlhost: TrainSide,
+    /// PyTorch + transformers, when measured.
+    pub pytorch: Option<TrainSide>,
+    /// rlhost tokens/s over PyTorch's.
+    pub ratio: Option<f64>,
+    /// rlhost's MFU: the figure the GPU check reports.
+    pub mfu: Option<f64>,
+    /// rlhost's failure, repeated here for scripts.
+    pub error: Option<String>,
+}
+
+/// FLOPs per trained token of a model of `cfg`'s shape at `seq_len` tokens per row.
+pub fn flops_per_token(cfg: &Qwen3Config, seq_len: usize) -> f64 {
+    let shapes = crate::model::qwen3::parameter_shapes(cfg);
+    // Matrices multiply; norms scale. An untied embedding is a look-up, not a product; a tied one
+    // is also the output layer, a product, and is listed once.
+    let matrix: i64 = shapes
+        .iter()
+        .filter(|(name, s)| {
+            s.len() == 2 && !(name.contains("embed_tokens") && !cfg.tie_word_embeddings)
+        })
+        .map(|(_, s)| s.iter().product::<i64>())
+        .sum();
+    let attention = 12.0
+        * cfg.num_hidden_layers as f64
+        * cfg.num_attention_heads as f64
+        * cfg.head_dim as f64
+        * seq_len as f64;
+    6.0 * matrix as f64 + attention
+}
+
+/// The dense bf16 peak of a GPU by name, TFLOP/s (SXM parts; PCIe ones are lower).
+pub fn known_peak_tflops(name: &str) -> Option<f64> {
+    [
+        ("H200", 989.4),
+        ("H100", 989.4),
+        ("A100", 312.0),
+        ("L40S", 362.1),
+        ("A10", 125.0),
+    ]
+    .iter()
+    .find(|(key, _)| name.contains(key))
+    .map(|&(_, peak)| peak)
+}
+
+/// Polls a CUDA device's used memory (total − free) every 10 ms until dropped; the peak, MiB.
+struct MemoryPoll {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MemoryPoll {
+    fn start(device: tch::Device) -> Option<Self> {
+        let tch::Device::Cuda(ordinal) = device else {
+            return None;
+        };
+        crate::cuda::free_memory(ordinal).ok()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let (s, p) = (stop.clone(), peak.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((free, total)) = crate::cuda::free_memory(ordinal) {
+                    p.fetch_max(total - free, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Some(Self {
+            stop,
+            peak,
+            thread: Some(thread),
+        })
+    }
+
+    fn finish(mut self) -> f64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.peak.load(Ordering::Relaxed) as f64 / f64::from(1 << 20)
+    }
+}
+
+fn median(xs: &[f64]) -> Option<f64> {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// The rows both sides train on: `batch` rows of `seq_len` token ids below `vocab`, seeded.
+pub fn rows(batch: usize, seq_len: usize, vocab: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|r| {
+            (0..seq_len)
+                .map(|i| ((r * 7919 + i * 104_729 + 13) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn rlhost_side(o: &TrainBenchOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -> TrainSide {
+    let poll = MemoryPoll::start(o.device);
+    let mut side = TrainSide {
+        step_s: Vec::new(),
+        tokens_per_s: None,
+        mfu: None,
+        peak_memory_mib: None,
+        error: None,
+    };
+    let result = (|| -> anyhow::Result<()> {
+        progress("rlhost: the model (f32, random weights)");
+        let model = Qwen3::new(cfg.clone(), o.device, Kind::Float, 0)?;
+        let budget = o.micro_batch_tokens.unwrap_or(o.seq_len);
+        let mut trainer = Trainer::new(
+            model,
+            OptimConfig::default(),
+            Default::default(),
+            1.0,
+            budget,
+            o.steps + 1,
+        )?;
+        let samples: Vec<Sample> = rows(o.batch, o.seq_len, cfg.vocab_size as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(group, ids)| Sample {
+                mask: (0..ids.len()).map(|i| i > 0).collect(),
+                old_logprobs: vec![0.0; ids.len()],
+                ids,
+                advantage: 1.0,
+                group,
+                turn_starts: Vec::new(),
+            })
+            .collect();
+        for step in 0..=o.steps {
+            progress(&format!("rlhost: step {step}/{}", o.steps));
+            let t = Instant::now();
+            let stats = trainer.step_with(&samples, Objective::Likelihood)?;
+            anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
+            if step > 0 {
+                side.step_s.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        side.error = Some(crate::error_chain(e.as_ref()));
+    }
+    side.peak_memory_mib = poll.map(MemoryPoll::finish);
+    side
+}
+
+fn peer_side(
+    python: &Path,
+    o: &TrainBenchOptions,
+    cfg: &Qwen3Config,
+    progress: &dyn Fn(&str),
+) -> TrainSide {
+    progress("PyTorch + transformers");
+    let config = tempfile::NamedTempFile::new().and_then(|f| {
+        serde_json::to_writer(&f, cfg)?;
+        Ok(f)
+    });
+    let config = match config {
+        Ok(f) => f,
+        Err(e) => {
+            return TrainSide {
+                step_s: Vec::new(),
+                tokens_per_s: None,
+                mfu: None,
+                peak_memory_mib: None,
+                error: Some(format!("cannot write the peer's config: {e}")),
+            };
+        }
+    };
+    let poll = MemoryPoll::start(o.device);
+    let out = std::process::Command::new(python)
+        .arg(&o.peer_script)
+        .arg("--config")
+        .arg(config.path())
+        .args(["--device", &crate::device::name(o.device)])
+        .args(["--seq-len", &o.seq_len.to_string()])
+        .args(["--batch", &o.batch.to_string()])
+        .args(["--steps", &o.steps.to_string()])
+        .args([
+            "--micro-batch-rows",
+            &(o.micro_batch_tokens.unwrap_or(o.seq_len) / o.seq_len)
+                .max(1)
+                .to_string(),
+        ])
+        .output();
+    let peak_memory_mib = poll.map(MemoryPoll::finish);
+    let mut side = TrainSide {
+        step_s: Vec::new(),
+        tokens_per_s: None,
+        mfu: None,
+        peak_memory_mib,
+        error: None,
+    };
+    match out {
+        Err(e) => side.error = Some(format!("cannot run {}: {e}", python.display())),
+        Ok(out) => match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            Ok(v) if v["step_s"].is_array() => {
+                side.step_s = v["step_s"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(serde_json::Value::as_f64)
+                    .collect();
+                side.error = v["error"].as_str().map(str::to_owned);
+            }
+            _ => {
+                let err = String::from_utf8_lossy(&out.stderr);
+                side.error = Some(format!(
+                    "the peer failed ({}): {}",
+                    out.status,
+                    err.trim().lines().last().unwrap_or("")
+                ));
+            }
+        },
+    }
+    side
+}
+
+/// Runs the benchmark; `progress` hears what is being measured.
+pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<TrainReport> {
+    anyhow::ensure!(
+        o.seq_len >= 2 && o.batch >= 1 && o.steps >= 1,
+        "--seq-len must be at least 2, --batch and --steps at least 1"
+    );
+    let cfg = Qwen3Config::preset(o.preset);
+    let gpu = match o.device {
+        tch::Device::Cuda(n) => crate::cuda::probe()
+            .ok()
+            .and_then(|d| d.devices.into_iter().nth(n)),
+        _ => None,
+    };
+    let peak_tflops = o
+        .peak_tflops
+        .or_else(|| gpu.as_ref().and_then(|g| known_peak_tflops(&g.name)));
+    let flops = flops_per_token(&cfg, o.seq_len);
+    let finish = |mut side: TrainSide| {
+        let tokens = (o.batch * o.seq_len) as f64;
+        side.tokens_per_s = median(&side.step_s).map(|s| tokens / s);
+        side.mfu = side
+            .tokens_per_s
+            .zip(peak_tflops)
+            .map(|(t, peak)| t * flops / (peak * 1e12));
+        side
+    };
+    const MIB: f64 = (1u64 << 20) as f64;
+    let (memory_before_mib, memory_total_mib) = match gpu {
+        Some(ref g) => (
+            Some((g.total_bytes - g.free_bytes) as f64 / MIB),
+            Some(g.total_bytes as f64 / MIB),
+        ),
+        None => (None, None),
+    };
+    let rlhost = finish(rlhost_side(o, &cfg, progress));
+    let pytorch = o
+        .python
+        .as_deref()
+        .map(|py| finish(peer_side(py, o, &cfg, progress)));
+    let ratio = pytorch
+        .as_ref()
+        .and_then(|p| p.tokens_per_s)
+        .zip(rlhost.tokens_per_s)
+        .map(|(theirs, ours)| ours / theirs);
+    Ok(TrainReport {
+        preset: o.preset.to_string(),
+        device: crate::device::name(o.device),
+        gpu: gpu.map(|g| g.name),
+        parameters: crate::model::qwen3::parameter_shapes(&cfg)
+            .iter()
+            .map(|(_, s)| s.iter().product::<i64>() as u64)
+            .sum(),
+        seq_len: o.seq_len,
+        batch: o.batch,
+        flops_per_token: flops,
+        peak_tflops,
+        memory_before_mib,
+        memory_total_mib,
+        mfu: rlhost.mfu,
+        error: rlhost.error.clone(),
+        rlhost,
+        pytorch,
+        ratio,
+    })
+}
+
+impl TrainReport {
+    /// A readable table.
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "training step, {} shape ({:.2}B parameters, f32 weights, AdamW), {} rows x {} tokens on {}{}\n\
+             {:.2} GFLOP per token; peak {}\n",
+            self.preset,
+            self.parameters as f64 / 1e9,
+            self.batch,
+            self.seq_len,
+            self.device,
+            self.gpu
+                .as_ref()
+                .map(|g| format!(" ({g})"))
+                .unwrap_or_default(),
+            self.flops_per_token / 1e9,
+            self.peak_tflops
+                .map_or("unknown (--peak-tflops): no MFU".to_owned(), |p| format!(
+                    "{p:.1} TFLOP/s (dense bf16)"
+                ))
+        );
+        s.push_str(&format!(
+            "{:>22} {:>10} {:>12} {:>8} {:>14}  {}\n",
+            "", "s/step", "tokens/s", "MFU", "peak MiB", "stopped"
+        ));
+        let mut row = |name: &str, side: &TrainSide| {
+            s.push_str(&format!(
+                "{:>22} {:>10} {:>12} {:>8} {:>14}  {}\n",
+                name,
+                median(&side.step_s).map_or("-".into(), |x| format!("{x:.3}")),
+                side.tokens_per_s.map_or("-".into(), |x| format!("{x:.0}")),
+                side.mfu
+                    .map_or("-".into(), |x| format!("{:.1}%", x * 100.0)),
+                side.peak_memory_mib
+                    .map_or("-".into(), |x| format!("{x:.0}")),
+                side.error.as_deref().unwrap_or("")
+            ));
+        };
+        row("rlhost", &self.rlhost);
+        if let Some(p) = &self.pytorch {
+            row("PyTorch+transformers", p);
+        }
+        if let Some(r) = self.ratio {
+            s.push_str(&format!("rlhost / PyTorch: {r:.2}x tokens/s\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Qwen3-4B: 4.02B parameters, tied; 6N dominates and attention adds 12·36·32·128·T.
+    #[test]
+    fn flops_count_matrices_once_and_attention_per_position() {
+        let cfg = Qwen3Config::preset(Preset::P4b);
+        let f = flops_per_token(&cfg, 2048);
+        let n: i64 = crate::model::qwen3::parameter_shapes(&cfg)
+            .iter()
+            .filter(|(_, s)| s.len() == 2)
+            .map(|(_, s)| s.iter().product::<i64>())
+            .sum();
+        assert_eq!(f, 6.0 * n as f64 + 12.0 * 36.0 * 32.0 * 128.0 * 2048.0);
+        // Published: 4.0B parameters (the tied embedding counted once).
+        assert!((n as f64 / 1e9 - 4.02).abs() < 0.03, "{n}");
+        // Qwen3-8B's embedding is untied: a look-up, not counted.
+        let cfg8 = Qwen3Config::preset(Preset::P8b);
+        assert!(!cfg8.tie_word_embeddings);
+        let with_embed = crate::model::qwen3::parameter_shapes(&cfg8)
+            .iter()
+            .filter(|(_, s)| s.len() == 2)
+            .map(|(_, s)| s.iter().product::<i64>())
+            .sum::<i64>();
+        let embed = cfg8.vocab_size * cfg8.hidden_size;
+        assert_eq!(
+            flops_per_token(&cfg8, 1),
+            6.0 * (with_embed - embed) as f64 + 12.0 * 36.0 * 32.0 * 128.0
+        );
+    }
+
+    #[test]
+    fn peaks_are_known_for_the_gpus_we_borrow() {
+        assert_eq!(known_peak_tflops("NVIDIA H100 80GB HBM3"), Some(989.4));
+        assert_eq!(known_peak_tflops("NVIDIA H200"), Some(989.4));
+        assert_eq!(known_peak_tflops("Some GPU"), None);
+    }
+
+    /// On the CPU the tiny shape trains: finite steps, tokens/s, no memory figure, no MFU.
+    #[test]
+    fn the_tiny_shape_trains_on_the_cpu() {
+        let r = run(
+            &TrainBenchOptions {
+                preset: Preset::Tiny,
+                device: tch::Device::Cpu,
+                seq_len: 32,
+                batch: 2,
+                steps: 2,
+                micro_batch_tokens: None,
+                peak_tflops: None,
+                python: None,
+                peer_script: PathBuf::new(),
+            },
+            &|_| {},
+        )
+        .unwrap();
+        assert_eq!(r.error, None);
+        assert_eq!(r.rlhost.step_s.len(), 2);
+        assert!(r.rlhost.tokens_per_s.unwrap() > 0.0);
+        assert_eq!((r.mfu, r.memory_total_mib), (None, None));
+    }
+}

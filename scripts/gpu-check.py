@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""The GPU check's steps (run it through gpu-check.sh, which picks the interpreter and the bundle).
+
+Every step runs the bundle's `rlhost` launcher as a user would, with a timeout, and the report is
+rewritten after each step, so a run cut short still leaves what it found:
+
+  doctor     CUDA seen: devices, memory, compute capability, bf16, attention kernels
+  parity     a tiny model served on the CPU (f32) and on the GPU (f32, then bf16), greedy: tokens
+             identical and log-probs within 1e-4 in f32; how many bf16 tokens agree; the prefix
+             cache on the GPU exact (the same request as a miss and as a hit)
+  sft        `host sft`, 3 steps on the GPU: finite losses, a model written
+  rl         `host rl --plugin arith`, 3 GRPO steps, trainer and engine on one GPU: finite loss,
+             weights synced to the engine every step, mismatch_kl
+  speed      the engine against transformers `generate` (SDPA, bf16) at Qwen3-0.6B's shape
+             (random weights, the real tokenizer), batch 1/8/32/64, same GPU, same run
+  train-4b   a training step at Qwen3-4B's shape: tokens/s, MFU, peak GPU memory
+  grpo-0.6b  GRPO steps at Qwen3-0.6B's shape: rollout and training time, peak GPU memory
+
+With --cpu the same steps run on this CPU at small sizes (the GPU-only ones are reported as not
+run): it proves the bundle and this script before GPU time is spent.
+
+Writes OUT/gpu-report.json, OUT/gpu-report.md and OUT/gpu-check.log (OUT: --out, else $OUT, else
+./gpu-check-out). Exit status 0 when every step that ran passed.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+
+GOALS = {
+    "speed_batch_1": ("engine / transformers at batch 1", 1.5),
+    "speed_batch_32": ("engine / transformers at batch 32", 2.0),
+    "mfu_4b": ("MFU of a 4B training step (bf16 peak)", 0.30),
+}
+# Dense bf16 tensor-core peaks (TFLOP/s) by device name, for MFU.
+PEAK_TFLOPS = [("H200", 989.4), ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("A10", 125.0)]
+
+
+class StepFailed(Exception):
+    pass
+
+
+class Check:
+    def __init__(self, args):
+        self.a = args
+        self.out = os.path.abspath(args.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.work = os.path.join(self.out, "work")
+        shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.work)
+        self.log = open(os.path.join(self.out, "gpu-check.log"), "w")
+        self.rlhost = os.path.join(args.bundle, "rlhost")
+        self.env = dict(os.environ, RLHOST_HOME=os.path.join(self.work, "home"), NO_COLOR="1")
+        self.env.pop("RLHOST_REGISTRY", None)
+        self.started = time.time()
+        self.device = "cpu" if args.cpu else "cuda"
+        self.report = {
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": "cpu (bundle proof)" if args.cpu else "gpu",
+            "machine": machine(),
+            "bundle": read_json(os.path.join(args.bundle, "MANIFEST.json")),
+            "python": sys.executable,
+            "steps": [],
+            "goals": [],
+        }
+        self.cur = None
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def say(self, text):
+        line = f"[{time.time() - self.started:6.1f}s] {text}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def remaining(self):
+        return self.a.budget - (time.time() - self.started)
+
+    def host(self, *args, timeout=120, check=True):
+        cmd = [self.rlhost, *map(str, args)]
+        self.say("$ rlhost " + " ".join(map(str, args)))
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                               timeout=max(5, min(timeout, self.cur_deadline - time.time())))
+        except subprocess.TimeoutExpired as e:
+            self.log.write((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
+            raise StepFailed(f"`rlhost {args[0]}` ran past its time ({time.time() - t:.0f} s)")
+        self.log.write(p.stdout)
+        self.log.write(p.stderr)
+        self.log.flush()
+        if check and p.returncode != 0:
+            tail = (p.stderr.strip() or p.stdout.strip()).splitlines()[-6:]
+            raise StepFailed(f"`rlhost {' '.join(map(str, args[:2]))}` exited {p.returncode}: " + " | ".join(tail))
+        return p
+
+    def checked(self, what, ok, value=None):
+        self.cur["checks"].append({"what": what, "ok": bool(ok), "value": value})
+        self.say(f"  {'ok  ' if ok else 'FAIL'} {what}" + (f": {value}" if value is not None else ""))
+
+    def figure(self, key, value):
+        self.cur["figures"][key] = value
+
+    def step(self, name, title, fn, timeout, gpu_only=False):
+        rec = {"name": name, "title": title, "status": "not run", "seconds": 0.0, "checks": [], "figures": {}}
+        self.report["steps"].append(rec)
+        if self.a.only and name not in self.a.only.split(","):
+            rec["note"] = "not selected (--only)"
+            return
+        if gpu_only and self.a.cpu:
+            rec["note"] = "GPU only: not run with --cpu"
+            return
+        if self.remaining() < 15:
+            rec["note"] = f"not run: the time budget ({self.a.budget:.0f} s) was spent"
+            self.write()
+            return
+        self.cur = rec
+        self.cur_deadline = time.time() + min(timeout, self.remaining())
+        self.say(f"== {name}: {title}")
+        poller = GpuMemory() if not self.a.cpu else None
+        t = time.time()
+        try:
+            fn()
+            rec["status"] = "pass" if all(c["ok"] for c in rec["checks"]) else "fail"
+        except StepFailed as e:
+            rec["status"], rec["error"] = "fail", str(e)
+            self.say(f"  FAIL {e}")
+        except Exception as e:  # a bug in this script must not hide the other steps
+            rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"
+            self.say(f"  ERROR {type(e).__name__}: {e}")
+        rec["seconds"] = round(time.time() - t, 1)
+        if poller:
+            peak = poller.stop()
+            if peak is not None:
+                rec["figures"]["gpu_memory_peak_mib"] = peak
+        self.say(f"== {name}: {rec['status']} ({rec['seconds']} s)")
+        self.write()
+
+    # --- servers ----------------------------------------------------------------------------
+    def serve(self, model, device, dtype, extra=()):
+        cmd = [self.rlhost, "inference", "--model", model, "--port", "0", "--device", device,
+               "--dtype", dtype, "--max-model-len", "256", *extra]
+        self.say("$ " + " ".join(cmd[1:]))
+        p = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        url = None
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            self.log.write(line)
+            m = re.search(r"on (http://\S+)/v1", line)
+            if m:
+                url = m.group(1)
+                break
+        if not url:
+            p.kill()
+            raise StepFailed(f"`rlhost inference --device {device} --dtype {dtype}` did not start")
+        threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+        return p, url
+
+    # --- report -----------------------------------------------------------------------------
+    def write(self):
+        r = self.report
+        ran = [s for s in r["steps"] if s["status"] != "not run"]
+        r["summary"] = {
+            "passed": sum(s["status"] == "pass" for s in ran),
+            "failed": sum(s["status"] in ("fail", "error") for s in ran),
+            "not_run": len(r["steps"]) - len(ran),
+            "seconds": round(time.time() - self.started, 1),
+        }
+        atomic_write(os.path.join(self.out, "gpu-report.json"), json.dumps(r, indent=1))
+        atomic_write(os.path.join(self.out, "gpu-report.md"), markdown(r))
+
+
+# --- steps ------------------------------------------------------------------------------------
+def doctor(c):
+    p = c.host("doctor", "--json", timeout=90, check=False)
+    try:
+        d = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        raise StepFailed(f"doctor printed no JSON (exit {p.returncode}): {p.stderr.strip()[-300:]}")
+    cuda = d.get("cuda", {})
+    c.figure("libtorch", d.get("libtorch", {}).get("version"))
+    c.figure("tch", d.get("libtorch", {}).get("tch_version"))
+    c.figure("cuda", {k: cuda.get(k) for k in ("compiled", "libtorch_cuda", "available", "device_count",
+                                                 "cudnn", "why_unavailable")})
+    if cuda.get("driver"):
+        c.figure("driver_cuda", cuda["driver"].get("cuda_version"))
+        c.figure("gpus", cuda["driver"].get("devices"))
+    if cuda.get("sdpa"):
+        c.figure("sdpa", cuda["sdpa"])
+    c.figure("problems", d.get("problems", []))
+    c.checked("built with CUDA", cuda.get("compiled"))
+    c.checked("libtorch is the one the bundle was built against",
+              d.get("libtorch", {}).get("version", "").split("+")[0] == c.report["bundle"].get("torch"),
+              d.get("libtorch", {}).get("version"))
+    if c.a.cpu:
+        c.checked("without a GPU, doctor says why", bool(cuda.get("why_unavailable")), cuda.get("why_unavailable"))
+    else:
+        c.checked("CUDA available", cuda.get("available"), cuda.get("why_unavailable"))
+        gpus = (cuda.get("driver") or {}).get("devices") or []
+        c.checked("the driver lists the device", len(gpus) > 0,
+                  [f"{g['name']} {g['total_bytes'] / 2**30:.1f} GiB cc {g['compute_capability']}" for g in gpus])
+        c.checked("bf16 on the device", bool(gpus) and gpus[0].get("bf16"))
+    c.cur["figures"]["doctor_text"] = c.host("doctor", timeout=90, check=False).stdout
+
+
+def completions(url, prompt, max_tokens=24):
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1,
+            "return_tokens_as_token_ids": True, "ignore_eos": True}
+    r = http_json(url + "/v1/completions", body)
+    lp = r["choices"][0]["logprobs"]
+    return lp["tokens"], lp["token_logprobs"]
+
+
+def prefix_hits(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith("vllm:prefix_cache_hits_total"))
+
+
+def prompts():
+    return [[(r * 131 + i * 17 + 3) % 500 for i in range(n)] for r, n in enumerate((5, 17, 40, 64))]
+
+
+def tiny(c):
+    model = os.path.join(c.work, "tiny")
+    if not os.path.isdir(model):
+        c.host("model", "init", "--out", model, "--seed", "1")
+    return model
+
+
+def parity(c):
+    model = tiny(c)
+    name = ["--served-model-name", "m"]
+    servers = []
+    try:
+        ref, ref_url = c.serve(model, "cpu", "f32", name)
+        servers.append(ref)
+        dev, dev_url = c.serve(model, c.device, "f32", name)
+        servers.append(dev)
+        bf, bf_url = c.serve(model, c.device, "bf16", name)
+        servers.append(bf)
+        same, worst, agree, total = True, 0.0, 0, 0
+        for p in prompts():
+            t_ref, l_ref = completions(ref_url, p)
+            t_dev, l_dev = completions(dev_url, p)
+            t_bf, _ = completions(bf_url, p)
+            same &= t_ref == t_dev
+            if t_ref == t_dev:
+                worst = max(worst, max(abs(a - b) for a, b in zip(l_ref, l_dev)))
+            n = next((i for i, (x, y) in enumerate(zip(t_ref, t_bf)) if x != y), len(t_ref))
+            agree, total = agree + n, total + len(t_ref)
+        c.checked(f"greedy tokens identical, CPU f32 vs {c.device} f32 (4 prompts x 24)", same)
+        c.checked("log-probs within 1e-4", same and worst <= 1e-4, f"max abs diff {worst:.2e}")
+        c.figure("f32_max_logprob_diff", worst)
+        c.figure("bf16_tokens_agreeing", f"{agree}/{total}")
+        c.say(f"  bf16 on {c.device}: {agree}/{total} greedy tokens agree with CPU f32 before the first divergence")
+        # The prefix cache: one request as a miss, then as a hit.
+        q = [(i * 29 + 7) % 500 for i in range(80)]
+        h0 = prefix_hits(dev_url)
+        t_miss, l_miss = completions(dev_url, q)
+        h1 = prefix_hits(dev_url)
+        t_hit, l_hit = completions(dev_url, q)
+        h2 = prefix_hits(dev_url)
+        diff = max(abs(a - b) for a, b in zip(l_miss, l_hit)) if t_miss == t_hit else None
+        c.checked("prefix cache: the second request hit", h2 > h1 and h1 == h0, f"hits {h0:.0f} -> {h1:.0f} -> {h2:.0f}")
+        c.checked("prefix cache: a hit generates what the miss did", t_miss == t_hit and diff <= 1e-5,
+                  None if diff is None else f"max abs diff {diff:.2e}{' (exact)' if diff == 0 else ''}")
+        c.figure("prefix_hit_max_logprob_diff", diff)
+    finally:
+        for s in servers:
+            s.terminate()
+        for s in servers:
+            try:
+                s.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                s.kill()
+
+
+def sft(c):
+    data = os.path.join(c.work, "sft.jsonl")
+    with open(data, "w") as f:
+        for i in range(64):
+            x, y = 3 + i % 17, 5 + (i * 7) % 23
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {x} + {y}?"},
+                                             {"role": "assistant", "content": f"{x + y}"}]}) + "\n")
+    out = os.path.join(c.work, "sft")
+    p = c.host("sft", "-m", tiny(c), "--data", data, "--steps", 3, "--batch-size", 8,
+               "--lr", "1e-3", "--warmup", 0, "--device", c.device, "--out", out, timeout=120)
+    losses = [float(x) for x in re.findall(r"sft: step \d+/\d+ loss (\S+)", p.stdout)]
+    c.figure("losses", losses)
+    c.checked(f"3 steps on {c.device}, finite losses", len(losses) == 3 and all(map(math.isfinite, losses)), losses)
+    c.checked("the trained model was written", os.path.isfile(os.path.join(out, "model.safetensors")))
+
+
+def install_arith(c):
+    if not os.path.isdir(os.path.join(c.env["RLHOST_HOME"], "plugins", "rlhost", "arith")):
+        reg = os.path.join(os.environ.get("RLHOST_BUNDLE_CACHE") or os.path.join(c.a.bundle, ".unpacked"), "registry")
+        # arith declares the python tool's sandbox; the check runs it without tools (its
+        # `tools = "none"` argument), so the sandbox component (102 MB) need not be carried.
+        c.host("env", "install", "rlhost/arith", "--registry", "file://" + reg, "--allow-missing-capabilities",
+               timeout=60)
+
+
+def grpo(c, model, steps, batch, rollouts, dtype, out, timeout):
+    install_arith(c)
+    c.host("rl", "--plugin", "arith", "--model.name", model, "--output-dir", out,
+           "--trainer.max-steps", steps, "--orchestrator.max-steps", steps,
+           "--orchestrator.batch-size", batch, "--orchestrator.rollouts-per-example", rollouts,
+           "--inference.device", c.device, "--trainer.device", c.device, "--inference.dtype", dtype,
+           "--trainer.ckpt.interval", 0, "--allow-missing-capabilities",
+           "--orchestrator.env[0].args", '{max_turns = 1, tools = "none"}', timeout=timeout)
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    keep = ("step", "reward", "groups", "solve_all", "solve_none", "loss", "mismatch_kl", "grad_norm", "rollout_s", "train_s", "sync_s", "tokens_per_s",
+            "rollout_tokens_per_s")
+    c.figure("steps", [{k: r.get(k) for k in keep} for r in rows])
+    c.checked(f"{steps} GRPO steps on {c.device}", len(rows) == steps, len(rows))
+    c.checked("finite losses", all(math.isfinite(r.get("loss", math.nan)) for r in rows),
+              [round(r.get("loss", math.nan), 4) for r in rows])
+    c.checked("weights synced to the engine every step", all((r.get("sync_s") or 0) > 0 for r in rows),
+              [r.get("sync_s") for r in rows])
+    varied = [r for r in rows if (r.get("groups") or 0) - (r.get("solve_all") or 0) - (r.get("solve_none") or 0) > 0]
+    if varied:
+        c.checked("gradients flowed on steps whose groups had reward variance",
+                  all((r.get("grad_norm") or 0) > 0 for r in varied), [r.get("grad_norm") for r in varied])
+    else:
+        c.say("  note: no group had reward variance (an untrained model): every advantage, so the policy "
+              "gradient, was zero; sft exercised the backward pass")
+        c.cur["note"] = "no group had reward variance: zero policy gradient (untrained model)"
+    kls = [r.get("mismatch_kl", math.nan) for r in rows]
+    bound = 1e-3 if dtype == "f32" else 5e-2
+    c.checked(f"mismatch_kl (engine {dtype} vs trainer f32) finite and < {bound:g}",
+              all(math.isfinite(k) and k < bound for k in kls), kls)
+    return rows
+
+
+def rl(c):
+    grpo(c, os.path.join(c.work, "sft") if os.path.isdir(os.path.join(c.work, "sft")) else tiny(c),
+         3, 16, 4, "f32", os.path.join(c.work, "rl"), 240)
+
+
+def model_06b(c):
+    m = os.path.join(c.work, "q06")
+    if not os.path.isdir(m):
+        bundle = os.environ.get("RLHOST_BUNDLE_CACHE") or os.path.join(c.a.bundle, ".unpacked")
+        c.host("model", "init", "--preset", "0.6b", "--tokenizer", os.path.join(bundle, "models", "qwen3"),
+               "--out", m, timeout=180)
+    return m
+
+
+def speed(c):
+    peer = c.a.peer_python or sys.executable
+    if c.a.cpu:
+        model, sizes, new, dtype = tiny(c), "1,4", 16, "f32"
+    else:
+        model, sizes, new, dtype = model_06b(c), "1,8,32,64", 128, "bf16"
+    p = c.host("bench", "generate", "--model", model, "--device", c.device, "--dtype", dtype,
+               "--batch-sizes", sizes, "--prompt-len", 128 if not c.a.cpu else 32, "--new-tokens", new,
+               "--repeats", 2 if not c.a.cpu else 1, "--python", peer, "--json", timeout=300)
+    r = json.loads(p.stdout)
+    c.figure("bench", r)
+    rows = {row["batch"]: row for row in r["rows"]}
+    for b, row in rows.items():
+        c.say(f"  batch {b}: rlhost {row['rlhost_tokens_per_s']:.1f} tok/s, transformers "
+              f"{row['transformers_tokens_per_s'] or 0:.1f} tok/s, {row['ratio'] or 0:.2f}x")
+    c.checked("both sides measured at every batch size", all(row.get("ratio") for row in rows.values()))
+    if not c.a.cpu:
+        for b, key in ((1, "speed_batch_1"), (32, "speed_batch_32")):
+            if b in rows and rows[b].get("ratio"):
+                goal(c, key, rows[b]["ratio"])
+
+
+def train_4b(c):
+    if c.a.cpu:
+        args = ["--preset", "tiny", "--seq-len", 128, "--batch", 2, "--steps", 2]
+    else:
+        args = ["--preset", "4b", "--seq-len", 2048, "--batch", 1, "--steps", 3]
+    p = c.host("bench", "train", *args, "--device", c.device, "--python", c.a.peer_python or sys.executable,
+               "--json", timeout=240, check=False)
+    try:
+        r = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        raise StepFailed(f"bench train exited {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-400:]}")
+    c.figure("bench", r)
+    c.checked("training steps ran", not r.get("error"), r.get("error"))
+    if r.get("mfu") is not None and not c.a.cpu:
+        goal(c, "mfu_4b", r["mfu"])
+
+
+def grpo_06b(c):
+    grpo(c, model_06b(c), 2, 8, 4, "bf16", os.path.join(c.work, "rl-06b"), 300)
+
+
+def goal(c, key, value):
+    what, target = GOALS[key]
+    c.report["goals"].append({"goal": what, "target": target, "measured": value, "met": value >= target})
+
+
+# --- helpers ----------------------------------------------------------------------------------
+class GpuMemory:
+    """Polls nvidia-smi for the memory in use on GPU 0 while a step runs; the peak, in MiB."""
+
+    def __init__(self):
+        self.peak, self.proc = None, None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                          "-i", "0", "-lms", "200"], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+            self.thread = threading.Thread(target=self._read, daemon=True)
+            self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                v = int(line.strip())
+            except ValueError:
+                continue
+            self.peak = v if self.peak is None else max(self.peak, v)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.thread.join(timeout=5)
+        return self.peak
+
+
+def http_json(url, body):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def machine():
+    m = {"host": platform.node(), "cpus": os.cpu_count()}
+    try:
+        m["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if shutil.which("nvidia-smi"):
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        m["gpus"] = [l.strip() for l in p.stdout.splitlines() if l.strip()]
+    return m
+
+
+def read_json(path):
+    try:
+        return json.load(open(path))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def atomic_write(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def markdown(r):
+    s = r["summary"]
+    lines = [f"### {r['date']}: {r['mode']}, {', '.join(r['machine'].get('gpus') or [r['machine'].get('cpu', '?')])}", "",
+             f"Bundle: host {r['bundle'].get('commit', '?')} against torch {r['bundle'].get('built_against', '?')} "
+             f"(tch {r['bundle'].get('tch', '?')}). {s['passed']} steps passed, {s['failed']} failed, "
+             f"{s['not_run']} not run, {s['seconds']:.0f} s.", "",
+             "| step | status | s | checks |", "|---|---|---|---|"]
+    for st in r["steps"]:
+        checks = "; ".join(f"{'ok' if ch['ok'] else '**FAIL**'} {ch['what']}"
+                           + (f" ({fmt(ch['value'])})" if ch.get("value") is not None else "") for ch in st["checks"])
+        if st.get("error"):
+            checks = (checks + "; " if checks else "") + "**" + st["error"].replace("|", "/") + "**"
+        if st.get("note"):
+            checks = (checks + "; " if checks else "") + st["note"]
+        lines.append(f"| {st['name']} | {st['status']} | {st['seconds']:.0f} | {checks.replace('|', '/')} |")
+    speed_rows = next((st["figures"].get("bench", {}).get("rows") for st in r["steps"] if st["name"] == "speed"), None)
+    if speed_rows:
+        lines += ["", "| batch | rlhost tok/s | transformers tok/s | ratio |", "|---|---|---|---|"]
+        for row in speed_rows:
+            lines.append(f"| {row['batch']} | {row['rlhost_tokens_per_s']:.1f} | "
+                         f"{fmt(row.get('transformers_tokens_per_s'))} | {fmt(row.get('ratio'))} |")
+    train = next((st["figures"].get("bench") for st in r["steps"] if st["name"] == "train-4b"), None)
+    if train:
+        lines += ["", "Training step: " + ", ".join(f"{k} {fmt(v)}" for k, v in train.items()
+                                                      if k not in ("steps",) and not isinstance(v, (dict, list)))]
+    if r["goals"]:
+        lines += ["", "| goal | target | measured | met |", "|---|---|---|---|"]
+        for g in r["goals"]:
+            lines.append(f"| {g['goal']} | {g['target']} | {fmt(g['measured'])} | {'yes' if g['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", required=True, help="the bundle folder (make gpu-bundle)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out", help="where the report goes")
+    ap.add_argument("--cpu", action="store_true", help="prove the bundle on this CPU at small sizes")
+    ap.add_argument("--budget", type=float, default=450.0,
+                    help="seconds for all steps (a step that cannot start within it is reported as not run)")
+    ap.add_argument("--peer-python", help="interpreter with transformers for the speed peer (default: this one)")
+    ap.add_argument("--only", help="comma-separated step names to run")
+    c = Check(ap.parse_args())
+    c.say(f"gpu-check: {c.report['mode']}, bundle {c.a.bundle}, report in {c.out}")
+    c.step("doctor", "CUDA seen: device, memory, kernels", lambda: doctor(c), 90)
+    c.step("parity", "tiny model: CPU f32 vs device f32 / bf16, prefix cache", lambda: parity(c), 150)
+    c.step("sft", "host sft, 3 steps", lambda: sft(c), 120)
+    c.step("rl", "host rl --plugin arith, 3 GRPO steps, trainer and engine on one device", lambda: rl(c), 240)
+    c.step("speed", "engine vs transformers generate, 0.6B shape", lambda: speed(c), 300)
+    c.step("train-4b", "a training step at the 4B shape: tokens/s, MFU, peak memory", lambda: train_4b(c), 240)
+    c.step("grpo-0.6b", "GRPO steps at the 0.6B shape", lambda: grpo_06b(c), 300, gpu_only=True)
+    c.write()
+    s = c.report["summary"]
+    c.say(f"gpu-check: {s['passed']} passed, {s['failed']} failed, {s['not_run']} not run; {c.out}/gpu-report.md")
+    sys.exit(1 if s["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
