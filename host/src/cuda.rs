@@ -131,30 +131,6 @@ impl Driver {
         Ok(dev)
     }
 
-    /// Free and total bytes of a device, asked in its primary context (the one the CUDA runtime,
-    /// and so libtorch, uses: no extra context is created).
-    fn mem_info(&self, dev: c_int) -> Result<(u64, u64), DriverError> {
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: out-pointers to live locals; every retain is paired with a release below and the
-        // push with a pop, so the calling thread's current context is left as it was.
-        unsafe {
-            check(
-                "cuDevicePrimaryCtxRetain",
-                (self.primary_ctx_retain)(&mut ctx, dev),
-            )?;
-            let pushed = check("cuCtxPushCurrent", (self.ctx_push_current)(ctx));
-            let (mut free, mut total) = (0usize, 0usize);
-            let info = pushed.and_then(|()| {
-                let info = check("cuMemGetInfo", (self.mem_get_info)(&mut free, &mut total));
-                let mut popped = std::ptr::null_mut();
-                (self.ctx_pop_current)(&mut popped);
-                info
-            });
-            (self.primary_ctx_release)(dev);
-            info.map(|()| (free as u64, total as u64))
-        }
-    }
-
     fn open() -> Result<Self, DriverError> {
         let driver = Self::load()?;
         // SAFETY: cuInit(0) may be called any number of times from any thread.
@@ -213,7 +189,7 @@ pub fn probe() -> Result<DriverInfo, DriverError> {
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let free_bytes = d.mem_info(dev).map(|(free, _)| free)?;
+        let free_bytes = DeviceMemory::open(ordinal)?.free_total()?.0;
         devices.push(GpuInfo {
             ordinal,
             name,
@@ -229,11 +205,59 @@ pub fn probe() -> Result<DriverInfo, DriverError> {
     })
 }
 
-/// Free and total bytes of CUDA device `ordinal` now.
+/// Free and total bytes of CUDA device `ordinal` now. Where no context exists on the device yet
+/// (libtorch has not used it), asking makes one and drops it again: to ask repeatedly, hold a
+/// [`DeviceMemory`].
 pub fn free_memory(ordinal: usize) -> Result<(u64, u64), DriverError> {
-    let d = Driver::open()?;
-    let dev = d.device(ordinal)?;
-    d.mem_info(dev)
+    DeviceMemory::open(ordinal)?.free_total()
+}
+
+/// A handle on one device's memory figures that keeps the device's primary context alive while
+/// it lives, so asking every few milliseconds (a peak-memory poll) costs a driver call, never a
+/// context's creation.
+pub struct DeviceMemory {
+    driver: Driver,
+    dev: c_int,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the primary context handle may be pushed on any thread; the driver is thread-safe.
+unsafe impl Send for DeviceMemory {}
+
+impl DeviceMemory {
+    /// Retains `ordinal`'s primary context (the one libtorch uses).
+    pub fn open(ordinal: usize) -> Result<Self, DriverError> {
+        let driver = Driver::open()?;
+        let dev = driver.device(ordinal)?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live local; released in Drop.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            (driver.primary_ctx_retain)(&mut ctx, dev)
+        })?;
+        Ok(Self { driver, dev, ctx })
+    }
+
+    /// Free and total bytes now.
+    pub fn free_total(&self) -> Result<(u64, u64), DriverError> {
+        let d = &self.driver;
+        // SAFETY: the context is retained by `self`; the push is paired with a pop, so the
+        // calling thread's current context is left as it was.
+        unsafe {
+            check("cuCtxPushCurrent", (d.ctx_push_current)(self.ctx))?;
+            let (mut free, mut total) = (0usize, 0usize);
+            let info = check("cuMemGetInfo", (d.mem_get_info)(&mut free, &mut total));
+            let mut popped = std::ptr::null_mut();
+            (d.ctx_pop_current)(&mut popped);
+            info.map(|()| (free as u64, total as u64))
+        }
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: pairs the retain in `open`.
+        unsafe { (self.driver.primary_ctx_release)(self.dev) };
+    }
 }
 
 /// `13000` → `13.0`.

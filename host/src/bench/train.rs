@@ -137,13 +137,13 @@ impl MemoryPoll {
         let tch::Device::Cuda(ordinal) = device else {
             return None;
         };
-        crate::cuda::free_memory(ordinal).ok()?;
+        let memory = crate::cuda::DeviceMemory::open(ordinal).ok()?;
         let stop = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(AtomicU64::new(0));
         let (s, p) = (stop.clone(), peak.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                if let Ok((free, total)) = crate::cuda::free_memory(ordinal) {
+                if let Ok((free, total)) = memory.free_total() {
                     p.fetch_max(total - free, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(10));

@@ -39,8 +39,9 @@ pub struct CacheArgs {
     /// Prefill every prompt in full.
     #[arg(long)]
     no_enable_prefix_caching: bool,
-    /// Budget of the prefix cache in tokens (default: an eighth of the machine's memory, at
-    /// most 4 GiB, divided by the model's key-and-value bytes per token).
+    /// Budget of the prefix cache in tokens (default: on the CPU an eighth of the machine's
+    /// memory, at most 4 GiB; on CUDA an eighth of the device's free memory at start; divided by
+    /// the model's key-and-value bytes per token).
     #[arg(long, value_name = "TOKENS")]
     kv_cache_tokens: Option<usize>,
     /// Tokens per prefix-cache block: prefixes are reused in whole blocks.

@@ -62,8 +62,8 @@ pub struct EngineConfig {
     /// Reuse the keys and values of prompt prefixes computed before (automatic prefix
     /// caching, [`prefix`]). Off, every prompt is prefilled in full.
     pub prefix_caching: bool,
-    /// Budget of the prefix cache in tokens; `None` sizes it from the machine's memory
-    /// ([`default_kv_cache_tokens`]).
+    /// Budget of the prefix cache in tokens; `None` sizes it from the memory of the device the
+    /// engine runs on ([`default_kv_cache_tokens`]).
     pub kv_cache_tokens: Option<usize>,
     /// Tokens per prefix-cache block.
     pub block_size: usize,
@@ -228,20 +228,36 @@ impl ThreadTuner {
     }
 }
 
-/// The prefix cache's default budget: an eighth of the machine's memory, at most 4 GiB (the
-/// default KV space of vLLM's CPU backend), in tokens of `bytes_per_token` (keys and values of
-/// every layer for one position). The pool grows on demand, so a budget that is never filled
-/// costs nothing.
-pub fn default_kv_cache_tokens(bytes_per_token: usize) -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(8 << 30, |kb| kb * 1024);
-    let bytes = (total / 8).min(4 << 30);
+/// The prefix cache's default budget, in tokens of `bytes_per_token` (keys and values of every
+/// layer for one position). On the CPU: an eighth of the machine's memory, at most 4 GiB (the
+/// default KV space of vLLM's CPU backend). On a CUDA device: an eighth of the device memory free
+/// when the engine starts (its weights already loaded), read from the driver, not the host's
+/// memory, leaving the rest to the decode slots, activations and a trainer sharing the GPU (vLLM
+/// takes 90% of the device; pass `kv_cache_tokens` to do the same). The pool grows on demand, so
+/// a budget that is never filled costs nothing.
+pub fn default_kv_cache_tokens(bytes_per_token: usize, device: tch::Device) -> usize {
+    let bytes = match device {
+        tch::Device::Cuda(n) => match crate::cuda::free_memory(n) {
+            Ok((free, _)) => free / 8,
+            Err(e) => {
+                tracing::warn!(
+                    "the prefix cache cannot size itself from cuda:{n}'s memory ({e}): 1 GiB"
+                );
+                1 << 30
+            }
+        },
+        _ => {
+            let total = std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("MemTotal:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                })
+                .map_or(8 << 30, |kb| kb * 1024);
+            (total / 8).min(4 << 30)
+        }
+    };
     (bytes / bytes_per_token.max(1) as u64) as usize
 }
 
@@ -926,12 +942,10 @@ impl Worker {
         let threads = ThreadTuner::new(cfg.threads, model.vs.device());
         let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256);
         let prefix = cfg.prefix_caching.then(|| {
-            let c = &model.cfg;
             let bytes = cache.bytes() as usize / (cfg.max_batch_size + 1) / 256;
-            let tokens = cfg.kv_cache_tokens.unwrap_or_else(|| {
-                let _ = c;
-                default_kv_cache_tokens(bytes)
-            });
+            let tokens = cfg
+                .kv_cache_tokens
+                .unwrap_or_else(|| default_kv_cache_tokens(bytes, model.vs.device()));
             PrefixCache::new(&model, cfg.block_size, tokens)
         });
         if let Some(p) = &prefix {

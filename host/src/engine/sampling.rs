@@ -274,8 +274,21 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
         chosen = chosen.where_self(&greedy, &drawn);
     }
     let chosen_lp = logp.gather(-1, &chosen.unsqueeze(1), false).squeeze_dim(1);
-    let tokens: Vec<i64> = Vec::try_from(chosen.to_device(tch::Device::Cpu)).expect("ids");
-    let lps: Vec<f32> = Vec::try_from(chosen_lp.to_device(tch::Device::Cpu)).expect("logprobs");
+    // Ids and log-probs come back in one copy (one wait for a GPU): as f64, exact for both.
+    let both: Vec<f64> = Vec::try_from(
+        Tensor::cat(
+            &[
+                chosen.to_kind(Kind::Double),
+                chosen_lp.to_kind(Kind::Double),
+            ],
+            0,
+        )
+        .to_device(tch::Device::Cpu),
+    )
+    .expect("ids and logprobs");
+    let (tokens, lps) = both.split_at(b as usize);
+    let tokens: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let lps: Vec<f32> = lps.iter().map(|&l| l as f32).collect();
     let n_top = rows
         .iter()
         .map(|r| r.params.top_logprobs)
@@ -283,9 +296,21 @@ fn sample_impl(logits: &Tensor, rows: &mut [Row<'_>]) -> Vec<Sampled> {
         .unwrap_or(0);
     let (top_vals, top_ids): (Vec<f32>, Vec<i64>) = if n_top > 0 {
         let (vals, ids) = logp.topk(n_top as i64, -1, true, true);
+        let both: Vec<f64> = Vec::try_from(
+            Tensor::cat(
+                &[
+                    vals.to_kind(Kind::Double).reshape([-1]),
+                    ids.to_kind(Kind::Double).reshape([-1]),
+                ],
+                0,
+            )
+            .to_device(tch::Device::Cpu),
+        )
+        .expect("top logprobs");
+        let (vals, ids) = both.split_at(both.len() / 2);
         (
-            Vec::try_from(vals.to_device(tch::Device::Cpu).reshape([-1])).expect("top"),
-            Vec::try_from(ids.to_device(tch::Device::Cpu).reshape([-1])).expect("top"),
+            vals.iter().map(|&x| x as f32).collect(),
+            ids.iter().map(|&x| x as i64).collect(),
         )
     } else {
         (Vec::new(), Vec::new())

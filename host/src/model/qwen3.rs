@@ -368,6 +368,30 @@ pub fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, Tensor>, ModelErro
     Ok(found)
 }
 
+/// Scaled dot-product attention of `q` `[b, heads, t, hd]` over `k`, `v` `[b, heads / group,
+/// keys, hd]` with an additive `mask`, each kv head serving `group` consecutive query heads.
+/// `repeat_kv`: repeat the kv heads to the query heads' count instead of asking libtorch for
+/// grouped attention (`enable_gqa`), which only its math kernel accepts with a mask; the
+/// memory-efficient kernel (CUDA) then runs without materialising the scores. Both give the same
+/// result (`grouped_attention_by_repeated_heads_equals_enable_gqa`).
+pub fn grouped_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    group: i64,
+    repeat_kv: bool,
+) -> Tensor {
+    if repeat_kv && group > 1 {
+        let k = k.repeat_interleave_self_int(group, 1, None);
+        let v = v.repeat_interleave_self_int(group, 1, None);
+        Tensor::scaled_dot_product_attention(q, &k, &v, Some(mask), 0.0, false, scale, false)
+    } else {
+        Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, scale, group > 1)
+    }
+}
+
 impl Qwen3 {
     /// A model with freshly initialised weights (normal with std `initializer_range` for
     /// matrices, ones for norms, as HF initialises), deterministic for a given `seed`.
@@ -401,7 +425,7 @@ impl Qwen3 {
         kind: Kind,
         init: impl Fn(&[i64]) -> Init,
     ) -> Result<Self, ModelError> {
-        let mut vs = nn::VarStore::new(device);
+        let vs = nn::VarStore::new(device);
         let mut vars: BTreeMap<String, Tensor> = BTreeMap::new();
         {
             let root = vs.root();
@@ -411,14 +435,14 @@ impl Qwen3 {
                 for part in &parts[..parts.len() - 1] {
                     path = path.sub(*part);
                 }
-                let t = path.var(parts[parts.len() - 1], &shape, init(&shape));
+                let mut t = path.var(parts[parts.len() - 1], &shape, init(&shape));
+                // Each variable takes its dtype as it is made (set_data swaps the storage the
+                // store shares), so the device never holds an f32 copy of the whole model.
+                if kind != Kind::Float {
+                    tch::no_grad(|| t.set_data(&t.to_kind(kind)));
+                }
                 vars.insert(name, t);
             }
-        }
-        if kind != Kind::Float {
-            vs.set_kind(kind);
-            // set_kind replaces the tensors: fetch them again.
-            vars = vs.variables().into_iter().collect();
         }
         let take = |n: &str| vars.get(n).expect("declared above").shallow_clone();
         let layers = (0..cfg.num_hidden_layers)
@@ -661,7 +685,14 @@ impl Qwen3 {
         tch::no_grad(|| {
             for (name, src) in found {
                 let dst = vars.get_mut(&name).expect("validated above");
-                dst.copy_(&src.to_kind(dst.kind()).to_device(device));
+                // Cross the bus in the narrower dtype: a bf16 checkpoint into f32 weights goes
+                // up as bf16 and widens on the device.
+                let src = if src.kind().elt_size_in_bytes() > dst.kind().elt_size_in_bytes() {
+                    src.to_kind(dst.kind()).to_device(device)
+                } else {
+                    src.to_device(device).to_kind(dst.kind())
+                };
+                dst.copy_(&src);
             }
         });
         Ok(())
@@ -936,18 +967,12 @@ impl Qwen3 {
                     .bmm(&v3)
                     .reshape([b, 1, nh * hd])
             } else {
-                Tensor::scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    Some(&mask),
-                    0.0,
-                    false,
-                    scale,
-                    nh != nkv,
-                )
-                .transpose(1, 2)
-                .reshape([b, t, nh * hd])
+                // On CUDA, libtorch's memory-efficient kernel takes the explicit mask (padded
+                // rows, cached prefixes) in f32 and bf16, with its backward, but not grouped
+                // heads: there the kv heads are repeated (see `grouped_attention`).
+                grouped_attention(&q, &k, &v, &mask, scale, group, q.device().is_cuda())
+                    .transpose(1, 2)
+                    .reshape([b, t, nh * hd])
             };
             h = h + self.project(&attn, &l.o);
             let x = self.rms_norm(&h, &l.post_norm);
@@ -1225,6 +1250,44 @@ impl ChunkedLogprobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CUDA path's repeated kv heads give what libtorch's grouped attention gives (query head
+    /// j reads kv head j / group), with a padding mask, forward and backward.
+    #[test]
+    fn grouped_attention_by_repeated_heads_equals_enable_gqa() {
+        tch::manual_seed(5);
+        let opts = (Kind::Float, Device::Cpu);
+        let (b, nh, nkv, t, hd) = (2, 8, 2, 7, 16);
+        let q0 = Tensor::randn([b, nh, t, hd], opts);
+        let k0 = Tensor::randn([b, nkv, t, hd], opts);
+        let v0 = Tensor::randn([b, nkv, t, hd], opts);
+        // Causal, with the first two keys of row 1 padded out.
+        let causal = Tensor::ones([t, t], opts).tril(0).log();
+        let pad = Tensor::zeros([b, 1, 1, t], opts);
+        let _ = pad.narrow(0, 1, 1).narrow(3, 0, 2).fill_(f64::NEG_INFINITY);
+        let mask = &causal.view([1, 1, t, t]) + &pad;
+        let _ = mask
+            .narrow(0, 1, 1)
+            .narrow(2, 0, 2)
+            .narrow(3, 0, 3)
+            .fill_(0.0);
+        let run = |repeat: bool| {
+            let (q, k, v) = (
+                q0.copy().set_requires_grad(true),
+                k0.copy().set_requires_grad(true),
+                v0.copy().set_requires_grad(true),
+            );
+            let out = grouped_attention(&q, &k, &v, &mask, 0.25, nh / nkv, repeat);
+            out.sum(Kind::Float).backward();
+            (out.detach(), k.grad(), v.grad())
+        };
+        let (a, b_) = (run(false), run(true));
+        for (x, y) in [(&a.0, &b_.0), (&a.1, &b_.1), (&a.2, &b_.2)] {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{diff}");
+        }
+        assert!(a.0.isfinite().all().int64_value(&[]) == 1);
+    }
 
     /// Values, entropies and gradients (to the hidden states and to the output weight) of the
     /// chunked path equal plain autograd through `[positions, vocab]` logits, for chunk sizes

@@ -215,7 +215,9 @@ impl AdamW {
             .filter(Tensor::defined)
     }
 
-    fn step(&mut self, lr: f64, cfg: &OptimConfig, grad_scale: f64) {
+    /// One AdamW update. An error (the device out of memory) stops it part-way: the caller
+    /// stops training rather than go on from partly updated weights.
+    fn step(&mut self, lr: f64, cfg: &OptimConfig, grad_scale: f64) -> Result<(), tch::TchError> {
         self.steps += 1;
         let [b1, b2] = cfg.betas;
         let (c1, c2) = (
@@ -228,16 +230,17 @@ impl AdamW {
                 if !g.defined() {
                     continue;
                 }
-                let g = g * grad_scale;
-                let _ = p.f_mul_scalar_(1.0 - lr * cfg.weight_decay);
-                let _ = m.f_mul_scalar_(b1);
-                let _ = m.f_add_(&(&g * (1.0 - b1)));
-                let _ = v.f_mul_scalar_(b2);
-                let _ = v.f_add_(&(&g * &g * (1.0 - b2)));
-                let denom = (&*v / c2).sqrt() + 1e-8;
-                let _ = p.f_sub_(&((&*m / c1) / denom * lr));
+                let g = g.f_mul_scalar(grad_scale)?;
+                let _ = p.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
+                let _ = m.f_mul_scalar_(b1)?;
+                let _ = m.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
+                let _ = v.f_mul_scalar_(b2)?;
+                let _ = v.f_add_(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
+                let denom = v.f_div_scalar(c2)?.f_sqrt()?.f_add_scalar(1e-8)?;
+                let _ = p.f_sub_(&m.f_div_scalar(c1)?.f_div(&denom)?.f_mul_scalar(lr)?)?;
             }
-        });
+            Ok(())
+        })
     }
 }
 
@@ -699,7 +702,7 @@ impl Trainer {
         } else {
             1.0
         };
-        self.opt.step(lr, &self.optim, scale);
+        self.opt.step(lr, &self.optim, scale)?;
         self.opt.zero_grad();
         self.step += 1;
         Ok(stats)

@@ -64,8 +64,9 @@ pub struct InferConfig {
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
           default_value_t = true, default_missing_value = "true")]
     pub enable_prefix_caching: bool,
-    /// Budget of the prefix cache in tokens (unset: an eighth of the machine's memory, at most
-    /// 4 GiB, divided by the model's key-and-value bytes per token).
+    /// Budget of the prefix cache in tokens (unset: on the CPU an eighth of the machine's
+    /// memory, at most 4 GiB; on CUDA an eighth of the device's free memory at start; divided by
+    /// the model's key-and-value bytes per token).
     #[arg(long, value_name = "TOKENS")]
     pub kv_cache_tokens: Option<usize>,
     /// Tokens per prefix-cache block: prefixes are reused in whole blocks.
