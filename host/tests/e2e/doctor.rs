@@ -31,6 +31,18 @@ fn json_report_describes_this_machine() {
     if !compiled {
         assert_eq!(r["cuda"]["available"], false);
         assert_eq!(r["cuda"]["device_count"], 0);
+        let why = r["cuda"]["why_unavailable"].as_str().unwrap();
+        assert!(
+            why.contains("not compiled in") || why.contains("built without"),
+            "{why}"
+        );
+    }
+    // setup.sh's libtorch is PyPI's CUDA 13.0 build, whatever this binary links.
+    assert_eq!(r["cuda"]["libtorch_cuda"], "13.0");
+    if !rlhost::device::nvidia_driver_present() {
+        assert_eq!(r["cuda"]["driver"], Value::Null);
+        let err = r["cuda"]["driver_error"].as_str().unwrap();
+        assert!(err.contains("no NVIDIA driver"), "{err}");
     }
     assert!(r["torch_threads"].as_i64().unwrap() >= 1);
     assert_eq!(r["wasmtime"]["version"], "49.0.5");
@@ -52,8 +64,11 @@ fn text_report_says_cuda_is_not_available_on_a_cpu_build() {
     let home = tempfile::tempdir().unwrap();
     let stdout = common::run_ok(host(home.path()).arg("doctor"));
     assert!(stdout.contains("libtorch: 2.13.0"), "{stdout}");
-    if !cfg!(feature = "cuda") {
-        assert!(stdout.contains("cuda: not available"), "{stdout}");
+    if !cfg!(feature = "cuda") && !rlhost::device::nvidia_driver_present() {
+        assert!(
+            stdout.contains("cuda: not available: not compiled in (build with `make build CUDA=1`) (libtorch for CUDA 13.0, not linked in)"),
+            "{stdout}"
+        );
     }
     assert!(stdout.contains("no problems found"), "{stdout}");
 }
