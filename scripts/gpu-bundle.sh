@@ -82,16 +82,18 @@ mkdir -p "$TMP/scripts" && cp "$ROOT/scripts/generate-peer.py" "$ROOT/scripts/tr
 cp "$ROOT/scripts/gpu-launcher.sh" "$TMP/rlhost"
 chmod +x "$TMP/rlhost" "$TMP/gpu-check.sh"
 FULL_TORCH=$(sed -n "s/^__version__ = '\(.*\)'/\1/p" "$TORCH_LIB/../version.py")
-"$PYTHON" - "$TMP" "$TORCH_VERSION" "$FULL_TORCH" "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . ':!target' || echo -dirty)" <<'PY'
+# The newest glibc symbol host needs: the GPU machine's glibc must be at least this.
+GLIBC=$(objdump -T "$BIN" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+"$PYTHON" - "$TMP" "$TORCH_VERSION" "$FULL_TORCH" "${GLIBC#GLIBC_}" "$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . ':!target' || echo -dirty)" <<'PY'
 import hashlib, json, os, sys
-tmp, torch, full, commit = sys.argv[1:]
+tmp, torch, full, glibc, commit = sys.argv[1:]
 files = {}
 for name in sorted(os.listdir(tmp)):
     p = os.path.join(tmp, name)
     if os.path.isfile(p):
         files[name] = {"bytes": os.path.getsize(p), "sha256": hashlib.sha256(open(p, "rb").read()).hexdigest()}
 json.dump({"torch": torch, "built_against": full, "tch": "0.24.0" if torch == "2.11.0" else "0.26.0",
-           "features": ["cuda"], "commit": commit, "files": files}, open(os.path.join(tmp, "MANIFEST.json"), "w"), indent=1)
+           "features": ["cuda"], "needs_glibc": glibc, "commit": commit, "files": files}, open(os.path.join(tmp, "MANIFEST.json"), "w"), indent=1)
 PY
 SIZE=$(du -sb "$TMP" | cut -f1)
 if [ "$SIZE" -gt $((LIMIT_MIB * 1024 * 1024)) ]; then

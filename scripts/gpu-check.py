@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -55,7 +56,8 @@ class Check:
         self.a = args
         self.out = os.path.abspath(args.out)
         os.makedirs(self.out, exist_ok=True)
-        self.work = os.path.join(self.out, "work")
+        # Models and runs go outside OUT: everything under OUT is sent back from a device machine.
+        self.work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "rlhost-gpu-check"))
         shutil.rmtree(self.work, ignore_errors=True)
         os.makedirs(self.work)
         self.log = open(os.path.join(self.out, "gpu-check.log"), "w")
@@ -206,6 +208,12 @@ def doctor(c):
               d.get("libtorch", {}).get("version"))
     if c.a.cpu:
         c.checked("without a GPU, doctor says why", bool(cuda.get("why_unavailable")), cuda.get("why_unavailable"))
+        if c.a.peer_python:
+            # The peer's interpreter has another torch (the reference venv's): the launcher refuses it.
+            p = subprocess.run([c.rlhost, "--version"], env=dict(c.env, RLHOST_PYTHON=c.a.peer_python),
+                               capture_output=True, text=True, timeout=60)
+            c.checked("the launcher refuses a torch the bundle was not built for",
+                      p.returncode != 0 and "was built against PyTorch" in p.stderr, p.stderr.strip()[:160])
     else:
         c.checked("CUDA available", cuda.get("available"), cuda.get("why_unavailable"))
         gpus = (cuda.get("driver") or {}).get("devices") or []
@@ -392,7 +400,9 @@ def train_4b(c):
     try:
         r = json.loads(p.stdout)
     except json.JSONDecodeError:
-        raise StepFailed(f"bench train exited {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-400:]}")
+        if "out of memory" not in p.stderr.lower():
+            raise StepFailed(f"bench train exited {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-400:]}")
+        r = {"preset": "4b", "error": "the process ran out of memory: " + p.stderr.strip()[-300:], "rlhost": {}}
     c.figure("bench", r)
     oom = "out of memory" in (r.get("error") or "").lower()
     if oom:
@@ -509,7 +519,7 @@ def markdown(r):
     train_step = next((st for st in r["steps"] if st["name"] == "train-4b"), None)
     for key in ("bench", "bench_0.6b"):
         t = (train_step or {}).get("figures", {}).get(key)
-        if not t:
+        if not t or "flops_per_token" not in t:
             continue
         lines += ["", f"Training step at the {t['preset']} shape, {t['batch']} x {t['seq_len']} tokens, "
                       f"{t['flops_per_token'] / 1e9:.1f} GFLOP/token, peak {fmt(t.get('peak_tflops'))} TFLOP/s:", "",
@@ -545,6 +555,7 @@ def main():
                     help="seconds for all steps (a step that cannot start within it is reported as not run)")
     ap.add_argument("--peer-python", help="interpreter with transformers for the speed peer (default: this one)")
     ap.add_argument("--only", help="comma-separated step names to run")
+    ap.add_argument("--work", help="models and runs (default: $TMPDIR/rlhost-gpu-check; never under --out)")
     c = Check(ap.parse_args())
     c.say(f"gpu-check: {c.report['mode']}, bundle {c.a.bundle}, report in {c.out}")
     c.step("doctor", "CUDA seen: device, memory, kernels", lambda: doctor(c), 90)

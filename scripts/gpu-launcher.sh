@@ -25,6 +25,12 @@ HAVE=$(sed -n "s/^__version__ = '\(.*\)'/\1/p" "$TORCH_DIR/version.py")
 [ "${HAVE%%+*}" = "$WANT" ] \
   || fail "this bundle was built against PyTorch $WANT, but $PY has $HAVE ($TORCH_DIR): rebuild it with GPU_TORCH_VERSION=${HAVE%%+*} make gpu-bundle (supported: scripts/build-for-torch.sh)"
 
+GLIBC=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("needs_glibc", "0"))' "$HERE/MANIFEST.json")
+HAVE_GLIBC=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+if [ -n "$HAVE_GLIBC" ] && [ "$(printf '%s\n%s\n' "$GLIBC" "$HAVE_GLIBC" | sort -V | head -1)" != "$GLIBC" ]; then
+  fail "this bundle's host needs glibc $GLIBC or newer; this machine has $HAVE_GLIBC"
+fi
+
 DEST=${RLHOST_BUNDLE_CACHE:-$HERE/.unpacked}
 STAMP=$(cksum <"$HERE/payload.tar.gz" | cut -d' ' -f1)
 if [ "$(cat "$DEST/.payload" 2>/dev/null)" != "$STAMP" ]; then

@@ -86,7 +86,7 @@ PY
     tmp="$LIBTORCH_DIR.cuda.tmp.$$"
     rm -rf "$tmp"
     # shellcheck disable=SC2086
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --only-binary :all: --target "$tmp" $REQS
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --only-binary :all: --target "$tmp" $REQS
     # The wheels share the `nvidia/` folder: merge it (and their records) into libtorch's.
     cp -a "$tmp/nvidia/." "$LIBTORCH_DIR/nvidia/"
     cp -a "$tmp"/*.dist-info "$LIBTORCH_DIR/"

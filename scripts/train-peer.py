@@ -38,7 +38,7 @@ def main():
     torch.manual_seed(0)
     step_s, error = [], None
     try:
-        model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.float32)
+        model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
         model.to(a.device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
         v = cfg.vocab_size
