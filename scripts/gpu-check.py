@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,10 +42,9 @@ from datetime import datetime, timezone
 GOALS = {
     "speed_batch_1": ("engine / transformers at batch 1", 1.5),
     "speed_batch_32": ("engine / transformers at batch 32", 2.0),
-    "mfu_4b": ("MFU of a 4B training step (bf16 peak)", 0.30),
+    "mfu_4b": ("MFU of a 4B training step (f32 training, against the dense bf16 peak)", 0.30),
+    "mfu_06b": ("MFU of a 0.6B training step, in place of 4B (f32 training, against the dense bf16 peak)", 0.30),
 }
-# Dense bf16 tensor-core peaks (TFLOP/s) by device name, for MFU.
-PEAK_TFLOPS = [("H200", 989.4), ("H100", 989.4), ("A100", 312.0), ("L40S", 362.1), ("A10", 125.0)]
 
 
 class StepFailed(Exception):
@@ -91,12 +91,28 @@ class Check:
         cmd = [self.rlhost, *map(str, args)]
         self.say("$ rlhost " + " ".join(map(str, args)))
         t = time.time()
+        limit = max(5, min(timeout, self.cur_deadline - time.time()))
+        by_budget = limit < timeout
+        # A session of its own: a timeout kills host and its children (the transformers peers,
+        # which would otherwise go on holding GPU memory).
+        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True)
         try:
-            p = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
-                               timeout=max(5, min(timeout, self.cur_deadline - time.time())))
-        except subprocess.TimeoutExpired as e:
-            self.log.write((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
-            raise StepFailed(f"`rlhost {args[0]}` ran past its time ({time.time() - t:.0f} s)")
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, err = proc.communicate()
+            self.log.write(out or "")
+            self.log.write(err or "")
+            self.log.flush()
+            what = f"`rlhost {' '.join(map(str, args[:2]))}` ran past {limit:.0f} s"
+            if by_budget:
+                raise BudgetSpent(what + f" (the check's {self.a.budget:.0f} s budget)")
+            raise StepFailed(what + ": " + " | ".join((err or "").strip().splitlines()[-3:]))
+        p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         self.log.write(p.stdout)
         self.log.write(p.stderr)
         self.log.flush()
@@ -136,6 +152,9 @@ class Check:
         except StepFailed as e:
             rec["status"], rec["error"] = "fail", str(e)
             self.say(f"  FAIL {e}")
+        except BudgetSpent as e:
+            rec["status"], rec["note"] = "cut", f"not finished: {e}"
+            self.say(f"  CUT {e}")
         except Exception as e:  # a bug in this script must not hide the other steps
             rec["status"], rec["error"] = "error", f"{type(e).__name__}: {e}"
             self.say(f"  ERROR {type(e).__name__}: {e}")
@@ -173,7 +192,7 @@ class Check:
     # --- report -----------------------------------------------------------------------------
     def write(self):
         r = self.report
-        ran = [s for s in r["steps"] if s["status"] != "not run"]
+        ran = [s for s in r["steps"] if s["status"] not in ("not run", "cut")]
         r["summary"] = {
             "passed": sum(s["status"] == "pass" for s in ran),
             "failed": sum(s["status"] in ("fail", "error") for s in ran),
@@ -218,7 +237,8 @@ def doctor(c):
         c.checked("CUDA available", cuda.get("available"), cuda.get("why_unavailable"))
         gpus = (cuda.get("driver") or {}).get("devices") or []
         c.checked("the driver lists the device", len(gpus) > 0,
-                  [f"{g['name']} {g['total_bytes'] / 2**30:.1f} GiB cc {g['compute_capability']}" for g in gpus])
+                  [f"{g['name']} {g['total_bytes'] / 2**30:.1f} GiB, compute capability "
+                   f"{g['compute_capability'][0]}.{g['compute_capability'][1]}" for g in gpus])
         c.checked("bf16 on the device", bool(gpus) and gpus[0].get("bf16"))
     c.cur["figures"]["doctor_text"] = c.host("doctor", timeout=90, check=False).stdout
 
@@ -315,7 +335,7 @@ def sft(c):
 
 def install_arith(c):
     if not os.path.isdir(os.path.join(c.env["RLHOST_HOME"], "plugins", "rlhost", "arith")):
-        reg = os.path.join(os.environ.get("RLHOST_BUNDLE_CACHE") or os.path.join(c.a.bundle, ".unpacked"), "registry")
+        reg = os.path.join(unpacked(), "registry")
         # arith declares the python tool's sandbox; the check runs it without tools (its
         # `tools = "none"` argument), so the sandbox component (102 MB) need not be carried.
         c.host("env", "install", "rlhost/arith", "--registry", "file://" + reg, "--allow-missing-capabilities",
@@ -362,8 +382,7 @@ def rl(c):
 def model_06b(c):
     m = os.path.join(c.work, "q06")
     if not os.path.isdir(m):
-        bundle = os.environ.get("RLHOST_BUNDLE_CACHE") or os.path.join(c.a.bundle, ".unpacked")
-        c.host("model", "init", "--preset", "0.6b", "--tokenizer", os.path.join(bundle, "models", "qwen3"),
+        c.host("model", "init", "--preset", "0.6b", "--tokenizer", os.path.join(unpacked(), "models", "qwen3"),
                "--out", m, timeout=180)
     return m
 
@@ -376,53 +395,69 @@ def speed(c):
         model, sizes, new, dtype = model_06b(c), "1,8,32,64", 128, "bf16"
     p = c.host("bench", "generate", "--model", model, "--device", c.device, "--dtype", dtype,
                "--batch-sizes", sizes, "--prompt-len", 128 if not c.a.cpu else 32, "--new-tokens", new,
-               "--repeats", 2 if not c.a.cpu else 1, "--python", peer, "--json", timeout=300)
+               "--repeats", 1, "--python", peer, "--json", timeout=300)
     r = json.loads(p.stdout)
     c.figure("bench", r)
     rows = {row["batch"]: row for row in r["rows"]}
     for b, row in rows.items():
         c.say(f"  batch {b}: rlhost {row['rlhost_tokens_per_s']:.1f} tok/s, transformers "
               f"{row['transformers_tokens_per_s'] or 0:.1f} tok/s, {row['ratio'] or 0:.2f}x")
-    c.checked("both sides measured at every batch size", all(row.get("ratio") for row in rows.values()))
+    errors = {b: row["transformers_error"] for b, row in rows.items() if row.get("transformers_error")}
+    c.checked("both sides measured at every batch size", all(row.get("ratio") for row in rows.values()),
+              errors or None)
     if not c.a.cpu:
         for b, key in ((1, "speed_batch_1"), (32, "speed_batch_32")):
             if b in rows and rows[b].get("ratio"):
                 goal(c, key, rows[b]["ratio"])
 
 
+OOM_WORDS = ("out of memory", "alloc_failed", "cuda_error_out_of_memory")
+
+
+def bench_train(c, preset, seq_len, batch, steps, timeout):
+    """`host bench train` as JSON; a process that died of running out of memory is a result too."""
+    p = c.host("bench", "train", "--preset", preset, "--seq-len", seq_len, "--batch", batch, "--steps", steps,
+               "--device", c.device, "--python", c.a.peer_python or sys.executable, "--json",
+               timeout=timeout, check=False)
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:
+        if not any(w in p.stderr.lower() for w in OOM_WORDS):
+            raise StepFailed(f"bench train ({preset}) exited {p.returncode}: "
+                             f"{(p.stderr.strip() or p.stdout.strip())[-400:]}")
+        return {"preset": preset, "error": "the process ran out of memory: " + p.stderr.strip()[-300:],
+                "rlhost": {}}
+
+
 def train_4b(c):
     if c.a.cpu:
-        args = ["--preset", "tiny", "--seq-len", 128, "--batch", 2, "--steps", 2]
-    else:
-        args = ["--preset", "4b", "--seq-len", 2048, "--batch", 1, "--steps", 3]
-    p = c.host("bench", "train", *args, "--device", c.device, "--python", c.a.peer_python or sys.executable,
-               "--json", timeout=240, check=False)
-    try:
-        r = json.loads(p.stdout)
-    except json.JSONDecodeError:
-        if "out of memory" not in p.stderr.lower():
-            raise StepFailed(f"bench train exited {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-400:]}")
-        r = {"preset": "4b", "error": "the process ran out of memory: " + p.stderr.strip()[-300:], "rlhost": {}}
-    c.figure("bench", r)
-    oom = "out of memory" in (r.get("error") or "").lower()
-    if oom:
-        # f32 weights + AdamW moments of 4B are 64 GB before activations: on an 80 GB GPU this is
-        # the expected result, and the 0.6B shape gives the MFU figure instead.
-        c.say(f"  4B ran out of memory (peak {fmt(r['rlhost'].get('peak_memory_mib'))} MiB); the 0.6B shape instead")
-        c.cur["note"] = f"4B: out of memory at {fmt(r['rlhost'].get('peak_memory_mib'))} MiB (f32 weights + AdamW)"
-        p = c.host("bench", "train", "--preset", "0.6b", "--seq-len", 2048, "--batch", 4, "--steps", 3,
-                   "--device", c.device, "--python", c.a.peer_python or sys.executable, "--json",
-                   timeout=180, check=False)
-        try:
-            r06 = json.loads(p.stdout)
-        except json.JSONDecodeError:
-            raise StepFailed(f"bench train at 0.6B exited {p.returncode}: {p.stderr.strip()[-400:]}")
-        c.figure("bench_0.6b", r06)
-        c.checked("training steps ran at the 0.6B shape", not r06.get("error"), r06.get("error"))
-    else:
+        r = bench_train(c, "tiny", 128, 2, 2, 120)
+        c.figure("bench", r)
         c.checked("training steps ran", not r.get("error"), r.get("error"))
-    if r.get("mfu") is not None and not c.a.cpu:
+        return
+    try:
+        r = bench_train(c, "4b", 2048, 1, 3, 150)
+    except StepFailed as e:
+        r = {"preset": "4b", "error": str(e), "rlhost": {}}
+    c.figure("bench", r)
+    if r.get("mfu") is not None:
         goal(c, "mfu_4b", r["mfu"])
+    if not r.get("error"):
+        c.checked("training steps ran at the 4B shape", True)
+        return
+    oom = any(w in r["error"].lower() for w in OOM_WORDS)
+    peak = (r.get("rlhost") or {}).get("peak_memory_mib")
+    # f32 weights + AdamW moments of 4B are 64 GB before activations: on an 80 GB GPU running out
+    # of memory is the expected result, and the 0.6B shape gives the MFU figure instead.
+    c.cur["note"] = (f"4B: {'out of memory' if oom else 'failed'}"
+                     + (f" at a peak of {peak:.0f} MiB" if peak else "") + " (f32 weights + AdamW); 0.6B instead")
+    c.say("  " + c.cur["note"])
+    c.cur_deadline = time.time() + min(150, max(30, c.remaining()))
+    r06 = bench_train(c, "0.6b", 2048, 4, 3, 150)
+    c.figure("bench_0.6b", r06)
+    c.checked("training steps ran at the 0.6B shape", not r06.get("error"), r06.get("error"))
+    if r06.get("mfu") is not None:
+        goal(c, "mfu_06b", r06["mfu"])
 
 
 def grpo_06b(c):
@@ -435,6 +470,15 @@ def goal(c, key, value):
 
 
 # --- helpers ----------------------------------------------------------------------------------
+def unpacked():
+    """Where the launcher unpacks the payload (gpu-launcher.sh: the same default)."""
+    return os.environ.get("RLHOST_BUNDLE_CACHE") or os.path.join(os.environ.get("TMPDIR") or "/tmp", "rlhost-bundle")
+
+
+class BudgetSpent(Exception):
+    pass
+
+
 class GpuMemory:
     """Polls nvidia-smi for the memory in use on GPU 0 while a step runs; the peak, in MiB."""
 
@@ -522,15 +566,27 @@ def markdown(r):
         if not t or "flops_per_token" not in t:
             continue
         lines += ["", f"Training step at the {t['preset']} shape, {t['batch']} x {t['seq_len']} tokens, "
-                      f"{t['flops_per_token'] / 1e9:.1f} GFLOP/token, peak {fmt(t.get('peak_tflops'))} TFLOP/s:", "",
-                  "| side | s/step | tokens/s | MFU | peak MiB | stopped |", "|---|---|---|---|---|---|"]
+                      f"{t['flops_per_token'] / 1e9:.1f} GFLOP/token, peaks {fmt(t.get('peak_tflops'))} (bf16) and "
+                      f"{fmt(t.get('peak_f32_tflops'))} (f32) TFLOP/s; both sides train in f32:", "",
+                  "| side | s/step | tokens/s | MFU (bf16 peak) | MFU (f32 peak) | peak MiB | stopped |",
+                  "|---|---|---|---|---|---|---|"]
         for name in ("rlhost", "pytorch"):
             side = t.get(name)
             if side:
                 steps = sorted(side.get("step_s") or [])
                 lines.append(f"| {name} | {fmt(steps[len(steps) // 2]) if steps else '-'} | "
-                             f"{fmt(side.get('tokens_per_s'))} | {fmt(side.get('mfu'))} | "
+                             f"{fmt(side.get('tokens_per_s'))} | {fmt(side.get('mfu'))} | {fmt(side.get('mfu_f32'))} | "
                              f"{fmt(side.get('peak_memory_mib'))} | {(side.get('error') or '').replace('|', '/')[:120]} |")
+    grpo_step = next((st for st in r["steps"] if st["name"] == "grpo-0.6b" and st["figures"].get("steps")), None)
+    if grpo_step:
+        lines += ["", "GRPO at the 0.6B shape"
+                  + (f" (peak GPU memory {fmt(grpo_step['figures'].get('gpu_memory_peak_mib'))} MiB)"
+                     if grpo_step["figures"].get("gpu_memory_peak_mib") else "") + ":", "",
+                  "| step | reward | loss | mismatch_kl | rollout s | train s | sync s |", "|---|---|---|---|---|---|---|"]
+        for row in grpo_step["figures"]["steps"]:
+            lines.append("| " + " | ".join(fmt(row.get(k)) for k in
+                                            ("step", "reward", "loss", "mismatch_kl", "rollout_s", "train_s", "sync_s"))
+                         + " |")
     if r["goals"]:
         lines += ["", "| goal | target | measured | met |", "|---|---|---|---|"]
         for g in r["goals"]:
@@ -539,6 +595,8 @@ def markdown(r):
 
 
 def fmt(v):
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     if isinstance(v, list):

@@ -8,7 +8,8 @@
 #   CUDA wheels need not load for this); its release must be the one the bundle was built against
 #   (MANIFEST.json), since each tch release accepts exactly one libtorch.
 # - the payload (host, tokenizer, registry) is unpacked once into $RLHOST_BUNDLE_CACHE (default:
-#   .unpacked beside this file), again whenever the payload changes.
+#   $TMPDIR/rlhost-bundle, outside the bundle so the bundle stays small enough to carry), again
+#   whenever the payload changes.
 # - torch's lib folder goes on LD_LIBRARY_PATH; libtorch_cuda.so finds cuBLAS, cuDNN, NCCL... in
 #   site-packages/nvidia through its own RPATH, as `import torch` does.
 set -euo pipefail
@@ -31,7 +32,7 @@ if [ -n "$HAVE_GLIBC" ] && [ "$(printf '%s\n%s\n' "$GLIBC" "$HAVE_GLIBC" | sort 
   fail "this bundle's host needs glibc $GLIBC or newer; this machine has $HAVE_GLIBC"
 fi
 
-DEST=${RLHOST_BUNDLE_CACHE:-$HERE/.unpacked}
+DEST=${RLHOST_BUNDLE_CACHE:-${TMPDIR:-/tmp}/rlhost-bundle}
 STAMP=$(cksum <"$HERE/payload.tar.gz" | cut -d' ' -f1)
 if [ "$(cat "$DEST/.payload" 2>/dev/null)" != "$STAMP" ]; then
   tmp="$DEST.tmp.$$"

@@ -38,8 +38,10 @@ def main():
     torch.manual_seed(0)
     step_s, error = [], None
     try:
-        model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
-        model.to(a.device).train()
+        # Initialised on the device: a 4B model's f32 init on the CPU takes a minute.
+        with torch.device(a.device):
+            model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+        model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
         v = cfg.vocab_size
         ids = torch.tensor([[(r * 7919 + i * 104729 + 13) % v for i in range(a.seq_len)] for r in range(a.batch)],

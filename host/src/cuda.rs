@@ -299,11 +299,14 @@ pub fn sdpa_kernels(device: tch::Device) -> Result<SdpaKernels, tch::TchError> {
         Tensor::f_internal_fused_sdp_choice(&q, &q, &q, None::<Tensor>, 0.0, true, None, false)?;
     let masked =
         Tensor::f_internal_fused_sdp_choice(&q, &q, &q, Some(&mask), 0.0, false, None, false)?;
+    // Called directly, the kernel wants the mask's head dimension spelled out (the public call
+    // broadcasts it).
+    let full_mask = mask.f_expand([1, 8, 64, 64], false)?.f_contiguous()?;
     let efficient = Tensor::f_internal_scaled_dot_product_efficient_attention(
         &q,
         &q,
         &q,
-        Some(&mask),
+        Some(&full_mask),
         false,
         0.0,
         false,

@@ -51,6 +51,9 @@ pub struct GenerateRow {
     pub transformers_tokens_per_s: Option<f64>,
     /// rlhost / transformers.
     pub ratio: Option<f64>,
+    /// Why the peer has no figure at this batch size, when a run of it failed (rlhost's figures
+    /// stand; the benchmark goes on).
+    pub transformers_error: Option<String>,
     /// rlhost pinned to one thread (best run), when the engine chooses its threads.
     pub rlhost_one_thread_tokens_per_s: Option<f64>,
     /// The weights rlhost read per second, GB/s, counting one pass over them per step of
@@ -152,8 +155,18 @@ fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Re
         .output()?;
     anyhow::ensure!(
         out.status.success(),
-        "the transformers peer failed: {}",
+        "the transformers peer failed ({}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let secs = v["seconds"][0]
@@ -215,6 +228,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
     let mut rows = Vec::new();
     for &batch in &o.batch_sizes {
         let (mut ours, mut theirs, mut one) = (0f64, None::<f64>, None::<f64>);
+        let mut peer_error = None::<String>;
         for rep in 0..o.repeats {
             progress(&format!(
                 "batch {batch}: rlhost, run {}/{}",
@@ -231,14 +245,20 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
                 let t = rlhost_run(e, &rt, o, batch)?;
                 one = Some(one.map_or(t, |b| b.max(t)));
             }
-            if let Some(py) = &o.python {
+            if let (Some(py), None) = (&o.python, &peer_error) {
                 progress(&format!(
                     "batch {batch}: transformers, run {}/{}",
                     rep + 1,
                     o.repeats
                 ));
-                let t = peer_run(py, o, batch)?;
-                theirs = Some(theirs.map_or(t, |b| b.max(t)));
+                match peer_run(py, o, batch) {
+                    Ok(t) => theirs = Some(theirs.map_or(t, |b| b.max(t))),
+                    Err(e) => {
+                        tracing::warn!("batch {batch}: the transformers peer failed: {e:#}");
+                        peer_error = Some(format!("{e:#}"));
+                        theirs = None;
+                    }
+                }
             }
         }
         rows.push(GenerateRow {
@@ -246,6 +266,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             rlhost_tokens_per_s: ours,
             transformers_tokens_per_s: theirs,
             ratio: theirs.map(|t| ours / t),
+            transformers_error: peer_error,
             rlhost_one_thread_tokens_per_s: one,
             rlhost_weights_gb_per_s: ours / batch as f64 * weight_bytes as f64 / 1e9,
         });
@@ -324,6 +345,11 @@ impl GenerateReport {
                     .map_or("-".into(), |t| format!("{t:.1}")),
                 r.rlhost_weights_gb_per_s
             ));
+        }
+        for r in &self.rows {
+            if let Some(e) = &r.transformers_error {
+                s.push_str(&format!("batch {}: {e}\n", r.batch));
+            }
         }
         s
     }

@@ -47,8 +47,11 @@ pub struct TrainSide {
     pub step_s: Vec<f64>,
     /// Tokens per second (median step).
     pub tokens_per_s: Option<f64>,
-    /// Model FLOP utilisation against the peak (median step), when the peak is known.
+    /// Model FLOP utilisation against the dense bf16 peak (median step), when it is known.
     pub mfu: Option<f64>,
+    /// The same against the device's f32 peak: the arithmetic both sides run (f32 weights and
+    /// activations, no TF32).
+    pub mfu_f32: Option<f64>,
     /// Peak device memory in use during the side's run, MiB (CUDA only).
     pub peak_memory_mib: Option<f64>,
     /// Why the side stopped, when it did (`CUDA out of memory` ...).
@@ -73,8 +76,10 @@ pub struct TrainReport {
     /// Model FLOPs per trained token: 6 per matrix parameter (forward and backward) plus
     /// attention's 12 · layers · heads · head dim · sequence length (PaLM's accounting).
     pub flops_per_token: f64,
-    /// The peak MFU is measured against, TFLOP/s.
+    /// The dense bf16 peak MFU is measured against, TFLOP/s.
     pub peak_tflops: Option<f64>,
+    /// The device's f32 peak, TFLOP/s (known GPUs only).
+    pub peak_f32_tflops: Option<f64>,
     /// Device memory in use before either side started, MiB (CUDA only).
     pub memory_before_mib: Option<f64>,
     /// The device's memory, MiB (CUDA only).
@@ -111,18 +116,19 @@ pub fn flops_per_token(cfg: &Qwen3Config, seq_len: usize) -> f64 {
     6.0 * matrix as f64 + attention
 }
 
-/// The dense bf16 peak of a GPU by name, TFLOP/s (SXM parts; PCIe ones are lower).
-pub fn known_peak_tflops(name: &str) -> Option<f64> {
+/// The dense bf16 tensor-core peak and the f32 (no tensor cores, no TF32) peak of a GPU by name,
+/// TFLOP/s (SXM parts; PCIe ones are lower).
+pub fn known_peaks_tflops(name: &str) -> Option<(f64, f64)> {
     [
-        ("H200", 989.4),
-        ("H100", 989.4),
-        ("A100", 312.0),
-        ("L40S", 362.1),
-        ("A10", 125.0),
+        ("H200", 989.4, 66.9),
+        ("H100", 989.4, 66.9),
+        ("A100", 312.0, 19.5),
+        ("L40S", 362.1, 91.6),
+        ("A10", 125.0, 31.2),
     ]
     .iter()
-    .find(|(key, _)| name.contains(key))
-    .map(|&(_, peak)| peak)
+    .find(|(key, _, _)| name.contains(key))
+    .map(|&(_, bf16, f32)| (bf16, f32))
 }
 
 /// Polls a CUDA device's used memory (total − free) every 10 ms until dropped; the peak, MiB.
@@ -188,6 +194,7 @@ fn rlhost_side(o: &TrainBenchOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)
         step_s: Vec::new(),
         tokens_per_s: None,
         mfu: None,
+        mfu_f32: None,
         peak_memory_mib: None,
         error: None,
     };
@@ -270,6 +277,7 @@ fn peer_side(
                 step_s: Vec::new(),
                 tokens_per_s: None,
                 mfu: None,
+                mfu_f32: None,
                 peak_memory_mib: None,
                 error: Some(format!("cannot write the peer's config: {e}")),
             };
@@ -296,6 +304,7 @@ fn peer_side(
         step_s: Vec::new(),
         tokens_per_s: None,
         mfu: None,
+        mfu_f32: None,
         peak_memory_mib,
         error: None,
     };
@@ -337,9 +346,9 @@ pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Tra
             .and_then(|d| d.devices.into_iter().nth(n)),
         _ => None,
     };
-    let peak_tflops = o
-        .peak_tflops
-        .or_else(|| gpu.as_ref().and_then(|g| known_peak_tflops(&g.name)));
+    let known = gpu.as_ref().and_then(|g| known_peaks_tflops(&g.name));
+    let peak_tflops = o.peak_tflops.or(known.map(|(bf16, _)| bf16));
+    let peak_f32_tflops = known.map(|(_, f32)| f32);
     let flops = flops_per_token(&cfg, o.seq_len);
     let finish = |mut side: TrainSide| {
         let tokens = (o.batch * o.seq_len) as f64;
@@ -347,6 +356,10 @@ pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Tra
         side.mfu = side
             .tokens_per_s
             .zip(peak_tflops)
+            .map(|(t, peak)| t * flops / (peak * 1e12));
+        side.mfu_f32 = side
+            .tokens_per_s
+            .zip(peak_f32_tflops)
             .map(|(t, peak)| t * flops / (peak * 1e12));
         side
     };
@@ -382,6 +395,7 @@ pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Tra
         batch: o.batch,
         flops_per_token: flops,
         peak_tflops,
+        peak_f32_tflops,
         memory_before_mib,
         memory_total_mib,
         mfu: rlhost.mfu,
@@ -412,22 +426,25 @@ impl TrainReport {
                 .map(|g| format!(" ({g})"))
                 .unwrap_or_default(),
             self.flops_per_token / 1e9,
-            self.peak_tflops
-                .map_or("unknown (--peak-tflops): no MFU".to_owned(), |p| format!(
-                    "{p:.1} TFLOP/s (dense bf16)"
-                ))
+            match (self.peak_tflops, self.peak_f32_tflops) {
+                (Some(p), Some(f)) => format!("{p:.1} TFLOP/s dense bf16, {f:.1} f32"),
+                (Some(p), None) => format!("{p:.1} TFLOP/s (dense bf16)"),
+                _ => "unknown (--peak-tflops): no MFU".to_owned(),
+            }
         );
         s.push_str(&format!(
-            "{:>22} {:>10} {:>12} {:>8} {:>14}  {}\n",
-            "", "s/step", "tokens/s", "MFU", "peak MiB", "stopped"
+            "{:>22} {:>10} {:>12} {:>8} {:>9} {:>14}  {}\n",
+            "", "s/step", "tokens/s", "MFU", "MFU f32", "peak MiB", "stopped"
         ));
         let mut row = |name: &str, side: &TrainSide| {
             s.push_str(&format!(
-                "{:>22} {:>10} {:>12} {:>8} {:>14}  {}\n",
+                "{:>22} {:>10} {:>12} {:>8} {:>9} {:>14}  {}\n",
                 name,
                 median(&side.step_s).map_or("-".into(), |x| format!("{x:.3}")),
                 side.tokens_per_s.map_or("-".into(), |x| format!("{x:.0}")),
                 side.mfu
+                    .map_or("-".into(), |x| format!("{:.1}%", x * 100.0)),
+                side.mfu_f32
                     .map_or("-".into(), |x| format!("{:.1}%", x * 100.0)),
                 side.peak_memory_mib
                     .map_or("-".into(), |x| format!("{x:.0}")),
@@ -479,9 +496,12 @@ mod tests {
 
     #[test]
     fn peaks_are_known_for_the_gpus_we_borrow() {
-        assert_eq!(known_peak_tflops("NVIDIA H100 80GB HBM3"), Some(989.4));
-        assert_eq!(known_peak_tflops("NVIDIA H200"), Some(989.4));
-        assert_eq!(known_peak_tflops("Some GPU"), None);
+        assert_eq!(
+            known_peaks_tflops("NVIDIA H100 80GB HBM3"),
+            Some((989.4, 66.9))
+        );
+        assert_eq!(known_peaks_tflops("NVIDIA H200"), Some((989.4, 66.9)));
+        assert_eq!(known_peaks_tflops("Some GPU"), None);
     }
 
     /// On the CPU the tiny shape trains: finite steps, tokens/s, no memory figure, no MFU.

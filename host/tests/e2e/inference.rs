@@ -880,6 +880,37 @@ fn bench_generate_reports_every_batch_size() {
     );
 }
 
+/// `host bench train`: rlhost's trainer and PyTorch + transformers (scripts/train-peer.py) each
+/// take timed steps of the same shape on the same tokens; on the CPU there is no MFU (no known
+/// peak) and no device memory figure.
+#[test]
+fn bench_train_measures_both_sides() {
+    let Some(python) = common::reference_python("bench_train") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let stdout = common::run_ok(
+        common::host(tmp.path())
+            .args(["bench", "train", "--preset", "tiny", "--device", "cpu"])
+            .args(["--seq-len", "24", "--batch", "3", "--steps", "2", "--json"])
+            .arg("--python")
+            .arg(&python),
+    );
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (v["seq_len"].as_u64(), v["batch"].as_u64()),
+        (Some(24), Some(3))
+    );
+    for side in ["rlhost", "pytorch"] {
+        assert_eq!(v[side]["error"], Value::Null, "{side}: {v:#}");
+        assert_eq!(v[side]["step_s"].as_array().unwrap().len(), 2, "{side}");
+        assert!(v[side]["tokens_per_s"].as_f64().unwrap() > 0.0, "{side}");
+        assert_eq!(v[side]["mfu"], Value::Null);
+        assert_eq!(v[side]["peak_memory_mib"], Value::Null);
+    }
+    assert!(v["ratio"].as_f64().unwrap() > 0.0);
+}
+
 /// Issue 18: connections that never finish their headers or bodies are closed at their deadlines,
 /// at most `--max-connections` are open at once, and a normal client still gets served.
 #[test]
