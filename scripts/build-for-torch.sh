@@ -10,8 +10,8 @@
 #                 needs must be installed beside it, as `pip install torch` does)
 #   --print-dir   print the folder the binary will be in and exit
 #
-# The binary goes to target/torch-<version>[-cuda]/release/host, with that torch's lib folder on
-# its rpath.
+# The binary goes to $CARGO_TARGET_DIR (default target/)/torch-<version>[-cuda]/release/host, with
+# that torch's lib folder on its rpath.
 #
 # One tree, two torch versions: each tch release accepts exactly one libtorch (its build script
 # checks `version.py`), so the torch version picks the tch version (table below). For the tch the
@@ -67,14 +67,16 @@ if [ "$CUDA" = 1 ] && [ ! -f "$TORCH_DIR/lib/libtorch_cuda.so" ]; then
 fi
 
 NAME="torch-$VERSION$([ "$CUDA" = 1 ] && echo -cuda)"
-export CARGO_TARGET_DIR="$ROOT/target/$NAME"
+# Under the caller's CARGO_TARGET_DIR when set (CI keeps its builds in a cache), else target/.
+BASE=${CARGO_TARGET_DIR:-$ROOT/target}
+export CARGO_TARGET_DIR="$BASE/$NAME"
 if [ "$PRINT_DIR" = 1 ]; then echo "$CARGO_TARGET_DIR/release"; exit 0; fi
 
 WORKSPACE_TCH=$(sed -n 's/^tch = "=\(.*\)"/\1/p' "$ROOT/Cargo.toml")
 if [ "$TCH" = "$WORKSPACE_TCH" ]; then
   WS=$ROOT
 else
-  WS="$ROOT/target/$NAME/workspace"
+  WS="$BASE/$NAME/workspace"
   mkdir -p "$WS"
   for member in $(sed -n 's/^members = \[\(.*\)\]/\1/p' "$ROOT/Cargo.toml" | tr -d '",'); do
     ln -sfn "$ROOT/$member" "$WS/$member"

@@ -214,7 +214,7 @@ pub fn collect() -> DoctorReport {
     let (paths, registry) = match RlhostHome::from_env() {
         Ok(home) => {
             // Capabilities are judged exactly as `host env install` judges them.
-            let options = crate::cli::validation_load_options(&home, false);
+            let options = crate::plugin::LoadOptions::validating(&home, false);
             match &options.sandbox {
                 crate::plugin::SandboxOffer::Located(path) => {
                     python_sandbox.component = Some(path.clone())

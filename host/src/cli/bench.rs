@@ -302,7 +302,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let loader = PluginLoader::new(
                 LoadOptions {
                     allow_native: native.is_some(),
-                    ..super::env_load_options(&home, allow_missing_capabilities)
+                    ..crate::plugin::LoadOptions::for_home(&home, allow_missing_capabilities)
                 },
                 None,
             )?;

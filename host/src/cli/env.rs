@@ -172,7 +172,7 @@ fn installer<'a>(
 ) -> anyhow::Result<(Installer<'a>, PluginLoader)> {
     let installer = Installer::new(home, &registry.url(home)?, options)?;
     let loader = PluginLoader::new(
-        super::validation_load_options(home, allow_missing),
+        crate::plugin::LoadOptions::validating(home, allow_missing),
         Some(home.cache_dir()),
     )?;
     Ok((installer, loader))

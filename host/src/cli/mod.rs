@@ -106,61 +106,16 @@ pub(crate) fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A plugin loader for environments that may call the python tool, with the WebAssembly sandbox
-/// found for `home` (see [`env_load_options`]); compiled components are cached in the home.
+/// found for `home` ([`crate::plugin::LoadOptions::for_home`]); compiled components are cached
+/// in the home.
 pub(crate) fn env_loader(
     home: &crate::home::RlhostHome,
     allow_missing: bool,
 ) -> anyhow::Result<crate::plugin::PluginLoader> {
     Ok(crate::plugin::PluginLoader::new(
-        env_load_options(home, allow_missing),
+        crate::plugin::LoadOptions::for_home(home, allow_missing),
         Some(home.cache_dir()),
     )?)
-}
-
-/// Load options offering the WebAssembly sandbox found for `home`. A plugin declaring a
-/// capability this host cannot grant (no sandbox found, or one that does not load) is refused
-/// when loaded, naming what is missing and the fix, unless `allow_missing`
-/// (`--allow-missing-capabilities`): then it loads and its rollouts are marked.
-pub(crate) fn env_load_options(
-    home: &crate::home::RlhostHome,
-    allow_missing: bool,
-) -> crate::plugin::LoadOptions {
-    use crate::plugin::SandboxOffer;
-    use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
-    let sandbox = match locate_component(None, Some(home)).and_then(|path| {
-        WasmSandbox::load(&path, Some(&home.cache_dir()), SandboxPolicy::default())
-    }) {
-        Ok(sandbox) => SandboxOffer::Ready(std::sync::Arc::new(sandbox)),
-        Err(e) => SandboxOffer::Missing(e),
-    };
-    offering(sandbox, allow_missing)
-}
-
-fn offering(
-    sandbox: crate::plugin::SandboxOffer,
-    allow_missing_capabilities: bool,
-) -> crate::plugin::LoadOptions {
-    crate::plugin::LoadOptions {
-        sandbox,
-        allow_missing_capabilities,
-        ..Default::default()
-    }
-}
-
-/// Load options that validate plugins (`host env install`): capabilities are checked as
-/// [`env_load_options`] checks them, but a sandbox found is not started.
-pub(crate) fn validation_load_options(
-    home: &crate::home::RlhostHome,
-    allow_missing: bool,
-) -> crate::plugin::LoadOptions {
-    use crate::plugin::SandboxOffer;
-    let found = crate::sandbox::locate_component(None, Some(home))
-        .and_then(|path| crate::sandbox::check_component(&path).map(|()| path));
-    let sandbox = match found {
-        Ok(path) => SandboxOffer::Located(path),
-        Err(e) => SandboxOffer::Missing(e),
-    };
-    offering(sandbox, allow_missing)
 }
 
 /// The flag that runs plugins without a capability they declared: named in errors.

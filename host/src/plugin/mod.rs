@@ -362,6 +362,42 @@ impl From<Arc<dyn Sandbox>> for SandboxOffer {
 }
 
 impl LoadOptions {
+    /// Options for running environments from `home`: the WebAssembly Python sandbox found for it
+    /// is started and offered. A plugin declaring a capability this host cannot grant (no sandbox
+    /// found, or one that does not load) is refused when loaded, naming what is missing and the
+    /// fix, unless `allow_missing` (`--allow-missing-capabilities`): then it loads and its
+    /// rollouts are marked.
+    pub fn for_home(home: &crate::home::RlhostHome, allow_missing: bool) -> Self {
+        use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+        let sandbox = match locate_component(None, Some(home)).and_then(|path| {
+            WasmSandbox::load(&path, Some(&home.cache_dir()), SandboxPolicy::default())
+        }) {
+            Ok(sandbox) => SandboxOffer::Ready(Arc::new(sandbox)),
+            Err(e) => SandboxOffer::Missing(e),
+        };
+        Self::offering(sandbox, allow_missing)
+    }
+
+    /// Options that validate plugins (`host env install`, `host doctor`): capabilities are
+    /// checked as [`LoadOptions::for_home`] checks them, but a sandbox found is not started.
+    pub fn validating(home: &crate::home::RlhostHome, allow_missing: bool) -> Self {
+        let found = crate::sandbox::locate_component(None, Some(home))
+            .and_then(|path| crate::sandbox::check_component(&path).map(|()| path));
+        let sandbox = match found {
+            Ok(path) => SandboxOffer::Located(path),
+            Err(e) => SandboxOffer::Missing(e),
+        };
+        Self::offering(sandbox, allow_missing)
+    }
+
+    fn offering(sandbox: SandboxOffer, allow_missing_capabilities: bool) -> Self {
+        Self {
+            sandbox,
+            allow_missing_capabilities,
+            ..Default::default()
+        }
+    }
+
     /// The capabilities among `declared` that this host cannot grant now, each with why and the
     /// fix. A capability is grantable when the grants allow it and the host has what it needs.
     pub fn unavailable(&self, declared: &[String]) -> Vec<Unavailable> {
