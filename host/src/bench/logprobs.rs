@@ -10,8 +10,8 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use super::{Cost, measured};
-use crate::model::qwen3::ChunkedLogprobs;
 use crate::model::{Preset, Qwen3Config};
+use crate::rl::logprobs::ChunkedLogprobs;
 
 /// Options of the benchmark.
 #[derive(Debug, Clone)]

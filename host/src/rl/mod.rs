@@ -23,6 +23,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod evals;
+pub mod logprobs;
 pub mod loss;
 pub mod metrics;
 pub mod orchestrator;

@@ -26,7 +26,8 @@ use super::loss::{
     LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
 };
 use crate::model::Qwen3;
-use crate::model::qwen3::{ChunkedLogprobs, KvCache};
+use crate::model::qwen3::KvCache;
+use crate::rl::logprobs::{ChunkedLogprobs, chunked_logprobs_no_grad};
 
 /// Learning-rate schedule.
 #[derive(
@@ -629,7 +630,7 @@ impl Trainer {
                 (Some(r), Objective::Policy) => Some(tch::no_grad(|| {
                     let hidden = self.forward_rows(r, samples, &prefixes, &ids, &pos, &key);
                     let d = hidden.size()[2];
-                    Qwen3::chunked_logprobs_no_grad(
+                    chunked_logprobs_no_grad(
                         &hidden.view([-1, d]),
                         r.output_weight(),
                         &tgt.view([-1]),
