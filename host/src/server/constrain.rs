@@ -37,9 +37,7 @@ pub struct GrammarSource {
     pub param: String,
 }
 
-fn bad(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad(Some(param.to_string()), message)
-}
+use super::bad;
 
 /// Backend names vLLM clients send in `guided_decoding_backend` that mean what rlhost does.
 const OUR_BACKENDS: [&str; 3] = ["auto", "guidance", "llguidance"];

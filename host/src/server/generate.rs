@@ -136,7 +136,7 @@ async fn generate_impl(
     let request_id = req
         .request_id
         .clone()
-        .unwrap_or_else(|| random_id("generate-tokens"));
+        .unwrap_or_else(|| random_id("generate-tokens", '-'));
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     if req.stream {
         return Ok(Reply::Stream(stream(

@@ -23,8 +23,8 @@ use axum::routing::{MethodRouter, post};
 use serde_json::Value;
 use tokio::sync::mpsc as tmpsc;
 
-use super::responses::{CallDeltaRead, ChunkRead, bad, new_id, sse};
-use super::{Api, Reply};
+use super::responses::{CallDeltaRead, ChunkRead, sse};
+use super::{Api, Reply, bad, random_id};
 use crate::openai::messages::{
     AnthropicContent, AnthropicErrorBody, AnthropicUsage, BlockDelta, ContentBlock, MessageDelta,
     MessagesEvent, MessagesRequest, MessagesResponse, ResponseBlock, StreamError,
@@ -91,7 +91,7 @@ async fn create(api: Arc<Api>, body: &[u8]) -> Result<HttpResponse, ApiError> {
             );
             let usage = done.usage.unwrap_or_default();
             Ok(axum::Json(MessagesResponse {
-                id: new_id("msg"),
+                id: random_id("msg", '_'),
                 kind: "message".into(),
                 role: "assistant".into(),
                 model: plan.model.clone(),
@@ -783,7 +783,7 @@ impl MessagesWriter {
             let index = self.next;
             self.next += 1;
             let call = ToolCall::function(
-                &d.id.clone().unwrap_or_else(|| new_id("toolu")),
+                &d.id.clone().unwrap_or_else(|| random_id("toolu", '_')),
                 name.unwrap_or_default(),
                 "",
             );
@@ -846,7 +846,7 @@ fn stream(
             one_call: plan.one_call,
         };
         let start = MessagesResponse {
-            id: new_id("msg"),
+            id: random_id("msg", '_'),
             kind: "message".into(),
             role: "assistant".into(),
             model: plan.model.clone(),

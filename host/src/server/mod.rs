@@ -403,11 +403,18 @@ fn engine_error(e: EngineError, param: &str) -> ApiError {
     }
 }
 
-fn random_id(prefix: &str) -> String {
+/// A random id: `prefix`, `separator`, 26 hex digits. The OpenAI chat dialect writes
+/// `chatcmpl-…`; the Responses and Messages dialects `resp_…`, `msg_…`.
+fn random_id(prefix: &str, separator: char) -> String {
     let mut rng = crate::engine::Rng::from_entropy();
     let a = (rng.uniform() * 2f64.powi(52)) as u64;
     let b = (rng.uniform() * 2f64.powi(52)) as u64;
-    format!("{prefix}-{a:013x}{b:013x}")
+    format!("{prefix}{separator}{a:013x}{b:013x}")
+}
+
+/// A 400 naming the request field at fault, in every dialect's error shape.
+fn bad(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad(Some(param.to_string()), message)
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
@@ -825,7 +832,7 @@ impl Meta {
         Self {
             id: match &p.request_id {
                 Some(rid) => format!("{id_prefix}-{rid}"),
-                None => random_id(id_prefix),
+                None => random_id(id_prefix, '-'),
             },
             created: now(),
             model: st.cfg.served_name.clone(),
@@ -879,7 +886,7 @@ fn chat_message(
     let calls: Vec<ToolCall> = view
         .calls
         .iter()
-        .map(|call| ToolCall::function(&random_id("call"), &call.name, &call.arguments))
+        .map(|call| ToolCall::function(&random_id("call", '-'), &call.name, &call.arguments))
         .collect();
     // With calls, empty content is no content (as the parsers say); without, the text as is.
     let content = if calls.is_empty() {
@@ -1131,7 +1138,8 @@ impl Sent {
         let mut calls = Vec::new();
         for (i, call) in view.calls.iter().enumerate() {
             if i == self.calls.len() {
-                self.calls.push((random_id("call"), call.arguments.clone()));
+                self.calls
+                    .push((random_id("call", '-'), call.arguments.clone()));
                 calls.push(ToolCallChunk {
                     index: i,
                     id: Some(self.calls[i].0.clone()),

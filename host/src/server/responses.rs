@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc as tmpsc;
 
-use super::{Api, Reply, error};
+use super::{Api, Reply, bad, error, random_id};
 use crate::openai::responses::{
     FunctionCallItem, IncompleteDetails, InputTokensDetails, OutputItem, OutputMessage, OutputPart,
     OutputTokensDetails, ReasoningItem, Response, ResponseError, ResponseInput, ResponseToolChoice,
@@ -168,10 +168,6 @@ impl Plan {
     }
 }
 
-pub(super) fn bad(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad(Some(param.to_string()), message)
-}
-
 /// Chat-side parameter names as this endpoint calls them.
 fn rename_param(mut e: ApiError) -> ApiError {
     if let Some(p) = e.param.take() {
@@ -244,7 +240,7 @@ fn plan(api: &Api, store: &ResponseStore, req: &ResponsesRequest) -> Result<Plan
     };
     let store_it = req.store.unwrap_or(true);
     let skeleton = Response {
-        id: new_id("resp"),
+        id: random_id("resp", '_'),
         object: "response".into(),
         created_at: super::now(),
         status: "in_progress".into(),
@@ -692,13 +688,6 @@ fn content_text_reasoning(c: &MessageContent, at: &str) -> Result<String, ApiErr
     }
 }
 
-pub(super) fn new_id(prefix: &str) -> String {
-    let mut rng = crate::engine::Rng::from_entropy();
-    let a = (rng.uniform() * 2f64.powi(52)) as u64;
-    let b = (rng.uniform() * 2f64.powi(52)) as u64;
-    format!("{prefix}_{a:013x}{b:013x}")
-}
-
 /// The assistant's answer, whichever way it arrived.
 struct Answer {
     reasoning: String,
@@ -733,7 +722,10 @@ impl Answer {
         let mut out = Vec::new();
         if !self.reasoning.is_empty() {
             out.push(OutputItem::Reasoning(ReasoningItem {
-                id: ids.reasoning.get_or_insert_with(|| new_id("rs")).clone(),
+                id: ids
+                    .reasoning
+                    .get_or_insert_with(|| random_id("rs", '_'))
+                    .clone(),
                 summary: Vec::new(),
                 content: vec![OutputPart::ReasoningText {
                     text: self.reasoning.clone(),
@@ -744,7 +736,10 @@ impl Answer {
         }
         if !self.content.is_empty() {
             out.push(OutputItem::Message(OutputMessage {
-                id: ids.message.get_or_insert_with(|| new_id("msg")).clone(),
+                id: ids
+                    .message
+                    .get_or_insert_with(|| random_id("msg", '_'))
+                    .clone(),
                 role: "assistant".into(),
                 status: status.into(),
                 content: vec![OutputPart::output_text(self.content.clone())],
@@ -752,7 +747,7 @@ impl Answer {
         }
         for (k, c) in self.calls.iter().enumerate() {
             if ids.calls.len() <= k {
-                ids.calls.push(new_id("fc"));
+                ids.calls.push(random_id("fc", '_'));
             }
             out.push(OutputItem::FunctionCall(FunctionCallItem {
                 id: ids.calls[k].clone(),
@@ -948,7 +943,7 @@ impl StreamWriter {
                 let id = self
                     .ids
                     .reasoning
-                    .get_or_insert_with(|| new_id("rs"))
+                    .get_or_insert_with(|| random_id("rs", '_'))
                     .clone();
                 let item = OutputItem::Reasoning(ReasoningItem {
                     id: id.clone(),
@@ -968,7 +963,7 @@ impl StreamWriter {
                 let id = self
                     .ids
                     .message
-                    .get_or_insert_with(|| new_id("msg"))
+                    .get_or_insert_with(|| random_id("msg", '_'))
                     .clone();
                 let item = OutputItem::Message(OutputMessage {
                     id: id.clone(),
@@ -1098,11 +1093,11 @@ impl StreamWriter {
             self.next_index += 1;
             let k = self.calls.len();
             if self.ids.calls.len() <= k {
-                self.ids.calls.push(new_id("fc"));
+                self.ids.calls.push(random_id("fc", '_'));
             }
             let item = FunctionCallItem {
                 id: self.ids.calls[k].clone(),
-                call_id: d.id.clone().unwrap_or_else(|| new_id("call")),
+                call_id: d.id.clone().unwrap_or_else(|| random_id("call", '_')),
                 name: name.unwrap_or_default().to_string(),
                 arguments: String::new(),
                 status: "in_progress".into(),
