@@ -142,28 +142,28 @@ impl Driver {
 /// The driver's view of this machine: an error says whether the driver is missing or sees no
 /// device.
 pub fn probe() -> Result<DriverInfo, DriverError> {
-    let d = match Driver::open() {
-        Ok(d) => d,
+    let d = Driver::load()?;
+    let mut version = 0;
+    // SAFETY: out-pointer to a live local; allowed before cuInit.
+    check("cuDriverGetVersion", unsafe {
+        (d.driver_get_version)(&mut version)
+    })?;
+    // SAFETY: cuInit(0) may be called any number of times from any thread.
+    match check("cuInit", unsafe { (d.init)(0) }) {
         // A driver that sees no device is still a driver: report it with an empty list.
         Err(DriverError::Call { code: 100, .. }) => {
-            let d = Driver::load()?;
-            let mut version = 0;
-            // SAFETY: out-pointer to a live local; allowed before cuInit succeeds.
-            unsafe { (d.driver_get_version)(&mut version) };
             return Ok(DriverInfo {
                 cuda_version: version_string(version),
                 devices: Vec::new(),
             });
         }
-        Err(e) => return Err(e),
-    };
-    let mut version = 0;
-    let mut count = 0;
-    // SAFETY: out-pointers to live locals, after a successful cuInit.
-    unsafe {
-        check("cuDriverGetVersion", (d.driver_get_version)(&mut version))?;
-        check("cuDeviceGetCount", (d.device_get_count)(&mut count))?;
+        other => other?,
     }
+    let mut count = 0;
+    // SAFETY: out-pointer to a live local, after a successful cuInit.
+    check("cuDeviceGetCount", unsafe {
+        (d.device_get_count)(&mut count)
+    })?;
     let mut devices = Vec::new();
     for ordinal in 0..usize::try_from(count).unwrap_or(0) {
         let dev = d.device(ordinal)?;

@@ -79,14 +79,6 @@ pub fn name(device: tch::Device) -> String {
     }
 }
 
-/// Serializes a value as its `Display` text (for serde fields of types that parse from text).
-pub fn serialize_display<T: fmt::Display, S: serde::Serializer>(
-    value: &T,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_str(value)
-}
-
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

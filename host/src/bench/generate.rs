@@ -157,16 +157,11 @@ fn peer_run(python: &Path, o: &GenerateBenchOptions, batch: usize) -> anyhow::Re
         out.status.success(),
         "the transformers peer failed ({}): {}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
-            .trim()
-            .lines()
-            .rev()
-            .take(3)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join(" | ")
+        {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = err.trim().lines().collect();
+            lines[lines.len().saturating_sub(3)..].join(" | ")
+        }
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let secs = v["seconds"][0]

@@ -41,7 +41,7 @@ pub struct TrainBenchOptions {
 }
 
 /// One side's figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct TrainSide {
     /// Seconds of each timed step.
     pub step_s: Vec<f64>,
@@ -190,14 +190,7 @@ pub fn rows(batch: usize, seq_len: usize, vocab: usize) -> Vec<Vec<u32>> {
 
 fn rlhost_side(o: &TrainBenchOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -> TrainSide {
     let poll = MemoryPoll::start(o.device);
-    let mut side = TrainSide {
-        step_s: Vec::new(),
-        tokens_per_s: None,
-        mfu: None,
-        mfu_f32: None,
-        peak_memory_mib: None,
-        error: None,
-    };
+    let mut side = TrainSide::default();
     // libtorch's panicking ops (the forward's) report running out of device memory by panicking:
     // caught, it is this side's result, not the benchmark's end.
     let result =
@@ -274,12 +267,8 @@ fn peer_side(
         Ok(f) => f,
         Err(e) => {
             return TrainSide {
-                step_s: Vec::new(),
-                tokens_per_s: None,
-                mfu: None,
-                mfu_f32: None,
-                peak_memory_mib: None,
                 error: Some(format!("cannot write the peer's config: {e}")),
+                ..TrainSide::default()
             };
         }
     };
@@ -301,12 +290,8 @@ fn peer_side(
         .output();
     let peak_memory_mib = poll.map(MemoryPoll::finish);
     let mut side = TrainSide {
-        step_s: Vec::new(),
-        tokens_per_s: None,
-        mfu: None,
-        mfu_f32: None,
         peak_memory_mib,
-        error: None,
+        ..TrainSide::default()
     };
     match out {
         Err(e) => side.error = Some(format!("cannot run {}: {e}", python.display())),

@@ -399,18 +399,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let device = device
                 .resolve(crate::device::CudaStatus::probe())
                 .context("--device")?;
-            let python = if no_peer {
-                None
-            } else {
-                Some(peer_python(python)?)
-            };
-            let peer_script = match &python {
-                Some(_) => crate::home::shipped("scripts/train-peer.py").context(
-                    "the peer's script scripts/train-peer.py ships with rlhost's source: set \
-                     RLHOST_SOURCE to an rlhost checkout, or pass --no-peer",
-                )?,
-                None => PathBuf::new(),
-            };
+            let (python, peer_script) = peer(python, no_peer, "scripts/train-peer.py")?;
             let options = crate::bench::train::TrainBenchOptions {
                 preset,
                 device,
@@ -516,18 +505,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     .parse::<crate::device::Precision>()
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
             };
-            let python = if no_peer {
-                None
-            } else {
-                Some(peer_python(python)?)
-            };
-            let peer_script = match &python {
-                Some(_) => crate::home::shipped("scripts/generate-peer.py").context(
-                    "the peer's script scripts/generate-peer.py ships with rlhost's source: set \
-                     RLHOST_SOURCE to an rlhost checkout, or pass --no-peer",
-                )?,
-                None => PathBuf::new(),
-            };
+            let (python, peer_script) = peer(python, no_peer, "scripts/generate-peer.py")?;
             let options = crate::bench::generate::GenerateBenchOptions {
                 model,
                 batch_sizes,
@@ -816,6 +794,26 @@ fn stderr_unless(json: bool) -> impl Fn(&str) {
             eprintln!("{what}");
         }
     }
+}
+
+/// A transformers peer: its interpreter (`--python`, else $RLHOST_SOURCE's .venv-ref) and its
+/// script (`script`, shipped with rlhost's source); `(None, empty)` with `--no-peer`.
+fn peer(
+    python: Option<PathBuf>,
+    no_peer: bool,
+    script: &str,
+) -> anyhow::Result<(Option<PathBuf>, PathBuf)> {
+    if no_peer {
+        return Ok((None, PathBuf::new()));
+    }
+    let python = peer_python(python)?;
+    let script = crate::home::shipped(script).with_context(|| {
+        format!(
+            "the peer's script {script} ships with rlhost's source: set RLHOST_SOURCE to an \
+             rlhost checkout, or pass --no-peer"
+        )
+    })?;
+    Ok((Some(python), script))
 }
 
 /// The interpreter of a transformers peer: `--python`, else $RLHOST_SOURCE's .venv-ref.

@@ -75,7 +75,7 @@ pub struct EvalArgs {
     tool_call_parser: String,
     /// `-m`: device.
     #[arg(long, default_value = "auto")]
-    #[serde(serialize_with = "as_text")]
+    #[serde(serialize_with = "super::as_text")]
     device: DeviceSpec,
     /// `-m`: `auto`, `f32` or `bf16`.
     #[arg(long, default_value = "auto")]
@@ -110,11 +110,6 @@ pub struct EvalArgs {
     #[command(flatten)]
     #[serde(skip)]
     monitor: crate::monitor::MonitorConfig,
-}
-
-/// Serialises a value by its text (`Display`), for params.
-fn as_text<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
 }
 
 pub(super) fn run(a: EvalArgs) -> anyhow::Result<ExitCode> {

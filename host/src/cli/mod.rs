@@ -118,6 +118,14 @@ pub(crate) fn env_loader(
     )?)
 }
 
+/// Serialises a value by its text (`Display`), for the params monitors record.
+pub(super) fn as_text<S: serde::Serializer>(
+    v: &impl std::fmt::Display,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 /// The flag that runs plugins without a capability they declared: named in errors.
 pub(crate) const ALLOW_MISSING_FLAG: &str = "--allow-missing-capabilities";
 

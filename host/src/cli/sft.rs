@@ -63,7 +63,7 @@ pub struct SftArgs {
     /// Where the model trains: `auto` (the first GPU when this build and machine have one, else
     /// the CPU), `cpu`, `cuda`, `cuda:N`.
     #[arg(long, default_value = "auto")]
-    #[serde(serialize_with = "crate::device::serialize_display")]
+    #[serde(serialize_with = "super::as_text")]
     device: crate::device::DeviceSpec,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
@@ -84,6 +84,11 @@ pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
 
 /// The warm start itself, each step's figures logged to `monitors`.
 fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result<ExitCode> {
+    // Before any reading: a device this build or machine lacks is refused at once.
+    let device = a
+        .device
+        .resolve(crate::device::CudaStatus::probe())
+        .context("--device")?;
     if let Some(t) = a.threads {
         tch::set_num_threads(t as i32);
     }
@@ -112,10 +117,6 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         a.data.display(),
         convs.len()
     );
-    let device = a
-        .device
-        .resolve(crate::device::CudaStatus::probe())
-        .context("--device")?;
     let model = Qwen3::load(&dir, device, tch::Kind::Float)?;
     let optim = OptimConfig {
         lr: a.lr,

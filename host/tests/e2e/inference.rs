@@ -880,6 +880,98 @@ fn bench_generate_reports_every_batch_size() {
     );
 }
 
+/// A transformers peer that fails leaves rlhost's figures standing and says why at that batch
+/// size (the GPU check must not lose a whole benchmark to the peer).
+#[test]
+fn bench_generate_keeps_rlhost_figures_when_the_peer_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::tiny_model(tmp.path(), 6);
+    let stdout = common::run_ok(
+        common::host(tmp.path())
+            .args([
+                "bench",
+                "generate",
+                "--python",
+                "/bin/false",
+                "--batch-sizes",
+                "1,2",
+            ])
+            .args([
+                "--new-tokens",
+                "3",
+                "--prompt-len",
+                "5",
+                "--repeats",
+                "1",
+                "--json",
+            ])
+            .arg("--model")
+            .arg(tmp.path()),
+    );
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    for r in v["rows"].as_array().unwrap() {
+        assert!(r["rlhost_tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["transformers_tokens_per_s"].is_null() && r["ratio"].is_null(),
+            "{r}"
+        );
+        let e = r["transformers_error"].as_str().unwrap();
+        assert!(e.contains("the transformers peer failed"), "{e}");
+    }
+}
+
+/// `--device` is honoured by `host sft`, `host bench generate` and `host bench train`: on a
+/// build without CUDA, `cuda` is refused at once, naming the flag and why.
+#[test]
+fn device_flags_refuse_cuda_on_a_cpu_build() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    common::tiny_model(tmp.path(), 1);
+    let m = tmp.path().to_str().unwrap().to_owned();
+    let data = tmp.path().join("missing.jsonl");
+    for args in [
+        vec![
+            "sft",
+            "-m",
+            &m,
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            "/nonexistent/x",
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "bench",
+            "generate",
+            "--no-peer",
+            "--model",
+            &m,
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "bench",
+            "train",
+            "--no-peer",
+            "--preset",
+            "tiny",
+            "--device",
+            "cuda:1",
+        ],
+    ] {
+        let out = common::host(tmp.path()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("--device") && err.contains("without the `cuda` feature"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 /// `host bench train`: rlhost's trainer and PyTorch + transformers (scripts/train-peer.py) each
 /// take timed steps of the same shape on the same tokens; on the CPU there is no MFU (no known
 /// peak) and no device memory figure.
