@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod cuda;

@@ -213,7 +213,7 @@ pub fn run(o: &GenerateBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         )?;
     }
     let cfg = crate::model::Qwen3Config::load(&o.model)?;
-    let weight_bytes: u64 = crate::model::qwen3::parameter_shapes(&cfg)
+    let weight_bytes: u64 = crate::model::checkpoint::parameter_shapes(&cfg)
         .iter()
         .map(|(_, s)| s.iter().product::<i64>() as u64)
         .sum::<u64>()

@@ -12,10 +12,10 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind};
 
+use crate::chat::constrain;
 use crate::engine::{Engine, EngineConfig, Event, SamplingParams};
 use crate::model::tool_parsers::Hermes;
 use crate::model::{Preset, Qwen3, Qwen3Config, Tokenizer};
-use crate::server::constrain;
 
 /// Options of the benchmark.
 #[derive(Debug, Clone)]

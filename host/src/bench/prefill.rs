@@ -10,7 +10,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use super::{Cost, measured};
-use crate::model::qwen3::SlotCache;
+use crate::model::SlotCache;
 use crate::model::{Preset, Qwen3, Qwen3Config};
 
 /// Options of the benchmark.

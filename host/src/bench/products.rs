@@ -10,8 +10,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::qwen3::{ProductKernel, onednn_product, product};
-use crate::model::{Preset, Qwen3Config, few_rows};
+use crate::model::kernels::{ProductKernel, few_rows, onednn_product, product};
+use crate::model::{Preset, Qwen3Config};
 
 /// Options of the benchmark.
 #[derive(Debug, Clone)]

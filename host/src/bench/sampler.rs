@@ -11,7 +11,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::engine::sampling::{self, Rng, Row, SamplingParams};
-use crate::model::qwen3::SlotCache;
+use crate::model::SlotCache;
 use crate::model::{Preset, Qwen3, Qwen3Config};
 
 /// Options of the benchmark.

@@ -98,7 +98,7 @@ pub struct TrainReport {
 
 /// FLOPs per trained token of a model of `cfg`'s shape at `seq_len` tokens per row.
 pub fn flops_per_token(cfg: &Qwen3Config, seq_len: usize) -> f64 {
-    let shapes = crate::model::qwen3::parameter_shapes(cfg);
+    let shapes = crate::model::checkpoint::parameter_shapes(cfg);
     // Matrices multiply; norms scale. An untied embedding is a look-up, not a product; a tied one
     // is also the output layer, a product, and is listed once.
     let matrix: i64 = shapes
@@ -372,7 +372,7 @@ pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Tra
         preset: o.preset.to_string(),
         device: crate::device::name(o.device),
         gpu: gpu.map(|g| g.name),
-        parameters: crate::model::qwen3::parameter_shapes(&cfg)
+        parameters: crate::model::checkpoint::parameter_shapes(&cfg)
             .iter()
             .map(|(_, s)| s.iter().product::<i64>() as u64)
             .sum(),
@@ -456,7 +456,7 @@ mod tests {
     fn flops_count_matrices_once_and_attention_per_position() {
         let cfg = Qwen3Config::preset(Preset::P4b);
         let f = flops_per_token(&cfg, 2048);
-        let n: i64 = crate::model::qwen3::parameter_shapes(&cfg)
+        let n: i64 = crate::model::checkpoint::parameter_shapes(&cfg)
             .iter()
             .filter(|(_, s)| s.len() == 2)
             .map(|(_, s)| s.iter().product::<i64>())
@@ -467,7 +467,7 @@ mod tests {
         // Qwen3-8B's embedding is untied: a look-up, not counted.
         let cfg8 = Qwen3Config::preset(Preset::P8b);
         assert!(!cfg8.tie_word_embeddings);
-        let with_embed = crate::model::qwen3::parameter_shapes(&cfg8)
+        let with_embed = crate::model::checkpoint::parameter_shapes(&cfg8)
             .iter()
             .filter(|(_, s)| s.len() == 2)
             .map(|(_, s)| s.iter().product::<i64>())

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -244,10 +243,20 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
                 ..Default::default()
             };
             a.cache.apply(&mut engine_cfg)?;
-            let engine =
-                crate::engine::Engine::load(&dir, m, device, precision.kind(), engine_cfg)?;
+            let generator = InProcess::load(
+                &dir,
+                device,
+                precision.kind(),
+                engine_cfg,
+                crate::chat::ChatConfig {
+                    served_name: m.clone(),
+                    enable_auto_tool_choice: true,
+                    tool_call_parser: a.tool_call_parser.clone(),
+                    reasoning_parser: None,
+                },
+            )?;
             if let Some(p) = a.monitor.prometheus_port {
-                let e = engine.clone();
+                let e = generator.engine().clone();
                 port = Some(crate::monitor::PrometheusPort::start(
                     &rt,
                     &a.monitor.prometheus_host,
@@ -255,17 +264,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
                     move || e.info().metrics().render(),
                 )?);
             }
-            let api = crate::server::Api::new(
-                engine,
-                crate::server::ServerConfig {
-                    served_name: m.clone(),
-                    enable_auto_tool_choice: true,
-                    tool_call_parser: a.tool_call_parser.clone(),
-                    reasoning_parser: None,
-                },
-            )
-            .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;
-            (Box::new(InProcess::new(Arc::new(api))), m.clone())
+            (Box::new(generator), m.clone())
         }
         (None, Some(url)) => {
             if a.cache.changed() {

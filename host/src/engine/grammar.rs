@@ -17,7 +17,7 @@
 //! constrained request arrives (unconstrained engines never build it); masks are computed only
 //! for the rows that carry a constraint, so unconstrained requests pay nothing. Building the
 //! table and compiling a grammar take from milliseconds to seconds of CPU: callers run them off
-//! the threads that serve requests (the server's grammar pool, `server::constrain`).
+//! the threads that serve requests (the server's grammar pool, `chat::constrain`).
 //!
 //! **Validation.** llguidance compiles parts of a grammar lazily (JSON schemas' `$ref`s, the
 //! lexer) and applies its parser's limits from the first step, so a grammar that compiles can

@@ -15,9 +15,10 @@ pub mod grammar;
 pub mod metrics;
 pub mod prefix;
 pub mod sampling;
+pub mod scheduler;
 mod threads;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
@@ -26,13 +27,15 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use crate::model::qwen3::{SlotCache, read_checkpoint};
+use crate::model::SlotCache;
+use crate::model::checkpoint::read_checkpoint;
 use crate::model::{ChatTemplate, ModelError, Qwen3, Tokenizer};
 use detok::TextState;
 use grammar::{GrammarError, GrammarTokens, SequenceGrammar};
 use metrics::{EngineMetrics, SampleTimes};
 use prefix::PrefixCache;
 pub use sampling::{Rng, SamplingParams};
+use scheduler::Admission;
 use threads::ThreadTuner;
 
 /// Errors of the engine.
@@ -326,6 +329,20 @@ struct Pending {
     events: tmpsc::UnboundedSender<Event>,
     /// When [`Engine::submit`] accepted it.
     arrived: Instant,
+}
+
+impl scheduler::Queued for Pending {
+    fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    fn samples(&self) -> usize {
+        self.n
+    }
+
+    fn abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
 }
 
 impl Pending {
@@ -725,7 +742,37 @@ struct Seq {
     grammar: Option<SequenceGrammar>,
 }
 
+/// How a sample's end is reported to its client.
+struct End {
+    stop: Option<StopCause>,
+    /// Text held back until now.
+    text: String,
+    error: Option<String>,
+}
+
 impl Seq {
+    /// Retires the sample as `reason`: counts its end, releases its request's place in flight
+    /// when it is the request's last sample, then tells the client (unless `end` is `None`: the
+    /// client is gone). In this order, so a client that submits again at once is never refused
+    /// for its own finished request, and one that reads the metrics next finds it there. The
+    /// caller frees the slot.
+    fn retire(&self, info: &EngineInfo, reason: FinishReason, now: Instant, end: Option<End>) {
+        info.metrics.finished(reason, &self.times(), now, 1);
+        if self.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            info.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(end) = end {
+            let _ = self.request.events.send(Event::Finished {
+                index: self.index,
+                reason,
+                stop: end.stop,
+                text: end.text,
+                cached_tokens: self.request.cached,
+                error: end.error,
+            });
+        }
+    }
+
     /// Its timeline so far.
     fn times(&self) -> SampleTimes {
         SampleTimes {
@@ -952,19 +999,12 @@ impl Worker {
         m.running.set(0.0);
         m.waiting.set(0.0);
         for seq in self.running.drain(..) {
-            m.finished(FinishReason::Abort, &seq.times(), now, 1);
-            let _ = seq.request.events.send(Event::Finished {
-                index: seq.index,
-                reason: FinishReason::Abort,
-                error: None,
+            let end = End {
                 stop: None,
                 text: String::new(),
-                cached_tokens: seq.request.cached,
-            });
-            self.info.in_flight.fetch_sub(
-                usize::from(seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1),
-                Ordering::SeqCst,
-            );
+                error: None,
+            };
+            seq.retire(&self.info, FinishReason::Abort, now, Some(end));
         }
         let partial = self.partial.take().map(|j| (j.p, Some(j.scheduled)));
         let waiting = self.waiting.drain(..).map(|p| (p, None));
@@ -994,69 +1034,54 @@ impl Worker {
         if self.partial.is_some() {
             budget = budget.saturating_sub(self.prefill_chunk(budget));
         }
-        let mut slots = self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n);
+        let cap = scheduler::Capacity {
+            slots: cfg.max_batch_size,
+            used: self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n),
+            budget,
+            chunking: self.partial.is_some(),
+            block_size: cfg.block_size,
+        };
+        let prefix = &mut self.prefix;
+        let plan = scheduler::plan_step(&self.waiting, cap, |prompt, limit| {
+            prefix
+                .as_mut()
+                .map_or_else(Vec::new, |c| c.lookup(prompt, limit))
+        });
         let mut batch: Vec<Admitted> = Vec::new();
-        let mut same: HashMap<Vec<u32>, usize> = HashMap::new();
-        while let Some(p) = self.waiting.front() {
-            if p.events.is_closed() {
-                let p = self.waiting.pop_front().expect("front");
-                self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
-                let m = &self.info.metrics;
-                m.finished(FinishReason::Abort, &p.times(None), now, p.n);
-                continue;
-            }
-            if slots + p.n > cfg.max_batch_size {
-                break;
-            }
-            if let Some(&leader) = same.get(&p.prompt) {
-                let p = self.waiting.pop_front().expect("front");
-                slots += p.n;
-                self.count_prompt(p.prompt.len(), 0);
-                batch[leader].followers.push(p);
-                continue;
-            }
-            if budget == 0 {
-                break;
-            }
-            // At least the last prompt token is computed: its logits start the generation.
-            let chain = match self.prefix.as_mut() {
-                Some(c) => c.lookup(&p.prompt, p.prompt.len() - 1),
-                None => Vec::new(),
-            };
-            let cached = chain.len() * cfg.block_size;
-            let rest = p.prompt.len() - cached;
-            if rest > budget {
-                if self.partial.is_some() {
-                    break;
+        for admission in plan.admissions {
+            let p = self.waiting.pop_front().expect("planned from the queue");
+            match admission {
+                Admission::Dropped => {
+                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    let m = &self.info.metrics;
+                    m.finished(FinishReason::Abort, &p.times(None), now, p.n);
                 }
-                // Too long for this step: prefilled in chunks in the staging slot.
-                let p = self.waiting.pop_front().expect("front");
-                slots += p.n;
-                let staging = self.staging();
-                if let Some(c) = &self.prefix {
-                    c.load(&chain, &mut self.cache, staging);
+                Admission::Follows { leader } => {
+                    self.count_prompt(p.prompt.len(), 0);
+                    batch[leader].followers.push(p);
                 }
-                self.count_prompt(p.prompt.len(), 0);
-                self.partial = Some(Partial {
+                Admission::Chunked { chain, cached } => {
+                    let staging = self.staging();
+                    if let Some(c) = &self.prefix {
+                        c.load(&chain, &mut self.cache, staging);
+                    }
+                    self.count_prompt(p.prompt.len(), 0);
+                    self.partial = Some(Partial {
+                        p,
+                        done: cached,
+                        cached,
+                        kv_version: self.info.version(),
+                        scheduled: now,
+                    });
+                }
+                Admission::Prefill { chain, cached } => batch.push(Admitted {
                     p,
-                    done: cached,
+                    chain,
                     cached,
-                    kv_version: self.info.version(),
+                    followers: Vec::new(),
                     scheduled: now,
-                });
-                continue;
+                }),
             }
-            let p = self.waiting.pop_front().expect("front");
-            budget -= rest;
-            slots += p.n;
-            same.insert(p.prompt.clone(), batch.len());
-            batch.push(Admitted {
-                p,
-                chain,
-                cached,
-                followers: Vec::new(),
-                scheduled: now,
-            });
         }
         // Before the first tokens go out: a client that hears its request end reads gauges
         // that already count it as started.
@@ -1339,19 +1364,12 @@ impl Worker {
                 tracing::warn!("request sample {}: {e}", seq.index);
                 live -= 1;
                 metrics.running.set(live as f64);
-                metrics.finished(FinishReason::Error, &seq.times(), now, 1);
-                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
-                let text = seq.text.take_ready(&seq.request.params.stop, true);
-                let _ = seq.request.events.send(Event::Finished {
-                    index: seq.index,
-                    reason: FinishReason::Error,
+                let end = End {
                     stop: None,
-                    text,
-                    cached_tokens: seq.request.cached,
+                    text: seq.text.take_ready(&seq.request.params.stop, true),
                     error: Some(e.to_string()),
-                });
+                };
+                seq.retire(&self.info, FinishReason::Error, now, Some(end));
                 finished.push(i);
                 continue;
             }
@@ -1400,18 +1418,9 @@ impl Worker {
                 })
                 .is_ok();
             if let Some(reason) = reason {
-                // Capacity is released and the end is counted before the client hears of it,
-                // so a client that submits again at once is never refused for its own finished
-                // request, and one that reads the metrics next finds it there.
                 live -= 1;
                 metrics.running.set(live as f64);
-                metrics.finished(reason, &seq.times(), now, 1);
-                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
-                let _ = seq.request.events.send(Event::Finished {
-                    index: seq.index,
-                    reason,
+                let end = End {
                     stop: if stop_str {
                         seq.text.stopped_by.clone().map(StopCause::Text)
                     } else if stop_token && !eos {
@@ -1420,9 +1429,9 @@ impl Worker {
                         None
                     },
                     text: String::new(),
-                    cached_tokens: seq.request.cached,
                     error: None,
-                });
+                };
+                seq.retire(&self.info, reason, now, Some(end));
                 finished.push(i);
                 if seq.kv_version == version {
                     keep.push(i);
@@ -1431,10 +1440,7 @@ impl Worker {
                 // The client went away: free the slot.
                 live -= 1;
                 metrics.running.set(live as f64);
-                metrics.finished(FinishReason::Abort, &seq.times(), now, 1);
-                if seq.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
+                seq.retire(&self.info, FinishReason::Abort, now, None);
                 finished.push(i);
             }
         }

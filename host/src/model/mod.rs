@@ -3,9 +3,11 @@
 //! the trainer need. Pure model I/O: no scheduling here.
 
 pub mod chat_template;
+pub mod checkpoint;
 pub mod config;
-pub mod few_rows;
 pub mod hub;
+pub mod kernels;
+pub mod kv;
 pub mod qwen3;
 pub mod reasoning;
 pub mod safetensors;
@@ -15,7 +17,9 @@ pub mod tool_parsers;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
-pub use qwen3::{KvCache, ProductKernel, Qwen3, SlotCache};
+pub use kernels::ProductKernel;
+pub use kv::{KvCache, SlotCache};
+pub use qwen3::Qwen3;
 pub use tokenizer::Tokenizer;
 
 /// Errors of the model layer.

@@ -9,14 +9,19 @@
 //! [`KvCache`], batches of different lengths (a key mask and per-row positions), and per-token
 //! log-probabilities of given targets ([`Qwen3::token_logprobs`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use tch::nn::{self, Init};
 use tch::{Device, Kind, Tensor};
 
-use super::{ModelError, Qwen3Config};
-use super::{few_rows, safetensors};
+use super::checkpoint::{parameter_shapes, read_checkpoint};
+use super::kernels::{
+    ProductKernel, SMALL_PRODUCT_ROWS, few_rows, grad_enabled, grouped_attention, onednn_works,
+    product,
+};
+use super::kv::{KvCache, SlotCache};
+use super::{ModelError, Qwen3Config, safetensors};
 
 struct Layer {
     q: Tensor,
@@ -34,144 +39,6 @@ struct Layer {
     /// fields above are views.
     qkv: Option<Tensor>,
     gate_up: Option<Tensor>,
-}
-
-/// Keys and values of past positions, per layer: `[batch, kv_heads, past, head_dim]`.
-pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-}
-
-impl KvCache {
-    /// An empty cache for `layers` layers.
-    pub fn new(layers: usize) -> Self {
-        Self {
-            layers: (0..layers).map(|_| None).collect(),
-        }
-    }
-
-    /// Positions already cached.
-    pub fn len(&self) -> i64 {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map_or(0, |(k, _)| k.size()[2])
-    }
-
-    /// Nothing cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The cache of a one-row prefix seen by `batch` rows (a view: no copy; gradients of the
-    /// rows sum into the prefix's).
-    pub fn broadcast(&self, batch: i64) -> Self {
-        let grow = |t: &Tensor| t.expand([batch, -1, -1, -1], false);
-        Self {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| l.as_ref().map(|(k, v)| (grow(k), grow(v))))
-                .collect(),
-        }
-    }
-
-    /// The cache whose row `r` is row `index[r]` of this one (`index`: int64 `[rows]`; a row may
-    /// be picked several times, and the gradients of its picks sum into it).
-    pub fn select_rows(&self, index: &Tensor) -> Self {
-        let pick = |t: &Tensor| t.index_select(0, index);
-        Self {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| l.as_ref().map(|(k, v)| (pick(k), pick(v))))
-                .collect(),
-        }
-    }
-}
-
-/// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,
-/// head_dim]`: what the engine decodes continuous batches with. A sequence lives in one slot; a
-/// step writes each row's new keys at its own positions and attends to the keys at or before
-/// them, so rows of different lengths share one batched step with no padding copies. The
-/// capacity (positions per slot) grows on demand up to the model's limit.
-pub struct SlotCache {
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
-    slots: i64,
-    capacity: i64,
-}
-
-impl SlotCache {
-    /// A cache of `slots` sequences of up to `capacity` positions for `model`.
-    pub fn new(model: &Qwen3, slots: i64, capacity: i64) -> Self {
-        let c = &model.cfg;
-        let opts = (model.embed.kind(), model.embed.device());
-        let shape = [slots, c.num_key_value_heads, capacity, c.head_dim];
-        let n = c.num_hidden_layers as usize;
-        Self {
-            k: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
-            v: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
-            slots,
-            capacity,
-        }
-    }
-
-    /// Number of slots.
-    pub fn slots(&self) -> i64 {
-        self.slots
-    }
-
-    /// Positions each slot can hold now.
-    pub fn capacity(&self) -> i64 {
-        self.capacity
-    }
-
-    /// Grows every slot to hold at least `positions` (doubling), keeping the contents.
-    pub fn reserve(&mut self, positions: i64) {
-        if positions <= self.capacity {
-            return;
-        }
-        let mut cap = self.capacity.max(16);
-        while cap < positions {
-            cap *= 2;
-        }
-        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let mut shape = t.size();
-            shape[2] = cap;
-            let grown = Tensor::zeros(&shape, (t.kind(), t.device()));
-            grown.narrow(2, 0, self.capacity).copy_(t);
-            *t = grown;
-        }
-        self.capacity = cap;
-    }
-
-    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt).
-    pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
-        if from == to || len == 0 {
-            return;
-        }
-        tch::no_grad(|| {
-            for t in self.k.iter().chain(self.v.iter()) {
-                let src = t.narrow(0, from, 1).narrow(2, 0, len);
-                t.narrow(0, to, 1).narrow(2, 0, len).copy_(&src);
-            }
-        });
-    }
-
-    /// Per layer, the key and value slabs `[slots, kv_heads, capacity, head_dim]` (what the
-    /// engine's prefix cache copies blocks of positions out of and into).
-    pub fn layers_mut(&mut self) -> impl Iterator<Item = (&mut Tensor, &mut Tensor)> {
-        self.k.iter_mut().zip(self.v.iter_mut())
-    }
-
-    /// Bytes the slots hold.
-    pub fn bytes(&self) -> i64 {
-        self.k
-            .iter()
-            .chain(self.v.iter())
-            .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
-            .sum()
-    }
 }
 
 /// A stacked matrix to build and the named weights that become its views.
@@ -206,193 +73,12 @@ pub struct Qwen3 {
     small_products: bool,
 }
 
-/// What runs a matrix product `x Wᵀ` of the model ([`Qwen3::product_kernel`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProductKernel {
-    /// [`few_rows::matmul_nt`]: x86-64 with AVX2 and FMA, f32, at most [`SMALL_PRODUCT_ROWS`].
-    FewRows,
-    /// oneDNN (libtorch's `mkldnn_linear`) on the weights in place: f32, at most
-    /// [`SMALL_PRODUCT_ROWS`] rows, where the few-rows kernel does not run.
-    OneDnn,
-    /// libtorch's `linear` (its BLAS: MKL in the PyPI build, cuBLAS on CUDA): everything else,
-    /// and every product of a model that is trained.
-    Blas,
-}
-
-/// Rows up to which a product runs through [`few_rows::matmul_nt`] (where it runs: x86-64 with
-/// AVX2 and FMA), else oneDNN (where libtorch has it), rather than the BLAS. `host bench
-/// products` on a 2-core AMD EPYC (AVX2), 2 threads, the 28 layers of Qwen3-0.6B's shapes
-/// streamed from memory: 1 row 77 ms (oneDNN 92, MKL 126), 8 rows 127 ms (170, 321), 32 rows
-/// 238 ms (311, 444), 64 rows 411 ms (487, 594), 128 rows 863 ms (905, 1,028), and the output
-/// head likewise; on the tiny model's shapes the few-rows kernel still beats the BLAS at 128
-/// rows (1.06x) where oneDNN does not (0.70x). Beyond it, the BLAS: its kernels are at the
-/// machine's peak there and use wider vector units where the CPU has them.
-pub const SMALL_PRODUCT_ROWS: i64 = 128;
-
-/// Cleared after oneDNN refused a product once (a libtorch built without it, or a CPU it does
-/// not run on): every later product takes the BLAS.
-static ONEDNN_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether autograd records operations on this thread now.
-fn grad_enabled() -> bool {
-    // SAFETY: sets libtorch's thread-local grad mode and at once back to what it was.
-    unsafe {
-        let was = torch_sys::at_grad_set_enabled(0);
-        torch_sys::at_grad_set_enabled(was);
-        was != 0
-    }
-}
-
-/// `x Wᵀ` by [`few_rows::matmul_nt`] on libtorch's thread count; `x` `[m, k]` contiguous f32 on
-/// the CPU, `w` `[n, k]` likewise.
-fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
-    let (m, k) = x.size2().expect("x is [m, k]");
-    let n = w.size()[0];
-    assert!(
-        x.kind() == Kind::Float && w.kind() == Kind::Float && w.size()[1] == k,
-        "few-rows products are f32 [m, k] x [n, k]"
-    );
-    assert!(
-        x.is_contiguous() && w.is_contiguous(),
-        "contiguous operands"
-    );
-    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
-    let (m, k, n) = (m as usize, k as usize, n as usize);
-    // SAFETY: three contiguous f32 CPU tensors of m·k, n·k and m·n values (checked above; `y`
-    // is new and nothing else sees it until this returns).
-    unsafe {
-        let xs = std::slice::from_raw_parts(x.data_ptr() as *const f32, m * k);
-        let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, n * k);
-        let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, m * n);
-        let threads = tch::get_num_threads().max(1) as usize;
-        few_rows::matmul_nt(xs, ws, ys, m, k, n, threads);
-    }
-    y
-}
-
-/// `x Wᵀ` by oneDNN (libtorch's `mkldnn_linear`) on `w` in place, or libtorch's error where
-/// oneDNN refuses (a libtorch built without it, a CPU it does not run on). `x` `[rows, in]`, `w`
-/// `[out, in]` contiguous, both f32 on the CPU.
-pub fn onednn_product(x: &Tensor, w: &Tensor) -> Result<Tensor, tch::TchError> {
-    x.contiguous()
-        .f_to_mkldnn(None)
-        .and_then(|m| m.f_mkldnn_linear(w, None::<Tensor>))
-        .and_then(|m| m.f_to_dense(None, false))
-}
-
-/// Whether oneDNN has not refused a product in this process yet ([`product`] falls back to the
-/// BLAS for good after the first refusal, and says so in a warning).
-pub fn onednn_works() -> bool {
-    ONEDNN_WORKS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// `x Wᵀ` for `x` `[rows, in]` and `w` `[out, in]` by `kernel`; the few-rows kernel and oneDNN
-/// need f32 operands on the CPU, `w` contiguous (checked by [`Qwen3::project`]; a bench
-/// passes its own). When oneDNN refuses, the BLAS computes it, and every later oneDNN product
-/// ([`onednn_works`] then says false; a caller that must know oneDNN ran calls
-/// [`onednn_product`]).
-pub fn product(kernel: ProductKernel, x: &Tensor, w: &Tensor) -> Tensor {
-    match kernel {
-        ProductKernel::FewRows => few_rows_linear(&x.contiguous(), w),
-        ProductKernel::OneDnn if onednn_works() => onednn_product(x, w).unwrap_or_else(|e| {
-            ONEDNN_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!("oneDNN matrix products unavailable, using the BLAS: {e}");
-            x.linear::<Tensor>(w, None)
-        }),
-        ProductKernel::OneDnn | ProductKernel::Blas => x.linear::<Tensor>(w, None),
-    }
-}
-
-/// HF names and shapes of every parameter `cfg` implies.
-pub fn parameter_shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<i64>)> {
-    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        for (n, s) in [
-            ("self_attn.q_proj.weight", vec![q, h]),
-            ("self_attn.k_proj.weight", vec![kv, h]),
-            ("self_attn.v_proj.weight", vec![kv, h]),
-            ("self_attn.o_proj.weight", vec![h, q]),
-            ("self_attn.q_norm.weight", vec![hd]),
-            ("self_attn.k_norm.weight", vec![hd]),
-            ("input_layernorm.weight", vec![h]),
-            ("post_attention_layernorm.weight", vec![h]),
-            ("mlp.gate_proj.weight", vec![cfg.intermediate_size, h]),
-            ("mlp.up_proj.weight", vec![cfg.intermediate_size, h]),
-            ("mlp.down_proj.weight", vec![h, cfg.intermediate_size]),
-        ] {
-            out.push((format!("{p}.{n}"), s));
-        }
-    }
-    out.push(("model.norm.weight".into(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h]));
-    }
-    out
-}
-
-/// Every tensor of the checkpoint in `dir`: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` lists.
-pub fn read_checkpoint(dir: &Path) -> Result<BTreeMap<String, Tensor>, ModelError> {
-    let mut files: BTreeSet<std::path::PathBuf> = BTreeSet::new();
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
-            path: index.clone(),
-            message: e.to_string(),
-        })?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ModelError::Malformed {
-                path: index.clone(),
-                message: e.to_string(),
-            })?;
-        let map = v["weight_map"]
-            .as_object()
-            .ok_or_else(|| ModelError::Malformed {
-                path: index.clone(),
-                message: "no weight_map".into(),
-            })?;
-        files.extend(map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)));
-    } else {
-        files.insert(dir.join("model.safetensors"));
-    }
-    let mut found: BTreeMap<String, Tensor> = BTreeMap::new();
-    for f in &files {
-        found.extend(safetensors::read(f)?);
-    }
-    Ok(found)
-}
-
-/// Scaled dot-product attention of `q` `[b, heads, t, hd]` over `k`, `v` `[b, heads / group,
-/// keys, hd]` with an additive `mask`, each kv head serving `group` consecutive query heads.
-/// `repeat_kv`: repeat the kv heads to the query heads' count instead of asking libtorch for
-/// grouped attention (`enable_gqa`), which only its math kernel accepts with a mask; the
-/// memory-efficient kernel (CUDA) then runs without materialising the scores. Both give the same
-/// result (`grouped_attention_by_repeated_heads_equals_enable_gqa`).
-pub fn grouped_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-    scale: f64,
-    group: i64,
-    repeat_kv: bool,
-) -> Tensor {
-    if repeat_kv && group > 1 {
-        let k = k.repeat_interleave_self_int(group, 1, None);
-        let v = v.repeat_interleave_self_int(group, 1, None);
-        Tensor::scaled_dot_product_attention(q, &k, &v, Some(mask), 0.0, false, scale, false)
-    } else {
-        Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, scale, group > 1)
-    }
-}
-
 impl Qwen3 {
+    /// The kind (dtype) its weights are held in.
+    pub fn weight_kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
     /// A model with freshly initialised weights (normal with std `initializer_range` for
     /// matrices, ones for norms, as HF initialises), deterministic for a given `seed`.
     pub fn new(

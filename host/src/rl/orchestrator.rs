@@ -32,10 +32,10 @@ use rlhost_sdk::types::Example;
 use super::config::RlConfig;
 use super::loss::{advantages, length_penalized};
 use super::trainer::Sample;
-use crate::openai::{ChatCompletion, ChatRequest};
+use crate::openai::ChatRequest;
 use crate::plugin::Environment;
 use crate::rollout::{
-    GenError, Generator, RolloutRecord, RolloutSpec, Sampling, TurnTokens, run_rollout,
+    GenError, Generator, RolloutRecord, RolloutSpec, Sampling, Turn, TurnTokens, run_rollout,
 };
 
 /// One training environment, ready to draw from.
@@ -475,7 +475,7 @@ impl Generator for LagLimited<'_> {
         self.inner.describe()
     }
 
-    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
+    async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError> {
         let oldest = self.oldest.load(Ordering::SeqCst);
         let served = self.served.load(Ordering::SeqCst);
         if oldest != u64::MAX && served > oldest.saturating_add(self.max_lag) {
@@ -486,16 +486,11 @@ impl Generator for LagLimited<'_> {
                 self.max_lag
             )));
         }
-        let c = self.inner.complete(req).await?;
-        let version = c
-            .choices
-            .first()
-            .and_then(|ch| ch.policy_version)
-            .or(c.policy_version);
-        if let Some(v) = version {
+        let turn = self.inner.complete(req).await?;
+        if let Some(v) = turn.policy_version {
             self.oldest.fetch_min(v, Ordering::SeqCst);
         }
-        Ok(c)
+        Ok(turn)
     }
 }
 
@@ -1006,9 +1001,9 @@ mod tests {
             },
         )
         .unwrap();
-        let api = crate::server::Api::new(
+        let api = crate::chat::Pipeline::new(
             engine.clone(),
-            crate::server::ServerConfig {
+            crate::chat::ChatConfig {
                 served_name: "tiny".into(),
                 enable_auto_tool_choice: false,
                 tool_call_parser: "hermes".into(),

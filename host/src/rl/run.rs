@@ -28,7 +28,6 @@ use super::metrics::{self, EvalLine, Phases, Report, StepLine};
 use super::orchestrator::{Orchestrator, Producer, TrainEnv};
 use super::trainer::Trainer;
 use super::weights::WeightSink;
-use crate::engine::Engine;
 use crate::plugin::Environment;
 use crate::rollout::Generator;
 
@@ -98,23 +97,16 @@ fn generators(
         .inference
         .resolve(crate::device::CudaStatus::probe())
         .context("the [inference] section")?;
-    let engine = Engine::load(
+    let served = setup.server.served_name.clone();
+    let generator = crate::rollout::InProcess::load(
         &setup.model_dir,
-        &setup.server.served_name,
         setup.device,
         setup.precision.kind(),
         setup.engine.clone(),
+        setup.server.clone(),
     )?;
-    let served = setup.server.served_name.clone();
-    let api = Arc::new(
-        crate::server::Api::new(engine.clone(), setup.server.clone())
-            .map_err(|e| anyhow::anyhow!(e))?,
-    );
-    Ok((
-        Arc::new(crate::rollout::InProcess::new(api)),
-        WeightSink::Engine(engine),
-        served,
-    ))
+    let engine = generator.engine().clone();
+    Ok((Arc::new(generator), WeightSink::Engine(engine), served))
 }
 
 /// Gives each client the renderer `orchestrator.client.render` asks for: `client` everywhere,

@@ -116,7 +116,7 @@ pub fn samples(
     history: History,
 ) -> Result<Vec<Sample>, String> {
     let messages =
-        crate::server::request::template_messages(&conv.messages).map_err(|e| e.message)?;
+        crate::chat::request::template_messages(&conv.messages).map_err(|e| e.message)?;
     let tools = conv
         .tools
         .as_ref()

@@ -25,8 +25,8 @@ use tch::{Kind, Tensor};
 use super::loss::{
     LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
 };
+use crate::model::KvCache;
 use crate::model::Qwen3;
-use crate::model::qwen3::KvCache;
 use crate::rl::logprobs::{ChunkedLogprobs, chunked_logprobs_no_grad};
 
 /// Learning-rate schedule.

@@ -144,8 +144,29 @@ pub struct Turn {
     /// Policy version of the weights (rlhost servers).
     pub policy_version: Option<u64>,
     /// Prompt tokens the server took from its prefix cache (usage's
-    /// `prompt_tokens_details.cached_tokens`).
-    pub cached_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`; `None` when the server does not say).
+    pub cached_tokens: Option<u64>,
+    /// What the server did not return of the token record training needs (`prompt_token_ids`,
+    /// `choices[0].token_ids`, `choices[0].logprobs`): empty for rlhost's own servers and the
+    /// in-process engine, and for vLLM asked for them.
+    #[serde(skip)]
+    pub missing: Vec<&'static str>,
+}
+
+impl Turn {
+    /// The turn, or an error naming what the server did not return, when training needs the
+    /// token ids and log-probs the sampler produced.
+    pub fn require_tokens(self) -> Result<Self, GenError> {
+        if self.missing.is_empty() {
+            return Ok(self);
+        }
+        Err(GenError::Fatal(format!(
+            "the server's response lacks {}: training needs the token ids and log-probs the \
+             sampler produced (rlhost's server, and vLLM >= 0.10.2 with return_token_ids, \
+             return them when asked)",
+            self.missing.join(", ")
+        )))
+    }
 }
 
 /// Generator failures.
@@ -184,8 +205,8 @@ pub fn is_overlong(body: &str) -> bool {
 pub trait Generator: Send + Sync {
     /// A short description (model and endpoint) for reports.
     fn describe(&self) -> String;
-    /// One chat completion.
-    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError>;
+    /// One model turn: the first choice of a chat completion, read.
+    async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError>;
 }
 
 /// The chat-completions request for a turn: log-probs and token ids asked for, sampling from
@@ -219,9 +240,9 @@ pub fn request(
 }
 
 /// Reads the first choice of a chat completion into a turn. Token ids and log-probs that
-/// disagree in length are an error here, not a misaligned sample later; with `require_tokens`
-/// (training needs them), so are missing prompt ids, completion ids or log-probs.
-pub fn parse_turn(v: &ChatCompletion, require_tokens: bool) -> Result<Turn, GenError> {
+/// disagree in length are an error here, not a misaligned sample later; missing prompt ids,
+/// completion ids or log-probs are noted in [`Turn::missing`] (training refuses them).
+pub fn parse_turn(v: &ChatCompletion) -> Result<Turn, GenError> {
     let choice = v
         .choices
         .first()
@@ -242,24 +263,14 @@ pub fn parse_turn(v: &ChatCompletion, require_tokens: bool) -> Result<Turn, GenE
             logprobs.len()
         )));
     }
-    if require_tokens {
-        let missing: Vec<&str> = [
-            ("prompt_token_ids", v.prompt_token_ids.is_none()),
-            ("choices[0].token_ids", choice.token_ids.is_none()),
-            ("choices[0].logprobs", choice.logprobs.is_none()),
-        ]
-        .into_iter()
-        .filter_map(|(name, gone)| gone.then_some(name))
-        .collect();
-        if !missing.is_empty() {
-            return Err(GenError::Fatal(format!(
-                "the server's response lacks {}: training needs the token ids and log-probs the \
-                 sampler produced (rlhost's server, and vLLM >= 0.10.2 with return_token_ids, \
-                 return them when asked)",
-                missing.join(", ")
-            )));
-        }
-    }
+    let missing: Vec<&'static str> = [
+        ("prompt_token_ids", v.prompt_token_ids.is_none()),
+        ("choices[0].token_ids", choice.token_ids.is_none()),
+        ("choices[0].logprobs", choice.logprobs.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(name, gone)| gone.then_some(name))
+    .collect();
     let usage = v.usage.clone().unwrap_or_default();
     Ok(Turn {
         content: msg.content.clone().unwrap_or_default(),
@@ -280,43 +291,98 @@ pub fn parse_turn(v: &ChatCompletion, require_tokens: bool) -> Result<Turn, GenE
         completion_tokens: usage.completion_tokens,
         tool_parse_error: choice.tool_call_error.clone(),
         policy_version: choice.policy_version,
-        cached_tokens: usage.cached_tokens(),
+        cached_tokens: usage
+            .prompt_tokens_details
+            .as_ref()
+            .map(|d| d.cached_tokens),
+        missing,
     })
 }
 
-/// The engine in this process, through the server's API code (no HTTP, no JSON).
+/// The engine in this process, through the chat pipeline ([`crate::chat`]): the same planning
+/// and output reading as the server's, answers read typed (no HTTP, no JSON, no wire objects).
 pub struct InProcess {
-    api: Arc<crate::server::Api>,
+    pipeline: Arc<crate::chat::Pipeline>,
 }
 
 impl InProcess {
-    /// A generator over `api`.
-    pub fn new(api: Arc<crate::server::Api>) -> Self {
-        Self { api }
+    /// A generator over `pipeline`.
+    pub fn new(pipeline: Arc<crate::chat::Pipeline>) -> Self {
+        Self { pipeline }
+    }
+
+    /// Loads the model in `dir` (served as `chat.served_name`) into an engine on `device` in
+    /// `kind`, with the chat pipeline over it: what `host eval -m` and `host rl` with the
+    /// engine in process both run.
+    pub fn load(
+        dir: &std::path::Path,
+        device: tch::Device,
+        kind: tch::Kind,
+        engine: crate::engine::EngineConfig,
+        chat: crate::chat::ChatConfig,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let engine = crate::engine::Engine::load(dir, &chat.served_name, device, kind, engine)
+            .with_context(|| format!("loading the model in {}", dir.display()))?;
+        let pipeline = crate::chat::Pipeline::new(engine, chat).map_err(anyhow::Error::msg)?;
+        Ok(Self::new(Arc::new(pipeline)))
+    }
+
+    /// The engine behind the generator (for weight updates and metrics).
+    pub fn engine(&self) -> &crate::engine::Engine {
+        self.pipeline.engine()
     }
 }
 
 #[async_trait]
 impl Generator for InProcess {
     fn describe(&self) -> String {
-        format!("{} (in-process engine)", self.api.served_name())
+        format!("{} (in-process engine)", self.pipeline.served_name())
     }
 
-    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
-        if req.params.stream {
-            return Err(GenError::Fatal(
-                "the rollout loop reads whole responses: stream must be false".into(),
-            ));
-        }
-        match self.api.chat(req).await {
-            Ok(crate::server::Reply::Full(c)) => Ok(c),
-            Ok(crate::server::Reply::Stream(_)) => Err(GenError::Fatal("unexpected stream".into())),
-            Err(e) if e.status == 503 => Err(GenError::Transient(e.message)),
+    async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError> {
+        let out = match self.pipeline.answer(req).await {
+            Ok(out) => out,
+            Err(e) if e.status == 503 => return Err(GenError::Transient(e.message)),
             Err(e) if e.status == 400 && is_overlong(&e.message) => {
-                Err(GenError::Overlong(e.to_string()))
+                return Err(GenError::Overlong(e.to_string()));
             }
-            Err(e) => Err(GenError::Fatal(e.to_string())),
-        }
+            Err(e) => return Err(GenError::Fatal(e.to_string())),
+        };
+        let prompt_tokens = out.prompt_ids.len() as u64;
+        let a = out
+            .answers
+            .into_iter()
+            .next()
+            .ok_or_else(|| GenError::Fatal("the engine returned no sample".into()))?;
+        let c = a.completion;
+        Ok(Turn {
+            content: a.content.unwrap_or_default(),
+            tool_calls: a
+                .calls
+                .into_iter()
+                .map(|call| ToolCall {
+                    id: crate::chat::random_id("call", '-'),
+                    name: call.name,
+                    arguments: call.arguments,
+                })
+                .collect(),
+            finish_reason: a.finish_reason.to_string(),
+            prompt_ids: out.prompt_ids,
+            completion_tokens: c.token_ids.len() as u64,
+            completion_ids: c.token_ids,
+            logprobs: c.logprobs,
+            prompt_tokens,
+            tool_parse_error: a.tool_call_error,
+            policy_version: Some(
+                c.versions
+                    .last()
+                    .copied()
+                    .unwrap_or(self.pipeline.engine().info().version()),
+            ),
+            cached_tokens: Some(c.cached_tokens as u64),
+            missing: Vec::new(),
+        })
     }
 }
 
@@ -452,7 +518,15 @@ impl Generator for OpenAiClient {
         self.base_url.clone()
     }
 
-    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
+    async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError> {
+        parse_turn(&self.chat(req).await?)
+    }
+}
+
+impl OpenAiClient {
+    /// One chat completion as the server wrote it, stamped with the tracked policy version
+    /// where the server reports none (or everywhere, when pinned).
+    pub async fn chat(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
         let tracked = self.tracked.load(std::sync::atomic::Ordering::SeqCst);
         let mut c = match &self.render {
             Some(render) => self.complete_from_ids(render, req).await?,
@@ -516,7 +590,7 @@ impl Generator for OpenAiPool {
             .join(", ")
     }
 
-    async fn complete(&self, req: &ChatRequest) -> Result<ChatCompletion, GenError> {
+    async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.clients.len();
         self.clients[i].complete(req).await
     }
@@ -527,7 +601,7 @@ pub async fn complete_with_retries(
     g: &dyn Generator,
     req: &ChatRequest,
     retries: u32,
-) -> Result<ChatCompletion, GenError> {
+) -> Result<Turn, GenError> {
     let mut attempt = 0;
     loop {
         match g.complete(req).await {
@@ -726,8 +800,9 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             ids.extend(&prev.completion_ids);
             req.history_token_ids = Some(ids);
         }
-        let v = match complete_with_retries(spec.generator, &req, spec.retries).await {
-            Ok(v) => v,
+        let turn = match complete_with_retries(spec.generator, &req, spec.retries).await {
+            Ok(t) if spec.require_tokens => t.require_tokens().map_err(|e| e.to_string())?,
+            Ok(t) => t,
             // The conversation outgrew the context: the rollout ends here, truncated.
             Err(GenError::Overlong(_)) if turns > 0 => {
                 rec.truncated = true;
@@ -735,10 +810,9 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             }
             Err(e) => return Err(format!("model turn {}: {e}", turns + 1)),
         };
-        let turn = parse_turn(&v, spec.require_tokens).map_err(|e| e.to_string())?;
         turns += 1;
         rec.prompt_tokens += turn.prompt_tokens;
-        rec.cached_prompt_tokens += turn.cached_tokens;
+        rec.cached_prompt_tokens += turn.cached_tokens.unwrap_or(0);
         if let Some(prev) = rec.turns.last()
             && !turn.prompt_ids.is_empty()
         {
@@ -881,9 +955,9 @@ mod tests {
                                     {"token": "b", "logprob": -1.5, "top_logprobs": []}]});
         // A plain OpenAI server: fine for eval, refused for training, naming what is missing.
         let plain = response(json!({}), json!({}));
-        let t = parse_turn(&plain, false).unwrap();
+        let t = parse_turn(&plain).unwrap();
         assert_eq!((t.content.as_str(), t.completion_ids.len()), ("hi", 0));
-        let e = parse_turn(&plain, true).unwrap_err().to_string();
+        let e = t.require_tokens().unwrap_err().to_string();
         assert!(
             e.contains("prompt_token_ids")
                 && e.contains("choices[0].token_ids")
@@ -895,7 +969,7 @@ mod tests {
             json!({"token_ids": [7, 8], "logprobs": lp.clone()}),
             json!({"prompt_token_ids": [1, 2]}),
         );
-        let t = parse_turn(&full, true).unwrap();
+        let t = parse_turn(&full).unwrap().require_tokens().unwrap();
         assert_eq!(t.prompt_ids, vec![1, 2]);
         assert_eq!(t.completion_ids, vec![7, 8]);
         assert_eq!(t.logprobs, vec![-0.5, -1.5]);
@@ -904,7 +978,7 @@ mod tests {
             json!({"token_ids": [7], "logprobs": lp}),
             json!({"prompt_token_ids": [1, 2]}),
         );
-        let e = parse_turn(&bad, false).unwrap_err().to_string();
+        let e = parse_turn(&bad).unwrap_err().to_string();
         assert!(e.contains("1 token ids but 2 log-probs"), "{e}");
     }
 }

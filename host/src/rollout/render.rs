@@ -13,6 +13,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::chat::output::Reader;
+use crate::chat::request;
 use crate::model::tool_parsers::{self, ToolCallParser};
 use crate::model::{ChatTemplate, Tokenizer};
 use crate::openai::{
@@ -20,8 +22,6 @@ use crate::openai::{
     ResponseHeader, ResponseMessage, TextCompletion, TokenLogprob, ToolCall, ToolChoiceParam,
     Usage,
 };
-use crate::server::output::Reader;
-use crate::server::request;
 
 /// Why a turn could not be rendered or read back.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ impl ClientRender {
         let (tools, _) = request::tools(req.tools.as_deref()).map_err(RenderError::Request)?;
         let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
         match &req.history_token_ids {
-            Some(history) => crate::server::continue_history(
+            Some(history) => crate::chat::continue_history(
                 &self.tokenizer,
                 &self.template,
                 history,

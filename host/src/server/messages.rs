@@ -1,7 +1,7 @@
 //! `POST /v1/messages`: Anthropic's Messages API over the chat completions pipeline, as
 //! `/v1/responses` is ([`super::responses`]): a request becomes a [`ChatRequest`] (the system
 //! prompt and messages as chat messages, `tool_use` blocks as tool calls, `tool_result` blocks
-//! as tool messages, client tools as function tools) served by [`Api::chat`], and the chat
+//! as tool messages, client tools as function tools) served by [`Pipeline::chat`], and the chat
 //! answer becomes thinking, text and `tool_use` blocks; a stream is built from the chat stream's
 //! chunks.
 //!
@@ -21,22 +21,22 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{MethodRouter, post};
 use serde_json::Value;
-use tokio::sync::mpsc as tmpsc;
 
-use super::responses::{CallDeltaRead, ChunkRead, sse};
-use super::{Api, Reply, bad, random_id};
+use super::sse::{self, Named, Translator};
+use crate::chat::{Pipeline, Reply, bad, random_id};
 use crate::openai::messages::{
     AnthropicContent, AnthropicErrorBody, AnthropicUsage, BlockDelta, ContentBlock, MessageDelta,
     MessagesEvent, MessagesRequest, MessagesResponse, ResponseBlock, StreamError,
 };
 use crate::openai::{
-    self, ApiError, ChatMessage, ChatRequest, FunctionDef, FunctionName, GenerationParams,
-    NamedToolChoice, Role, Stop, StreamOptions, ToolCall, ToolChoiceParam, ToolDef, Usage,
+    self, ApiError, ChatCompletionChunk, ChatMessage, ChatRequest, FunctionDef, FunctionName,
+    GenerationParams, NamedToolChoice, Role, Stop, StreamOptions, ToolCall, ToolCallChunk,
+    ToolChoiceParam, ToolDef, Usage,
 };
 
 /// The `POST /v1/messages` route.
-pub fn route() -> MethodRouter<Arc<Api>> {
-    post(|State(api): State<Arc<Api>>, body: Bytes| async move {
+pub fn route() -> MethodRouter<Arc<Pipeline>> {
+    post(|State(api): State<Arc<Pipeline>>, body: Bytes| async move {
         match create(api, &body).await {
             Ok(r) => r,
             Err(e) => error(e),
@@ -59,10 +59,10 @@ struct Plan {
     model: String,
 }
 
-async fn create(api: Arc<Api>, body: &[u8]) -> Result<HttpResponse, ApiError> {
+async fn create(api: Arc<Pipeline>, body: &[u8]) -> Result<HttpResponse, ApiError> {
     let req: MessagesRequest = openai::parse(body)?;
     let plan = plan(&api, &req)?;
-    match api.chat(&plan.chat).await.map_err(rename_param)? {
+    match api.chat(&plan.chat, None).await.map_err(rename_param)? {
         Reply::Full(done) => {
             let choice = done.choices.into_iter().next().ok_or_else(|| ApiError {
                 status: 500,
@@ -102,7 +102,7 @@ async fn create(api: Arc<Api>, body: &[u8]) -> Result<HttpResponse, ApiError> {
             })
             .into_response())
         }
-        Reply::Stream(chunks) => Ok(sse(stream(api, plan, chunks))),
+        Reply::Stream(chunks) => Ok(sse::translated(chunks, MessagesWriter::new(api, plan))),
     }
 }
 
@@ -145,7 +145,7 @@ fn anthropic_usage(u: &Usage) -> AnthropicUsage {
 /// `stop_reason` and `stop_sequence` for a chat finish reason. A stop string's text is not in
 /// the answer, so which one ended generation is read from the generated tokens: the first to
 /// appear in their text (none appears earlier, or generation would have stopped there).
-fn stop(api: &Api, plan: &Plan, finish: &str, ids: &[u32]) -> (String, Option<String>) {
+fn stop(api: &Pipeline, plan: &Plan, finish: &str, ids: &[u32]) -> (String, Option<String>) {
     match finish {
         "length" => ("max_tokens".into(), None),
         "tool_calls" => ("tool_use".into(), None),
@@ -171,7 +171,7 @@ fn stop(api: &Api, plan: &Plan, finish: &str, ids: &[u32]) -> (String, Option<St
     }
 }
 
-fn plan(api: &Api, req: &MessagesRequest) -> Result<Plan, ApiError> {
+fn plan(api: &Pipeline, req: &MessagesRequest) -> Result<Plan, ApiError> {
     for (name, v) in [
         ("container", &req.container),
         ("mcp_servers", &req.mcp_servers),
@@ -353,7 +353,7 @@ fn chat_tools(req: &MessagesRequest) -> Result<Vec<ToolDef>, ApiError> {
                     &at,
                     format!(
                         "{at} must be a JSON schema object, got {}",
-                        super::request::kind(s)
+                        crate::chat::request::kind(s)
                     ),
                 ));
             }
@@ -467,7 +467,7 @@ fn check_block(b: &ContentBlock, at: &str) -> Result<(), ApiError> {
                     format!(
                         "{}: Input should be a valid list, got {}",
                         field("citations"),
-                        super::request::kind(c)
+                        crate::chat::request::kind(c)
                     ),
                 ));
             }
@@ -496,7 +496,7 @@ fn check_block(b: &ContentBlock, at: &str) -> Result<(), ApiError> {
                             "{}: Input should be a valid dictionary (the tool's arguments as an \
                              object), got {}",
                             field("input"),
-                            super::request::kind(v)
+                            crate::chat::request::kind(v)
                         ),
                     ));
                 }
@@ -688,47 +688,64 @@ enum Open {
     Call(usize, usize),
 }
 
-/// Turns chat deltas into Messages events.
+/// Turns chat chunks into Messages events.
 struct MessagesWriter {
-    tx: tmpsc::Sender<String>,
+    api: Arc<Pipeline>,
+    plan: Plan,
+    out: Vec<Named>,
     next: usize,
     open: Option<Open>,
     /// Chat call index → block index and call so far.
     calls: BTreeMap<usize, (usize, ToolCall)>,
     answer: Answer,
-    one_call: bool,
+    usage: Usage,
+    finish: String,
+    /// The generated token ids (with `return_token_ids`), to name a stop sequence.
+    ids: Vec<u32>,
 }
 
 impl MessagesWriter {
-    async fn send(&mut self, e: MessagesEvent) -> bool {
-        let data = serde_json::to_string(&e).expect("events serialise");
-        self.tx
-            .send(format!("event: {}\ndata: {data}\n\n", e.name()))
-            .await
-            .is_ok()
+    fn new(api: Arc<Pipeline>, plan: Plan) -> Self {
+        Self {
+            api,
+            plan,
+            out: Vec::new(),
+            next: 0,
+            open: None,
+            calls: BTreeMap::new(),
+            answer: Answer {
+                thinking: String::new(),
+                text: String::new(),
+                calls: Vec::new(),
+            },
+            usage: Usage::default(),
+            finish: "stop".into(),
+            ids: Vec::new(),
+        }
     }
 
-    async fn close(&mut self) -> bool {
-        match self.open.take() {
-            None => true,
-            Some(Open::Thinking(index) | Open::Text(index) | Open::Call(_, index)) => {
-                self.send(MessagesEvent::ContentBlockStop { index }).await
-            }
+    fn send(&mut self, e: MessagesEvent) {
+        self.out.push(Named::new(e.name(), &e));
+    }
+
+    fn close(&mut self) {
+        if let Some(Open::Thinking(index) | Open::Text(index) | Open::Call(_, index)) =
+            self.open.take()
+        {
+            self.send(MessagesEvent::ContentBlockStop { index });
         }
     }
 
     /// More thinking or text, opening its block (and closing the open one) first.
-    async fn text(&mut self, thinking: bool, delta: &str) -> bool {
+    fn text(&mut self, thinking: bool, delta: &str) {
         if delta.is_empty() {
-            return true;
+            return;
         }
         let index = match self.open {
             Some(Open::Thinking(i)) if thinking => i,
             Some(Open::Text(i)) if !thinking => i,
             _ => {
-                if !self.close().await {
-                    return false;
-                }
+                self.close();
                 let index = self.next;
                 self.next += 1;
                 let content_block = if thinking {
@@ -743,15 +760,10 @@ impl MessagesWriter {
                         text: String::new(),
                     }
                 };
-                if !self
-                    .send(MessagesEvent::ContentBlockStart {
-                        index,
-                        content_block,
-                    })
-                    .await
-                {
-                    return false;
-                }
+                self.send(MessagesEvent::ContentBlockStart {
+                    index,
+                    content_block,
+                });
                 index
             }
         };
@@ -764,22 +776,17 @@ impl MessagesWriter {
             self.answer.text.push_str(delta);
             BlockDelta::TextDelta { text: delta.into() }
         };
-        self.send(MessagesEvent::ContentBlockDelta { index, delta })
-            .await
+        self.send(MessagesEvent::ContentBlockDelta { index, delta });
     }
 
     /// A tool call delta: a new call opens a `tool_use` block, arguments stream as JSON pieces.
-    async fn call(&mut self, d: &CallDeltaRead) -> bool {
-        let (name, args) = d.function.as_ref().map_or((None, None), |f| {
-            (f.name.as_deref(), f.arguments.as_deref())
-        });
+    fn call(&mut self, d: &ToolCallChunk) {
+        let (name, args) = (d.function.name.as_deref(), d.function.arguments.as_deref());
         if !self.calls.contains_key(&d.index) {
-            if self.one_call && !self.calls.is_empty() {
-                return true;
+            if self.plan.one_call && !self.calls.is_empty() {
+                return;
             }
-            if !self.close().await {
-                return false;
-            }
+            self.close();
             let index = self.next;
             self.next += 1;
             let call = ToolCall::function(
@@ -794,18 +801,13 @@ impl MessagesWriter {
             };
             self.calls.insert(d.index, (index, call));
             self.open = Some(Open::Call(d.index, index));
-            if !self
-                .send(MessagesEvent::ContentBlockStart {
-                    index,
-                    content_block,
-                })
-                .await
-            {
-                return false;
-            }
+            self.send(MessagesEvent::ContentBlockStart {
+                index,
+                content_block,
+            });
         }
         let Some(args) = args.filter(|a| !a.is_empty()) else {
-            return true;
+            return;
         };
         let (index, call) = self.calls.get_mut(&d.index).expect("inserted above");
         call.function.arguments.push_str(args);
@@ -813,124 +815,81 @@ impl MessagesWriter {
         // Pieces of a call whose block was closed (the chat stream went back to an earlier
         // call) still count in the answer but cannot be streamed.
         if self.open != Some(Open::Call(d.index, index)) {
-            return true;
+            return;
         }
         self.send(MessagesEvent::ContentBlockDelta {
             index,
             delta: BlockDelta::InputJsonDelta {
                 partial_json: args.to_string(),
             },
-        })
-        .await
+        });
     }
 }
 
-/// Streams a message from the chat stream's chunks.
-fn stream(
-    api: Arc<Api>,
-    plan: Plan,
-    mut chunks: tmpsc::Receiver<String>,
-) -> tmpsc::Receiver<String> {
-    let (tx, out) = tmpsc::channel(64);
-    tokio::spawn(async move {
-        let mut w = MessagesWriter {
-            tx,
-            next: 0,
-            open: None,
-            calls: BTreeMap::new(),
-            answer: Answer {
-                thinking: String::new(),
-                text: String::new(),
-                calls: Vec::new(),
-            },
-            one_call: plan.one_call,
-        };
+impl Translator for MessagesWriter {
+    fn start(&mut self) -> Vec<Named> {
         let start = MessagesResponse {
             id: random_id("msg", '_'),
             kind: "message".into(),
             role: "assistant".into(),
-            model: plan.model.clone(),
+            model: self.plan.model.clone(),
             content: Vec::new(),
             stop_reason: None,
             stop_sequence: None,
             usage: AnthropicUsage::default(),
         };
-        if !w
-            .send(MessagesEvent::MessageStart {
-                message: Box::new(start),
-            })
-            .await
-        {
-            return;
+        self.send(MessagesEvent::MessageStart {
+            message: Box::new(start),
+        });
+        std::mem::take(&mut self.out)
+    }
+
+    fn push(&mut self, chunk: &ChatCompletionChunk) -> Vec<Named> {
+        if let Some(u) = &chunk.usage {
+            self.usage = u.clone();
         }
-        let mut usage = Usage::default();
-        let mut finish = "stop".to_string();
-        let mut ids = Vec::new();
-        while let Some(payload) = chunks.recv().await {
-            if payload == "[DONE]" {
-                break;
+        for c in &chunk.choices {
+            if let Some(r) = &c.delta.reasoning_content {
+                self.text(true, r);
             }
-            let chunk: ChunkRead = match serde_json::from_str(&payload) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!("unreadable chat chunk {payload}: {e}");
-                    finish = "abort".into();
-                    break;
-                }
-            };
-            if let Some(u) = chunk.usage {
-                usage = u;
+            if let Some(t) = &c.delta.content {
+                self.text(false, t);
             }
-            for c in chunk.choices {
-                if let Some(r) = &c.delta.reasoning_content
-                    && !w.text(true, r).await
-                {
-                    return;
-                }
-                if let Some(t) = &c.delta.content
-                    && !w.text(false, t).await
-                {
-                    return;
-                }
-                for call in c.delta.tool_calls.iter().flatten() {
-                    if !w.call(call).await {
-                        return;
-                    }
-                }
-                ids.extend(c.delta.token_ids.iter().flatten());
-                if let Some(f) = c.finish_reason {
-                    finish = f;
-                }
+            for call in c.delta.tool_calls.iter().flatten() {
+                self.call(call);
+            }
+            self.ids.extend(c.delta.token_ids.iter().flatten());
+            if let Some(f) = &c.finish_reason {
+                self.finish = f.clone();
             }
         }
-        if !w.close().await {
-            return;
-        }
-        if finish == "abort" {
+        std::mem::take(&mut self.out)
+    }
+
+    fn finish(&mut self) -> Vec<Named> {
+        self.close();
+        if self.finish == "abort" {
             let e = aborted();
-            w.send(MessagesEvent::Error {
+            self.send(MessagesEvent::Error {
                 error: StreamError {
                     kind: "api_error".into(),
                     message: e.message,
                 },
-            })
-            .await;
-            return;
+            });
+        } else {
+            let (stop_reason, stop_sequence) = stop(&self.api, &self.plan, &self.finish, &self.ids);
+            let usage = anthropic_usage(&self.usage);
+            self.send(MessagesEvent::MessageDelta {
+                delta: MessageDelta {
+                    stop_reason: Some(stop_reason),
+                    stop_sequence,
+                },
+                usage,
+            });
+            self.send(MessagesEvent::MessageStop);
         }
-        let (stop_reason, stop_sequence) = stop(&api, &plan, &finish, &ids);
-        if w.send(MessagesEvent::MessageDelta {
-            delta: MessageDelta {
-                stop_reason: Some(stop_reason),
-                stop_sequence,
-            },
-            usage: anthropic_usage(&usage),
-        })
-        .await
-        {
-            w.send(MessagesEvent::MessageStop).await;
-        }
-    });
-    out
+        std::mem::take(&mut self.out)
+    }
 }
 
 #[cfg(test)]

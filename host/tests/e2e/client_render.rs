@@ -11,7 +11,7 @@ use std::time::Duration;
 use rlhost::openai::{
     ChatCompletion, ChatMessage, ChatRequest, GenerationParams, MessageContent, Role, ToolDef,
 };
-use rlhost::rollout::{ClientRender, Generator, OpenAiClient};
+use rlhost::rollout::{ClientRender, OpenAiClient};
 
 use crate::common;
 use crate::inference::{QUESTION, taught_model, tools};
@@ -37,11 +37,11 @@ fn turn(messages: Vec<ChatMessage>, history: Option<Vec<u32>>) -> ChatRequest {
 
 /// The tool round trip through `g`: turn 1 (a call), the tool's result, turn 2 (the answer),
 /// turn 2's prompt carrying turn 1 as produced.
-fn round_trip(g: &dyn Generator) -> (ChatCompletion, ChatCompletion) {
+fn round_trip(g: &OpenAiClient) -> (ChatCompletion, ChatCompletion) {
     let rt = crate::inference::rt();
     let user = ChatMessage::text(Role::User, QUESTION);
     let first = rt
-        .block_on(g.complete(&turn(vec![user.clone()], None)))
+        .block_on(g.chat(&turn(vec![user.clone()], None)))
         .unwrap();
     let choice = &first.choices[0];
     let mut assistant = ChatMessage::text(Role::Assistant, "");
@@ -52,7 +52,7 @@ fn round_trip(g: &dyn Generator) -> (ChatCompletion, ChatCompletion) {
     let mut history = first.prompt_token_ids.clone().unwrap();
     history.extend(choice.token_ids.as_ref().unwrap());
     let second = rt
-        .block_on(g.complete(&turn(vec![user, assistant, result], Some(history))))
+        .block_on(g.chat(&turn(vec![user, assistant, result], Some(history))))
         .unwrap();
     (first, second)
 }

@@ -554,7 +554,7 @@ fn non_finite_weights_are_refused_and_the_old_ones_keep_serving() {
         for f in std::fs::read_dir(&b).unwrap().flatten() {
             std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
         }
-        let mut w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+        let mut w = rlhost::model::checkpoint::read_checkpoint(&b).unwrap();
         let t = w[name].copy();
         let _ = t.view([-1]).get(17).fill_(f64::from(value));
         w.insert(name.to_string(), t);

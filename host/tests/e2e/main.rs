@@ -23,6 +23,7 @@ mod math_verify;
 mod metrics;
 mod model;
 mod monitor;
+mod pipeline;
 mod python_plugin;
 mod registry;
 mod responses;

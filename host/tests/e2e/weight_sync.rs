@@ -124,10 +124,10 @@ fn each_server_kind_gets_its_route_and_versions_are_tracked() {
         // Before the update: completions stamped 0; after it returned: 3.
         let req = rlhost::rollout::request("m", &[], &[], &Default::default(), None);
         let before = rt.block_on(c.complete(&req)).unwrap();
-        assert_eq!(before.choices[0].policy_version, Some(0));
+        assert_eq!(before.policy_version, Some(0));
         assert_eq!(rt.block_on(c.update_weights(dir, &target, 3)).unwrap(), 3);
         let after = rt.block_on(c.complete(&req)).unwrap();
-        assert_eq!(after.choices[0].policy_version, Some(3));
+        assert_eq!(after.policy_version, Some(3));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let seen = seen.lock().unwrap().join("\n");
         assert!(seen.contains(expected), "{kind:?}: {seen}");

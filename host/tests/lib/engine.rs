@@ -314,7 +314,7 @@ fn weights_change_under_a_running_engine() {
     assert_ne!(after.token_ids, before.token_ids);
     fresh.shutdown();
     // In-memory tensors from the first model bring the first behaviour back.
-    let original = rlhost::model::qwen3::read_checkpoint(&a).unwrap();
+    let original = rlhost::model::checkpoint::read_checkpoint(&a).unwrap();
     assert_eq!(
         rt.block_on(e.update_weights(WeightSource::Tensors(original)))
             .unwrap(),
@@ -326,7 +326,7 @@ fn weights_change_under_a_running_engine() {
         .remove(0);
     assert_eq!(again.token_ids, before.token_ids);
     // A checkpoint of another shape is refused whole; the engine keeps serving.
-    let mut bad = rlhost::model::qwen3::read_checkpoint(&a).unwrap();
+    let mut bad = rlhost::model::checkpoint::read_checkpoint(&a).unwrap();
     bad.insert(
         "model.norm.weight".into(),
         Tensor::ones([7], (Kind::Float, Device::Cpu)),
@@ -363,7 +363,7 @@ fn non_finite_weights_are_refused_on_every_path() {
         .remove(0);
     let name = "model.layers.1.mlp.down_proj.weight";
     let poisoned = |value: f32, kind: Kind| {
-        let mut w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+        let mut w = rlhost::model::checkpoint::read_checkpoint(&b).unwrap();
         let t = w[name].to_kind(kind);
         let _ = t.view([-1]).get(5).fill_(f64::from(value));
         w.insert(name.to_string(), t);
@@ -425,7 +425,7 @@ fn non_finite_weights_are_refused_on_every_path() {
         assert_eq!(rlhost::engine::check_finite(&w), Ok(()), "{kind:?}");
     }
     // Finite weights still go through.
-    let w = rlhost::model::qwen3::read_checkpoint(&b).unwrap();
+    let w = rlhost::model::checkpoint::read_checkpoint(&b).unwrap();
     assert_eq!(
         rt.block_on(e.update_weights(WeightSource::Tensors(w)))
             .unwrap(),

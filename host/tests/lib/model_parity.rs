@@ -308,13 +308,13 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
     for (rows, n_in, n_out) in [(1i64, 1024i64, 4096i64), (8, 3072, 1024), (100, 1024, 6144)] {
         let x = Tensor::randn([rows, n_in], (Kind::Float, Device::Cpu));
         let w = Tensor::randn([n_out, n_in], (Kind::Float, Device::Cpu)) * 0.05;
-        let reference = rlhost::model::qwen3::product(ProductKernel::Blas, &x, &w);
+        let reference = rlhost::model::kernels::product(ProductKernel::Blas, &x, &w);
         let scale = reference.abs().max().double_value(&[]);
         // Each kernel's own result, never the BLAS it would fall back to: oneDNN must run where
         // libtorch has it, the few-rows kernel where the CPU has AVX2 and FMA.
         let mut results = Vec::new();
         if tch::utils::has_mkldnn() {
-            let y = rlhost::model::qwen3::onednn_product(&x, &w)
+            let y = rlhost::model::kernels::onednn_product(&x, &w)
                 .unwrap_or_else(|e| panic!("libtorch has oneDNN, yet it refused a product: {e}"));
             results.push((ProductKernel::OneDnn, y));
         } else {
@@ -323,8 +323,8 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
                 "this libtorch was built without oneDNN",
             );
         }
-        if rlhost::model::few_rows::available() {
-            let y = rlhost::model::qwen3::product(ProductKernel::FewRows, &x, &w);
+        if rlhost::model::kernels::few_rows::available() {
+            let y = rlhost::model::kernels::product(ProductKernel::FewRows, &x, &w);
             results.push((ProductKernel::FewRows, y));
         } else {
             common::skip(
@@ -348,7 +348,7 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
         "a trained model's"
     );
     model.use_small_product_kernels();
-    let small = if rlhost::model::few_rows::available() {
+    let small = if rlhost::model::kernels::few_rows::available() {
         ProductKernel::FewRows
     } else {
         ProductKernel::OneDnn

@@ -325,25 +325,27 @@ impl rlhost::rollout::Generator for ToolThenAnswer {
     async fn complete(
         &self,
         req: &rlhost::openai::ChatRequest,
-    ) -> Result<rlhost::openai::ChatCompletion, rlhost::rollout::GenError> {
-        let request = serde_json::to_value(req).unwrap();
-        let answered_by_tool = request["messages"]
-            .as_array()
-            .unwrap()
+    ) -> Result<rlhost::rollout::Turn, rlhost::rollout::GenError> {
+        let answered_by_tool = req
+            .messages
             .iter()
-            .any(|m| m["role"] == "tool");
-        let message = match answered_by_tool {
-            true => serde_json::json!({"role": "assistant", "content": "$\\boxed{42}$"}),
-            false => serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c", "type": "function",
-                 "function": {"name": "python", "arguments": "{\"code\": \"print(6 * 7)\"}"}}]}),
+            .any(|m| m.role == rlhost::openai::Role::Tool);
+        let mut turn = rlhost::rollout::Turn {
+            finish_reason: "stop".into(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            ..Default::default()
         };
-        Ok(serde_json::from_value(serde_json::json!({
-            "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }))
-        .unwrap())
+        if answered_by_tool {
+            turn.content = "$\\boxed{42}$".into();
+        } else {
+            turn.tool_calls = vec![rlhost_sdk::types::ToolCall {
+                id: "c".into(),
+                name: "python".into(),
+                arguments: "{\"code\": \"print(6 * 7)\"}".into(),
+            }];
+        }
+        Ok(turn)
     }
 }
 

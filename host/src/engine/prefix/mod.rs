@@ -26,7 +26,7 @@ mod index;
 mod pool;
 
 use crate::model::Qwen3;
-use crate::model::qwen3::SlotCache;
+use crate::model::SlotCache;
 
 use index::BlockIndex;
 use pool::BlockPool;

@@ -6,7 +6,7 @@
 use tch::{Kind, Tensor};
 
 use crate::model::Qwen3;
-use crate::model::qwen3::SlotCache;
+use crate::model::SlotCache;
 
 /// Per-layer key and value pools.
 pub struct BlockPool {

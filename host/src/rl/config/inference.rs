@@ -10,9 +10,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ModelConfig;
+use crate::chat::ChatConfig;
 use crate::device::{CudaStatus, DeviceSpec, Precision};
 use crate::engine::EngineConfig;
-use crate::server::ServerConfig;
 
 /// Engine and server settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, clap::Args)]
@@ -133,7 +133,7 @@ pub struct EngineSetup {
     /// Scheduler and cache settings.
     pub engine: EngineConfig,
     /// What the API serves and how it parses tool calls.
-    pub server: ServerConfig,
+    pub server: ChatConfig,
 }
 
 impl InferConfig {
@@ -233,7 +233,7 @@ impl InferConfig {
                 max_num_batched_tokens: *max_num_batched_tokens,
                 threads: *threads,
             },
-            server: ServerConfig {
+            server: ChatConfig {
                 served_name: served_model_name
                     .clone()
                     .unwrap_or_else(|| model.name.clone()),

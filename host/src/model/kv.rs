@@ -1,0 +1,147 @@
+//! Where attention keys and values of past positions live: [`KvCache`] (one batch of
+//! sequences growing together, for tests, scoring and the trainer's shared prefixes) and
+//! [`SlotCache`] (many sequences in fixed slots, what the engine decodes continuous batches
+//! with). Storage only: the model reads and writes them in its forward pass; the engine decides
+//! which sequence lives where.
+
+use tch::Tensor;
+
+use super::Qwen3;
+
+/// Keys and values of past positions, per layer: `[batch, kv_heads, past, head_dim]`.
+pub struct KvCache {
+    pub(super) layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: (0..layers).map(|_| None).collect(),
+        }
+    }
+
+    /// Positions already cached.
+    pub fn len(&self) -> i64 {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// Nothing cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache of a one-row prefix seen by `batch` rows (a view: no copy; gradients of the
+    /// rows sum into the prefix's).
+    pub fn broadcast(&self, batch: i64) -> Self {
+        let grow = |t: &Tensor| t.expand([batch, -1, -1, -1], false);
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.as_ref().map(|(k, v)| (grow(k), grow(v))))
+                .collect(),
+        }
+    }
+
+    /// The cache whose row `r` is row `index[r]` of this one (`index`: int64 `[rows]`; a row may
+    /// be picked several times, and the gradients of its picks sum into it).
+    pub fn select_rows(&self, index: &Tensor) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, index);
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.as_ref().map(|(k, v)| (pick(k), pick(v))))
+                .collect(),
+        }
+    }
+}
+
+/// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,
+/// head_dim]`: what the engine decodes continuous batches with. A sequence lives in one slot; a
+/// step writes each row's new keys at its own positions and attends to the keys at or before
+/// them, so rows of different lengths share one batched step with no padding copies. The
+/// capacity (positions per slot) grows on demand up to the model's limit.
+pub struct SlotCache {
+    pub(super) k: Vec<Tensor>,
+    pub(super) v: Vec<Tensor>,
+    slots: i64,
+    capacity: i64,
+}
+
+impl SlotCache {
+    /// A cache of `slots` sequences of up to `capacity` positions for `model`.
+    pub fn new(model: &Qwen3, slots: i64, capacity: i64) -> Self {
+        let c = &model.cfg;
+        let opts = (model.weight_kind(), model.vs.device());
+        let shape = [slots, c.num_key_value_heads, capacity, c.head_dim];
+        let n = c.num_hidden_layers as usize;
+        Self {
+            k: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
+            v: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
+            slots,
+            capacity,
+        }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> i64 {
+        self.slots
+    }
+
+    /// Positions each slot can hold now.
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// Grows every slot to hold at least `positions` (doubling), keeping the contents.
+    pub fn reserve(&mut self, positions: i64) {
+        if positions <= self.capacity {
+            return;
+        }
+        let mut cap = self.capacity.max(16);
+        while cap < positions {
+            cap *= 2;
+        }
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut shape = t.size();
+            shape[2] = cap;
+            let grown = Tensor::zeros(&shape, (t.kind(), t.device()));
+            grown.narrow(2, 0, self.capacity).copy_(t);
+            *t = grown;
+        }
+        self.capacity = cap;
+    }
+
+    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt).
+    pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
+        if from == to || len == 0 {
+            return;
+        }
+        tch::no_grad(|| {
+            for t in self.k.iter().chain(self.v.iter()) {
+                let src = t.narrow(0, from, 1).narrow(2, 0, len);
+                t.narrow(0, to, 1).narrow(2, 0, len).copy_(&src);
+            }
+        });
+    }
+
+    /// Per layer, the key and value slabs `[slots, kv_heads, capacity, head_dim]` (what the
+    /// engine's prefix cache copies blocks of positions out of and into).
+    pub fn layers_mut(&mut self) -> impl Iterator<Item = (&mut Tensor, &mut Tensor)> {
+        self.k.iter_mut().zip(self.v.iter_mut())
+    }
+
+    /// Bytes the slots hold.
+    pub fn bytes(&self) -> i64 {
+        self.k
+            .iter()
+            .chain(self.v.iter())
+            .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
+            .sum()
+    }
+}

@@ -1,0 +1,500 @@
+//! End-to-end: the chat pipeline answers the same whichever way it is asked. Streamed answers
+//! equal unstreamed ones in every dialect the server speaks (chat, text completions, token-in
+//! generation, Responses, Messages), and the rollout loop's in-process generator equals
+//! `host inference` over HTTP for the same requests, on a taught tiny model whose answers include
+//! a tool call.
+
+use std::time::Duration;
+
+use rlhost::chat::ChatConfig;
+use rlhost::engine::EngineConfig;
+use rlhost::openai::ChatRequest;
+use rlhost::rollout::{Generator, InProcess, OpenAiClient, Turn};
+use serde_json::{Value, json};
+
+use crate::common;
+use crate::inference::{QUESTION, post, rt, taught_model, tool_conversation, tools};
+
+/// A server-sent-events body as (event name, JSON data) pairs; `[DONE]` as `Value::Null`.
+fn events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = if d == "[DONE]" {
+                        Value::Null
+                    } else {
+                        serde_json::from_str(d).unwrap_or_else(|e| panic!("{d}: {e}"))
+                    };
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+/// POSTs `body` with `stream: true` and returns the raw event-stream text.
+async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> String {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{url}");
+    let kind = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(kind.starts_with("text/event-stream"), "{kind}");
+    r.text().await.unwrap()
+}
+
+/// OpenAI's streams end with `data: [DONE]`, once; named-event streams never send it.
+fn check_sentinel(evs: &[(String, Value)], openai: bool) {
+    let nulls = evs.iter().filter(|(_, d)| d.is_null()).count();
+    if openai {
+        assert_eq!(nulls, 1, "{evs:?}");
+        assert!(evs.last().unwrap().1.is_null(), "[DONE] is last");
+    } else {
+        assert_eq!(nulls, 0, "{evs:?}");
+    }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// A chat choice, whole or assembled from chunks: content, reasoning, calls (name, arguments),
+/// finish reason, token ids, log-probs.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ChatSide {
+    content: String,
+    reasoning: String,
+    calls: Vec<(String, String)>,
+    finish: String,
+    ids: Vec<u64>,
+    /// The tokens the log-probs name (their values are compared within rounding).
+    tokens: Vec<String>,
+    logprobs: Vec<f64>,
+}
+
+impl ChatSide {
+    /// Equal, log-probs within 1e-4 (a prompt read from the prefix cache may round apart).
+    fn assert_matches(&self, other: &ChatSide) {
+        let strip = |s: &ChatSide| ChatSide {
+            logprobs: Vec::new(),
+            ..s.clone()
+        };
+        assert_eq!(strip(self), strip(other));
+        close(&self.logprobs, &other.logprobs);
+    }
+}
+
+/// Equal lengths, each within 1e-4.
+fn close(a: &[f64], b: &[f64]) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+    }
+}
+
+fn chat_whole(v: &Value) -> Vec<ChatSide> {
+    let mut out: Vec<ChatSide> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ChatSide {
+            content: text(&c["message"]["content"]),
+            reasoning: text(&c["message"]["reasoning_content"]),
+            calls: c["message"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        text(&t["function"]["name"]),
+                        text(&t["function"]["arguments"]),
+                    )
+                })
+                .collect(),
+            finish: text(&c["finish_reason"]),
+            ids: serde_json::from_value(c["token_ids"].clone()).unwrap(),
+            tokens: c["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| text(&t["token"]))
+                .collect(),
+            logprobs: c["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["logprob"].as_f64().unwrap())
+                .collect(),
+        })
+        .collect();
+    out.sort_by_key(|c| c.ids.clone());
+    out
+}
+
+fn chat_streamed(evs: &[(String, Value)], n: usize) -> (Vec<ChatSide>, Value) {
+    let mut out: Vec<ChatSide> = (0..n).map(|_| ChatSide::default()).collect();
+    let mut usage = Value::Null;
+    for (_, e) in evs.iter().filter(|(_, d)| !d.is_null()) {
+        if !e["usage"].is_null() {
+            usage = e["usage"].clone();
+        }
+        for c in e["choices"].as_array().unwrap() {
+            let s = &mut out[c["index"].as_u64().unwrap() as usize];
+            let d = &c["delta"];
+            s.content += &text(&d["content"]);
+            s.reasoning += &text(&d["reasoning_content"]);
+            for t in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = t["index"].as_u64().unwrap() as usize;
+                if i == s.calls.len() {
+                    s.calls.push((text(&t["function"]["name"]), String::new()));
+                }
+                s.calls[i].1 += &text(&t["function"]["arguments"]);
+            }
+            if !c["finish_reason"].is_null() {
+                s.finish = text(&c["finish_reason"]);
+            }
+            let ids: Vec<u64> = serde_json::from_value(d["token_ids"].clone()).unwrap_or_default();
+            s.ids.extend(ids);
+            for t in c["logprobs"]["content"].as_array().into_iter().flatten() {
+                s.tokens.push(text(&t["token"]));
+                s.logprobs.push(t["logprob"].as_f64().unwrap());
+            }
+        }
+    }
+    out.sort_by_key(|c| c.ids.clone());
+    (out, usage)
+}
+
+/// Ids are random per response: everything else must match.
+fn without_ids(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !["id", "call_id", "created_at", "created"].contains(&k.as_str()))
+                .map(|(k, x)| (k.clone(), without_ids(x)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_ids).collect()),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn streamed_answers_equal_unstreamed_ones_in_every_dialect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("taught");
+    taught_model(&dir);
+    let server = common::InferenceServer::start(
+        &dir,
+        &["--served-model-name", "tiny", "--reasoning-parser", "qwen3"],
+    );
+    let url = &server.url;
+    let (first, _) = tool_conversation();
+    rt().block_on(async {
+        let c = reqwest::Client::new();
+
+        // Chat: the taught tool call and a seeded sample at a high temperature, two each.
+        let mut prompt_ids = Vec::new();
+        for (messages, with_tools, temperature) in [
+            (first.clone(), true, 1.0),
+            (json!([{"role": "user", "content": QUESTION}]), false, 1.5),
+        ] {
+            let mut body = json!({"model": "tiny", "messages": messages, "n": 2, "seed": 11,
+                "temperature": temperature, "max_tokens": 48, "logprobs": true, "top_logprobs": 2,
+                "return_token_ids": true, "stream_options": {"include_usage": true}});
+            if with_tools {
+                body["tools"] = tools();
+            }
+            let (status, whole) = post(&c, &format!("{url}/chat/completions"), &body).await;
+            assert_eq!(status, 200, "{whole}");
+            prompt_ids =
+                serde_json::from_value::<Vec<u64>>(whole["prompt_token_ids"].clone()).unwrap();
+            let evs = events(&stream(&c, &format!("{url}/chat/completions"), &body).await);
+            check_sentinel(&evs, true);
+            let (streamed, usage) = chat_streamed(&evs, 2);
+            let whole_sides = chat_whole(&whole);
+            assert_eq!(streamed.len(), whole_sides.len());
+            for (s, w) in streamed.iter().zip(&whole_sides) {
+                s.assert_matches(w);
+            }
+            if with_tools {
+                assert_eq!(whole_sides[0].finish, "tool_calls", "{whole}");
+                assert_eq!(whole_sides[0].calls[0].0, "python");
+            }
+            for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+                assert_eq!(usage[k], whole["usage"][k], "{k}");
+            }
+        }
+
+        // Text completions: two prompts, two samples each, top log-probs.
+        let body = json!({"model": "tiny", "prompt": [QUESTION, "The answer"], "n": 2,
+            "seed": 5, "temperature": 1.2, "max_tokens": 12, "logprobs": 2,
+            "stream_options": {"include_usage": true}});
+        let (status, whole) = post(&c, &format!("{url}/completions"), &body).await;
+        assert_eq!(status, 200, "{whole}");
+        let evs = events(&stream(&c, &format!("{url}/completions"), &body).await);
+        check_sentinel(&evs, true);
+        let mut parts = vec![(String::new(), String::new(), Vec::new()); 4];
+        let mut usage = Value::Null;
+        for (_, e) in evs.iter().filter(|(_, d)| !d.is_null()) {
+            if !e["usage"].is_null() {
+                usage = e["usage"].clone();
+            }
+            for ch in e["choices"].as_array().unwrap() {
+                let p = &mut parts[ch["index"].as_u64().unwrap() as usize];
+                p.0 += &text(&ch["text"]);
+                if !ch["finish_reason"].is_null() {
+                    p.1 = text(&ch["finish_reason"]);
+                }
+                for t in ch["logprobs"]["tokens"].as_array().into_iter().flatten() {
+                    p.2.push(text(t));
+                }
+            }
+        }
+        for ch in whole["choices"].as_array().unwrap() {
+            let p = &parts[ch["index"].as_u64().unwrap() as usize];
+            assert_eq!(p.0, text(&ch["text"]));
+            assert_eq!(p.1, text(&ch["finish_reason"]));
+            let tokens: Vec<String> =
+                serde_json::from_value(ch["logprobs"]["tokens"].clone()).unwrap();
+            assert_eq!(p.2, tokens);
+        }
+        assert_eq!(
+            usage["completion_tokens"],
+            whole["usage"]["completion_tokens"]
+        );
+        assert_eq!(usage["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+
+        // Token-in generation (vLLM's route), from the chat's prompt ids.
+        let body = json!({"model": "tiny", "token_ids": prompt_ids, "sampling_params":
+            {"n": 2, "seed": 3, "temperature": 1.0, "max_tokens": 10, "logprobs": 1}});
+        let (status, whole) = post(&c, &url.replace("/v1", "/inference/v1/generate"), &body).await;
+        assert_eq!(status, 200, "{whole}");
+        let evs = events(&stream(&c, &url.replace("/v1", "/inference/v1/generate"), &body).await);
+        check_sentinel(&evs, true);
+        let mut got = vec![(Vec::<u64>::new(), String::new(), Vec::<f64>::new()); 2];
+        for (_, e) in evs.iter().filter(|(_, d)| !d.is_null()) {
+            for ch in e["choices"].as_array().unwrap() {
+                let g = &mut got[ch["index"].as_u64().unwrap() as usize];
+                let ids: Vec<u64> = serde_json::from_value(ch["token_ids"].clone()).unwrap();
+                g.0.extend(ids);
+                if !ch["finish_reason"].is_null() {
+                    g.1 = text(&ch["finish_reason"]);
+                }
+                for t in ch["logprobs"]["content"].as_array().into_iter().flatten() {
+                    g.2.push(t["logprob"].as_f64().unwrap());
+                }
+            }
+        }
+        for ch in whole["choices"].as_array().unwrap() {
+            let g = &got[ch["index"].as_u64().unwrap() as usize];
+            let ids: Vec<u64> = serde_json::from_value(ch["token_ids"].clone()).unwrap();
+            assert_eq!(g.0, ids);
+            assert_eq!(g.1, text(&ch["finish_reason"]));
+            let lps: Vec<f64> = ch["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["logprob"].as_f64().unwrap())
+                .collect();
+            close(&g.2, &lps);
+        }
+
+        // Responses: the completed response's output equals the unstreamed one, and the
+        // deltas add up to it.
+        let flat_tools: Vec<Value> = tools()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                json!({"type": "function", "name": f["name"], "description": f["description"],
+                       "parameters": f["parameters"]})
+            })
+            .collect();
+        for (input, with_tools) in [(QUESTION, true), (QUESTION, false)] {
+            let mut body = json!({"model": "tiny", "input": input, "seed": 2,
+                "temperature": 1.0, "max_output_tokens": 48});
+            if with_tools {
+                body["tools"] = json!(flat_tools);
+            }
+            let (status, whole) = post(&c, &format!("{url}/responses"), &body).await;
+            assert_eq!(status, 200, "{whole}");
+            let evs = events(&stream(&c, &format!("{url}/responses"), &body).await);
+            check_sentinel(&evs, false);
+            let (name, last) = evs.last().unwrap();
+            assert_eq!(name, "response.completed", "{evs:?}");
+            let done = &last["response"];
+            assert_eq!(without_ids(&done["output"]), without_ids(&whole["output"]));
+            assert_eq!(done["usage"], whole["usage"]);
+            assert_eq!(done["status"], whole["status"]);
+            let deltas: String = evs
+                .iter()
+                .filter(|(n, _)| {
+                    n == "response.output_text.delta"
+                        || n == "response.function_call_arguments.delta"
+                })
+                .map(|(_, e)| text(&e["delta"]))
+                .collect();
+            let whole_text: String = whole["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|item| match item["type"].as_str().unwrap() {
+                    "message" => text(&item["content"][0]["text"]),
+                    "function_call" => text(&item["arguments"]),
+                    _ => String::new(),
+                })
+                .collect();
+            assert_eq!(deltas, whole_text);
+            if with_tools {
+                assert!(
+                    whole["output"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|i| i["type"] == "function_call"),
+                    "{whole}"
+                );
+            }
+        }
+
+        // Messages: the blocks the events build equal the unstreamed content.
+        // Anthropic's API has no seed: greedy, so both answers are the same draw.
+        let f = &tools()[0]["function"];
+        let anthropic_tools = json!([{"name": f["name"], "description": f["description"],
+            "input_schema": f["parameters"]}]);
+        for with_tools in [true, false] {
+            let mut body = json!({"model": "tiny", "max_tokens": 48, "temperature": 0.0,
+                "messages": [{"role": "user", "content": QUESTION}]});
+            if with_tools {
+                body["tools"] = anthropic_tools.clone();
+            }
+            let (status, whole) = post(&c, &format!("{url}/messages"), &body).await;
+            assert_eq!(status, 200, "{whole}");
+            let evs = events(&stream(&c, &format!("{url}/messages"), &body).await);
+            check_sentinel(&evs, false);
+            let mut blocks: Vec<Value> = Vec::new();
+            let mut json_parts: Vec<String> = Vec::new();
+            let mut stop = Value::Null;
+            for (name, e) in &evs {
+                match name.as_str() {
+                    "content_block_start" => {
+                        blocks.push(e["content_block"].clone());
+                        json_parts.push(String::new());
+                    }
+                    "content_block_delta" => {
+                        let i = e["index"].as_u64().unwrap() as usize;
+                        let d = &e["delta"];
+                        match d["type"].as_str().unwrap() {
+                            "text_delta" => {
+                                let t = text(&blocks[i]["text"]) + &text(&d["text"]);
+                                blocks[i]["text"] = json!(t);
+                            }
+                            "thinking_delta" => {
+                                let t = text(&blocks[i]["thinking"]) + &text(&d["thinking"]);
+                                blocks[i]["thinking"] = json!(t);
+                            }
+                            "input_json_delta" => json_parts[i] += &text(&d["partial_json"]),
+                            other => panic!("unexpected delta {other}"),
+                        }
+                    }
+                    "message_delta" => stop = e["delta"]["stop_reason"].clone(),
+                    _ => {}
+                }
+            }
+            for (b, j) in blocks.iter_mut().zip(&json_parts) {
+                if b["type"] == "tool_use" {
+                    b["input"] = serde_json::from_str(j).unwrap_or(json!(j));
+                }
+            }
+            assert_eq!(without_ids(&json!(blocks)), without_ids(&whole["content"]));
+            assert_eq!(stop, whole["stop_reason"]);
+            assert_eq!(evs.last().unwrap().0, "message_stop");
+            if with_tools {
+                assert_eq!(whole["stop_reason"], "tool_use", "{whole}");
+            }
+        }
+    });
+}
+
+/// A turn without what differs by nature: the call ids (random per answer).
+fn comparable(t: &Turn) -> Turn {
+    let mut t = t.clone();
+    for c in &mut t.tool_calls {
+        c.id.clear();
+    }
+    t
+}
+
+#[test]
+fn the_in_process_generator_answers_as_the_http_server_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("taught");
+    taught_model(&dir);
+    let server = common::InferenceServer::start(&dir, &["--served-model-name", "tiny"]);
+    let http = OpenAiClient::new(&server.url, None, Duration::from_secs(120));
+    let here = InProcess::load(
+        &dir,
+        tch::Device::Cpu,
+        tch::Kind::Float,
+        EngineConfig {
+            threads: Some(1),
+            ..Default::default()
+        },
+        ChatConfig {
+            served_name: "tiny".into(),
+            enable_auto_tool_choice: true,
+            tool_call_parser: "hermes".into(),
+            reasoning_parser: None,
+        },
+    )
+    .unwrap();
+    let (first, after) = tool_conversation();
+    let plain = json!([{"role": "user", "content": QUESTION}]);
+    let rt = rt();
+    let cases = [(first, true, 1.0), (after, true, 1.0), (plain, false, 1.5)];
+    for (k, (messages, with_tools, temperature)) in cases.into_iter().enumerate() {
+        let mut body = json!({"model": "tiny", "messages": messages, "seed": 7,
+            "temperature": temperature, "max_tokens": 48, "logprobs": true,
+            "return_token_ids": true});
+        if with_tools {
+            body["tools"] = tools();
+        }
+        let req: ChatRequest = serde_json::from_value(body).unwrap();
+        let a = rt.block_on(http.complete(&req)).unwrap();
+        let b = rt.block_on(here.complete(&req)).unwrap();
+        assert!(
+            a.missing.is_empty() && !a.completion_ids.is_empty(),
+            "{a:?}"
+        );
+        // Prefix-cache hits differ between two engines with different histories.
+        let (mut a, mut b) = (comparable(&a), comparable(&b));
+        a.cached_tokens = None;
+        b.cached_tokens = None;
+        let to64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        close(&to64(&a.logprobs), &to64(&b.logprobs));
+        a.logprobs.clear();
+        b.logprobs.clear();
+        assert_eq!(a, b);
+        // The taught turns: a call, then the answer.
+        if k == 0 {
+            assert_eq!(a.tool_calls[0].name, "python", "{a:?}");
+        }
+        if k == 1 {
+            assert!(a.content.contains("42"), "{a:?}");
+        }
+    }
+}
