@@ -20,7 +20,7 @@ pub enum DriverError {
     /// A driver call failed; `code` is its `CUresult`.
     #[error("CUDA driver call {call} failed with CUresult {code}{}", hint(.code))]
     Call {
-        /// The function called.
+        /// The driver function, such as `cuInit`.
         call: &'static str,
         /// The `CUresult` it returned.
         code: i32,

@@ -46,7 +46,7 @@ pub enum DeviceSpec {
     /// CUDA device 0 when available, else the CPU.
     #[default]
     Auto,
-    /// The CPU.
+    /// The CPU, written `cpu`.
     Cpu,
     /// CUDA device N.
     Cuda(usize),
@@ -297,7 +297,7 @@ impl Precision {
         }
     }
 
-    /// The libtorch element kind.
+    /// The libtorch element kind of weights at this precision (`Float` or `BFloat16`).
     pub fn kind(self) -> tch::Kind {
         match self {
             Self::F32 => tch::Kind::Float,

@@ -165,7 +165,7 @@ impl RlhostHome {
         Self { root: root.into() }
     }
 
-    /// The home folder itself.
+    /// The home folder: `$RLHOST_HOME`, else `~/.rlhost`, or the one given to [`at`](Self::at).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -180,7 +180,7 @@ impl RlhostHome {
         self.root.join("cache")
     }
 
-    /// The user settings file.
+    /// The user settings file, `config.toml` in the home folder (a missing one means all defaults).
     pub fn config_path(&self) -> PathBuf {
         self.root.join("config.toml")
     }

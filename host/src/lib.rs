@@ -5,6 +5,8 @@
 //! the rollout loop to the trainer and back to the engine as new weights (the README's map):
 //!
 //! - [`bench`]: benchmarks against peers measured in the same run (`host bench …`).
+//! - [`chat`]: the chat pipeline without HTTP (planning, typed answers and stream chunks) that
+//!   the server and the in-process generator share.
 //! - [`config`]: `@ file.toml` on the command line (prime-rl style config files).
 //! - [`cli`]: the `host` command line (clap); thin, it calls library functions and prints.
 //! - [`eval`]: evaluation over the rollout loop (Avg@k, Pass@k, vf-eval metrics).
@@ -15,8 +17,9 @@
 //! - [`model`]: Qwen3 in tch, tokenizers, chat templates, tool-call parsers, HF model names.
 //! - [`monitor`]: TensorBoard event files, MLflow runs and Prometheus metrics of runs (the
 //!   `[monitor]` section, `--monitor.*` flags).
-//! - [`openai`]: the OpenAI wire types (requests, responses, stream chunks, errors) that the
-//!   server, the rollout loop's generators and clients share.
+//! - [`openai`]: the wire types by dialect (OpenAI chat and completions, Responses, Anthropic
+//!   Messages, token-in generation, errors) that the server, the rollout loop's generators and
+//!   clients share.
 //! - [`plugin`]: environment and reward plugins (WebAssembly components, Extism, Python,
 //!   native libraries).
 //! - [`prometheus`]: counters, gauges and histograms in Prometheus' text format (the engine's
@@ -26,7 +29,8 @@
 //!   updates, checkpoints, metrics.
 //! - [`rollout`]: the rollout loop shared by eval and RL, and the model behind it (`Generator`).
 //! - [`sandbox`]: the Python tool sandbox.
-//! - [`server`]: the OpenAI-compatible HTTP API over the engine (`host inference`).
+//! - [`server`]: the HTTP layer of `host inference` (router, middleware, admin routes, one
+//!   event-stream writer, the Responses and Messages dialects) over the chat pipeline.
 //! - [`wasm`]: wasmtime pieces shared by plugins and the sandbox.
 #![deny(missing_docs)]
 

@@ -94,7 +94,7 @@ impl Counter {
         }
     }
 
-    /// The current value.
+    /// The current value: the total added through this counter and its clones.
     pub fn get(&self) -> f64 {
         self.0.get()
     }
@@ -116,7 +116,7 @@ impl Gauge {
         self.0.add(v);
     }
 
-    /// The current value.
+    /// The current value, as every clone sees it.
     pub fn get(&self) -> f64 {
         self.0.get()
     }

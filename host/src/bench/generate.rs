@@ -61,7 +61,7 @@ pub struct GenerateRow {
     pub rlhost_weights_gb_per_s: f64,
 }
 
-/// The report.
+/// What `host bench generate` measured: the setting, then both sides' rates at each batch size.
 #[derive(Debug, Clone, Serialize)]
 pub struct GenerateReport {
     /// The model folder.
@@ -300,7 +300,7 @@ fn read_bandwidth(threads: usize, device: tch::Device) -> f64 {
 }
 
 impl GenerateReport {
-    /// A readable table.
+    /// The table `host bench generate` prints without `--json`.
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "greedy generation, {} prompt + {} new tokens, {} thread(s), {} on {} (both sides), best of runs\n{}\n\

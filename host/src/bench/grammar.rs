@@ -30,7 +30,8 @@ pub struct GrammarBenchOptions {
     pub threads: Option<usize>,
 }
 
-/// The figures.
+/// What `host bench grammar` measured: the grammar's one-off costs, its mask cost per token, and
+/// the decode step with and without it.
 #[derive(Debug, Clone, Serialize)]
 pub struct GrammarReport {
     /// Tokens in the table (the model's logits width).
@@ -58,7 +59,7 @@ pub struct GrammarReport {
 }
 
 impl GrammarReport {
-    /// The report as text.
+    /// The text `host bench grammar` prints without `--json`.
     pub fn to_text(&self) -> String {
         format!(
             "vocabulary {} tokens: token table {:.3} s (once per engine), tool-call grammar compiled in {:.1} ms\n\

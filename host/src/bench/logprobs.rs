@@ -22,7 +22,7 @@ pub struct LogprobsBenchOptions {
     pub seq_len: usize,
 }
 
-/// The report.
+/// What `host bench logprobs` measured: each path's time and memory, and how far they differ.
 #[derive(Debug, Clone, Serialize)]
 pub struct LogprobsReport {
     /// Vocabulary.
@@ -82,7 +82,7 @@ pub fn run(o: &LogprobsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
 }
 
 impl LogprobsReport {
-    /// The report as text.
+    /// The text `host bench logprobs` prints without `--json`.
     pub fn to_text(&self) -> String {
         format!(
             "log-probs of a {}-token row, vocabulary {}, hidden {} (forward + backward)\n\

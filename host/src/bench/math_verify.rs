@@ -25,7 +25,7 @@ pub enum MathVerifyBenchError {
     /// The reference interpreter failed.
     #[error("the Python reference failed ({python}): {message}")]
     Reference {
-        /// The interpreter.
+        /// The Python interpreter that ran the reference script.
         python: PathBuf,
         /// What it said.
         message: String,
@@ -43,7 +43,7 @@ pub enum MathVerifyBenchError {
     /// The plugin failed on a pair.
     #[error("the reward plugin failed on pair {id}: {message}")]
     Plugin {
-        /// The pair.
+        /// The pair's id, `<gold id>#<n>`.
         id: String,
         /// The plugin error.
         message: String,
@@ -62,7 +62,7 @@ pub struct Pair {
     pub kind: String,
     /// The gold answer.
     pub gold: String,
-    /// The candidate.
+    /// The answer judged against `gold`.
     pub pred: String,
     /// Python's verdict under verifiers' MathRubric convention.
     pub math_rubric: bool,
@@ -260,7 +260,7 @@ impl Agreement {
 pub struct Disagreement {
     /// `math-rubric` or `seed`.
     pub convention: String,
-    /// The pair.
+    /// The pair's id, `<gold id>#<n>`.
     pub id: String,
     /// Candidate kind.
     pub kind: String,
@@ -383,7 +383,7 @@ pub fn report(
 }
 
 impl MathVerifyReport {
-    /// A human summary.
+    /// The text `host bench math-verify` prints: agreement, speed, then every disagreement.
     pub fn to_text(&self) -> String {
         let pct = |a: &Agreement| format!("{:.3}% ({}/{})", 100.0 * a.rate, a.agree, a.pairs);
         let mut s = format!(

@@ -55,7 +55,7 @@ pub struct BackendTimings {
     pub calls_per_sec: f64,
 }
 
-/// The report.
+/// What `host bench plugins` measured: the plugin's timings and, when one was given, its peer's.
 #[derive(Debug, Clone, Serialize)]
 pub struct PluginBenchReport {
     /// Rollouts per backend.
@@ -192,7 +192,7 @@ async fn measure(
 }
 
 impl PluginBenchReport {
-    /// The report as a table.
+    /// The table `host bench plugins` prints without `--json`.
     pub fn to_text(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();

@@ -22,7 +22,7 @@ pub struct PrefillBenchOptions {
     pub prompt_len: usize,
 }
 
-/// The report.
+/// What `host bench prefill` measured: each way's time and memory, and how far they differ.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrefillReport {
     /// Vocabulary.
@@ -76,7 +76,7 @@ pub fn run(o: &PrefillBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<P
 }
 
 impl PrefillReport {
-    /// The report as text.
+    /// The text `host bench prefill` prints without `--json`.
     pub fn to_text(&self) -> String {
         format!(
             "prefill of a {}-token prompt, vocabulary {}\n\

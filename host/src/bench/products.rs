@@ -44,7 +44,7 @@ pub struct ProductsRow {
     pub kernels: Vec<KernelTimes>,
 }
 
-/// The report.
+/// What `host bench products` measured: times per row count and kernel, and kernels absent here.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProductsReport {
     /// Layers.

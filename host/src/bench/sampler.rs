@@ -39,7 +39,7 @@ pub struct SamplerRow {
     pub truncate_ms: Option<(f64, f64)>,
 }
 
-/// The report.
+/// What `host bench sampler` measured: the decode step and each profile's sampling cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct SamplerReport {
     /// Vocabulary size.
@@ -168,7 +168,7 @@ pub fn run(o: &SamplerBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<S
 }
 
 impl SamplerReport {
-    /// The report as a table.
+    /// The table `host bench sampler` prints without `--json`.
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "sampler at vocabulary {}, batch {}: decode step (model forward) {:.1} ms\n\

@@ -16,7 +16,7 @@ use crate::sandbox::{NativeSandbox, Sandbox, SandboxError, WasmSandbox};
 pub struct BenchCase {
     /// Short name.
     pub name: &'static str,
-    /// The code.
+    /// Python source, run as is in every call.
     pub code: &'static str,
     /// Sequential calls per mode.
     pub calls: usize,
@@ -53,7 +53,7 @@ pub struct Timings {
 /// Results of one case.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaseReport {
-    /// The case.
+    /// The case's short name.
     pub name: String,
     /// Fresh interpreter per call.
     pub fresh: Timings,
@@ -69,7 +69,7 @@ pub struct CaseReport {
     pub speedup_p50: Option<f64>,
 }
 
-/// The report.
+/// What `host bench sandbox` measured: each case's timings against `python -c` subprocesses.
 #[derive(Debug, Clone, Serialize)]
 pub struct SandboxBenchReport {
     /// The peer's interpreter.
@@ -233,7 +233,7 @@ pub async fn run(
 }
 
 impl SandboxBenchReport {
-    /// The report as a table.
+    /// The table `host bench sandbox` prints without `--json`.
     pub fn to_text(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();

@@ -117,7 +117,7 @@ pub struct ServeRow {
     pub ratio: f64,
 }
 
-/// The report.
+/// What `host bench serve` measured: one row per workload and concurrency level.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServeReport {
     /// The model folder.
@@ -674,7 +674,7 @@ pub async fn run(
 }
 
 impl ServeReport {
-    /// A readable table.
+    /// The table `host bench serve` prints without `--json`.
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "chat completions over HTTP, greedy, {} completion tokens per request (EOS ignored), \

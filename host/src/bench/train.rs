@@ -58,10 +58,10 @@ pub struct TrainSide {
     pub error: Option<String>,
 }
 
-/// The report.
+/// What `host bench train` measured: the shape and device, then each side's step.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
-    /// The shape.
+    /// The preset's name (`--preset`, such as `0.6b`).
     pub preset: String,
     /// `cpu` or `cuda:N`.
     pub device: String,
@@ -392,7 +392,7 @@ pub fn run(o: &TrainBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Tra
 }
 
 impl TrainReport {
-    /// A readable table.
+    /// The table `host bench train` prints without `--json`.
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "training step, {} shape ({} parameters, f32 weights, AdamW), {} rows x {} tokens on {}{}\n\

@@ -21,607 +21,700 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Plugin runtime overhead per rollout: a plugin against a peer, the same environment built
     /// as a native library or in another flavour (Rust component, Python, Extism).
-    Plugins {
-        /// Plugin folder of the plugin measured (a component, an Extism plugin...).
-        #[arg(long)]
-        component: PathBuf,
-        /// Plugin folder of the peer (a native build, or another flavour of the same
-        /// environment); a native peer implies allowing native code.
-        #[arg(long, alias = "native")]
-        peer: Option<PathBuf>,
-        /// Rollouts per backend.
-        #[arg(long, default_value_t = 2000)]
-        rollouts: usize,
-        /// Size of the assistant message in each rollout.
-        #[arg(long, default_value_t = 2048)]
-        message_bytes: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-        /// Measure plugins whose declared capabilities this host cannot grant (no Python
-        /// sandbox); without it they are refused.
-        #[arg(long)]
-        allow_missing_capabilities: bool,
-    },
+    Plugins(PluginsArgs),
     /// Python tool calls: the sandbox (fresh and REPL) against `python -c` subprocesses.
-    Sandbox {
-        /// The peer's interpreter (needs sympy for the sympy case).
-        #[arg(long, default_value = "python3")]
-        python: PathBuf,
-        /// Scale the number of calls (1.0: 40 trivial and 10 sympy calls per way).
-        #[arg(long, default_value_t = 1.0)]
-        scale: f64,
-        /// The sandbox component (default: see `host sandbox run --help`).
-        #[arg(long)]
-        component: Option<PathBuf>,
-        /// Also measure the native fallback, with this interpreter.
-        #[arg(long)]
-        native_python: Option<PathBuf>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Sandbox(SandboxArgs),
     /// Math answer verification: rlhost's math-verify reward plugin against Python math-verify
     /// on the same pairs (agreement per convention, every disagreement, verdicts per second).
     MathVerify(MathVerifyArgs),
     /// Generation throughput: rlhost's engine against transformers `generate` on the same model
     /// folder (greedy, same prompts, threads and new tokens; batch sizes interleaved).
-    Generate {
-        /// The model folder (e.g. one made by `host model init`).
-        #[arg(long)]
-        model: PathBuf,
-        /// Batch sizes, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
-        batch_sizes: Vec<usize>,
-        /// Prompt length in tokens.
-        #[arg(long, default_value_t = 32)]
-        prompt_len: usize,
-        /// New tokens per sequence.
-        #[arg(long, default_value_t = 128)]
-        new_tokens: usize,
-        /// CPU threads on both sides (default: transformers on all cores, the engine choosing
-        /// per step between one thread and all cores, and measured pinned to one thread too).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Timed runs per side and batch size; the best counts.
-        #[arg(long, default_value_t = 3)]
-        repeats: usize,
-        /// The peer's interpreter, with transformers (default: $RLHOST_SOURCE's .venv-ref).
-        #[arg(long)]
-        python: Option<PathBuf>,
-        /// Measure rlhost alone.
-        #[arg(long)]
-        no_peer: bool,
-        /// Weights and activations on both sides: `f32`, `bf16`, or `auto` (what `host
-        /// inference --dtype auto` picks on the device: bf16 on CUDA; on a CPU, `host doctor`
-        /// says which and why).
-        #[arg(long, default_value = "auto")]
-        dtype: String,
-        /// Where both sides run: `cpu`, `cuda`, `cuda:N` or `auto` (the first GPU when there is
-        /// one). On CUDA the peer runs transformers with SDPA attention and `--threads` sets
-        /// only the CPU threads of either side.
-        #[arg(long, default_value = "cpu")]
-        device: crate::device::DeviceSpec,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Generate(GenerateArgs),
     /// The trainer's log-prob path for one training row at a real vocabulary: chunked (the
     /// trainer's way) against autograd through the row's whole logits; time and peak memory.
-    Logprobs {
-        /// Shape of the output projection (hidden size, vocabulary).
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Tokens in the row.
-        #[arg(long, default_value_t = 4096)]
-        seq_len: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Logprobs(LogprobsArgs),
     /// The trainer's optimiser step at a real model shape on a device (random weights, f32,
     /// AdamW) against PyTorch training transformers' Qwen3 the same way: seconds per step,
     /// tokens/s, MFU and peak device memory.
-    Train {
-        /// The model's shape.
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Where both sides train: `cpu`, `cuda`, `cuda:N` or `auto`.
-        #[arg(long, default_value = "auto")]
-        device: crate::device::DeviceSpec,
-        /// Tokens per row.
-        #[arg(long, default_value_t = 2048)]
-        seq_len: usize,
-        /// Rows per optimiser step.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Timed steps per side (after one untimed warm-up step).
-        #[arg(long, default_value_t = 3)]
-        steps: usize,
-        /// The trainer's micro-batch budget in tokens (default: one row); the peer accumulates
-        /// gradients over the same number of rows.
-        #[arg(long)]
-        micro_batch_tokens: Option<usize>,
-        /// The device's dense bf16 peak in TFLOP/s, for MFU (default: known for H100, H200,
-        /// A100, L40S, A10).
-        #[arg(long)]
-        peak_tflops: Option<f64>,
-        /// The peer's interpreter, with torch and transformers (default: $RLHOST_SOURCE's
-        /// .venv-ref).
-        #[arg(long)]
-        python: Option<PathBuf>,
-        /// Measure rlhost alone.
-        #[arg(long)]
-        no_peer: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Train(TrainArgs),
     /// A decode step's matrix products at a real size by each kernel the engine can run them
     /// with (libtorch's BLAS, oneDNN, the few-rows kernel): time, GB/s, speed-up.
-    Products {
-        /// Shapes of the random weights.
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Row counts (sequences in a decode step), comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
-        rows: Vec<usize>,
-        /// Timed sweeps per kernel and row count (the best counts).
-        #[arg(long, default_value_t = 3)]
-        repeats: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Products(ProductsArgs),
     /// One prompt's prefill at a real vocabulary: the engine's (output head on the last position
     /// only) against logits for every position; time and peak memory.
-    Prefill {
-        /// Shape of the random-weights model.
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Tokens in the prompt.
-        #[arg(long, default_value_t = 337)]
-        prompt_len: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Prefill(PrefillArgs),
     /// The sampler at a real vocabulary: each sampling profile's cost and its share of a decode
     /// step of a random-weights model of `--preset`'s shape; truncation by partial selection
     /// against sorting the vocabulary.
-    Sampler {
-        /// Shape of the random-weights model (its vocabulary is the sampler's).
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Rows sampled together.
-        #[arg(long, default_value_t = 32)]
-        batch: usize,
-        /// Timed repeats (the median counts).
-        #[arg(long, default_value_t = 5)]
-        repeats: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Sampler(SamplerArgs),
     /// Grammar-constrained decoding per token at a real vocabulary: the token table, a tool-call
     /// grammar's compile time, the mask per token of a replayed call, and the engine's decode
     /// step with and without the constraint on a random-weights model of `--preset`'s shape.
-    Grammar {
-        /// A model folder whose tokenizer is used (e.g. Qwen3's; weights are not read).
-        #[arg(long)]
-        tokenizer: PathBuf,
-        /// Shape of the random-weights model timed for the decode step.
-        #[arg(long, default_value = "0.6b")]
-        preset: crate::model::Preset,
-        /// Tokens generated unconstrained.
-        #[arg(long, default_value_t = 48)]
-        new_tokens: usize,
-        /// CPU threads of the engine (default: it chooses per step).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Grammar(GrammarArgs),
     /// Serving throughput over HTTP: rlhost's OpenAI server (`host inference`) against vLLM's on
     /// the same model folder, same client and requests (greedy, fixed length), at several
     /// concurrency levels, on independent prompts and on the RL loop's shared-prefix groups.
-    Serve {
-        /// The model folder both servers serve (e.g. one made by `host model init`).
-        #[arg(long)]
-        model: PathBuf,
-        /// An rlhost server already running (`http://HOST:PORT/v1`, serving `--model`);
-        /// default: start `host inference` on a free port.
-        #[arg(long)]
-        host_url: Option<String>,
-        /// A vLLM server already running (`http://HOST:PORT/v1`, serving `--model`); default:
-        /// start one on the CPU with `--vllm-python`.
-        #[arg(long)]
-        vllm_url: Option<String>,
-        /// The interpreter with vLLM (default: $RLHOST_SOURCE's .venv-vllm, made by
-        /// scripts/setup-vllm.sh).
-        #[arg(long)]
-        vllm_python: Option<PathBuf>,
-        /// Requests in flight at once, comma-separated levels.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
-        concurrency: Vec<usize>,
-        /// Requests per level and side (at least the level's concurrency; whole groups for
-        /// shared prefixes).
-        #[arg(long, default_value_t = 64)]
-        requests: usize,
-        /// Completion tokens per request (end-of-sequence ignored on both sides).
-        #[arg(long, default_value_t = 64)]
-        max_tokens: usize,
-        /// Request patterns, comma-separated.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "independent,shared-prefix"
-        )]
-        workload: Vec<crate::bench::serve::Workload>,
-        /// Requests per problem in the shared-prefix workload (the RL loop's
-        /// `rollouts_per_example`).
-        #[arg(long, default_value_t = 8)]
-        group_size: usize,
-        /// Words of the shared system prompt.
-        #[arg(long, default_value_t = 300)]
-        system_words: usize,
-        /// Words of each problem (the whole user message).
-        #[arg(long, default_value_t = 40)]
-        problem_words: usize,
-        /// Most tokens per sequence on the servers the benchmark starts.
-        #[arg(long, default_value_t = 2048)]
-        max_model_len: usize,
-        /// Seconds a started server may take to answer.
-        #[arg(long, default_value_t = 180)]
-        startup_timeout: u64,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Serve(ServeArgs),
+}
+
+/// Plugin runtime overhead per rollout: a plugin against a peer, the same environment built
+/// as a native library or in another flavour (Rust component, Python, Extism).
+#[derive(Debug, Args)]
+struct PluginsArgs {
+    /// Plugin folder of the plugin measured (a component, an Extism plugin...).
+    #[arg(long)]
+    component: PathBuf,
+    /// Plugin folder of the peer (a native build, or another flavour of the same
+    /// environment); a native peer implies allowing native code.
+    #[arg(long, alias = "native")]
+    peer: Option<PathBuf>,
+    /// Rollouts per backend.
+    #[arg(long, default_value_t = 2000)]
+    rollouts: usize,
+    /// Size of the assistant message in each rollout.
+    #[arg(long, default_value_t = 2048)]
+    message_bytes: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Measure plugins whose declared capabilities this host cannot grant (no Python
+    /// sandbox); without it they are refused.
+    #[arg(long)]
+    allow_missing_capabilities: bool,
+}
+
+/// Python tool calls: the sandbox (fresh and REPL) against `python -c` subprocesses.
+#[derive(Debug, Args)]
+struct SandboxArgs {
+    /// The peer's interpreter (needs sympy for the sympy case).
+    #[arg(long, default_value = "python3")]
+    python: PathBuf,
+    /// Scale the number of calls (1.0: 40 trivial and 10 sympy calls per way).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// The sandbox component (default: see `host sandbox run --help`).
+    #[arg(long)]
+    component: Option<PathBuf>,
+    /// Also measure the native fallback, with this interpreter.
+    #[arg(long)]
+    native_python: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Generation throughput: rlhost's engine against transformers `generate` on the same model
+/// folder (greedy, same prompts, threads and new tokens; batch sizes interleaved).
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// The model folder (e.g. one made by `host model init`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batch_sizes: Vec<usize>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 32)]
+    prompt_len: usize,
+    /// New tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// CPU threads on both sides (default: transformers on all cores, the engine choosing
+    /// per step between one thread and all cores, and measured pinned to one thread too).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Timed runs per side and batch size; the best counts.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// The peer's interpreter, with transformers (default: $RLHOST_SOURCE's .venv-ref).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Measure rlhost alone.
+    #[arg(long)]
+    no_peer: bool,
+    /// Weights and activations on both sides: `f32`, `bf16`, or `auto` (what `host
+    /// inference --dtype auto` picks on the device: bf16 on CUDA; on a CPU, `host doctor`
+    /// says which and why).
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Where both sides run: `cpu`, `cuda`, `cuda:N` or `auto` (the first GPU when there is
+    /// one). On CUDA the peer runs transformers with SDPA attention and `--threads` sets
+    /// only the CPU threads of either side.
+    #[arg(long, default_value = "cpu")]
+    device: crate::device::DeviceSpec,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The trainer's log-prob path for one training row at a real vocabulary: chunked (the
+/// trainer's way) against autograd through the row's whole logits; time and peak memory.
+#[derive(Debug, Args)]
+struct LogprobsArgs {
+    /// Shape of the output projection (hidden size, vocabulary).
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Tokens in the row.
+    #[arg(long, default_value_t = 4096)]
+    seq_len: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The trainer's optimiser step at a real model shape on a device (random weights, f32,
+/// AdamW) against PyTorch training transformers' Qwen3 the same way: seconds per step,
+/// tokens/s, MFU and peak device memory.
+#[derive(Debug, Args)]
+struct TrainArgs {
+    /// The model's shape.
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Where both sides train: `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "auto")]
+    device: crate::device::DeviceSpec,
+    /// Tokens per row.
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Rows per optimiser step.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Timed steps per side (after one untimed warm-up step).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// The trainer's micro-batch budget in tokens (default: one row); the peer accumulates
+    /// gradients over the same number of rows.
+    #[arg(long)]
+    micro_batch_tokens: Option<usize>,
+    /// The device's dense bf16 peak in TFLOP/s, for MFU (default: known for H100, H200,
+    /// A100, L40S, A10).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// The peer's interpreter, with torch and transformers (default: $RLHOST_SOURCE's
+    /// .venv-ref).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Measure rlhost alone.
+    #[arg(long)]
+    no_peer: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A decode step's matrix products at a real size by each kernel the engine can run them
+/// with (libtorch's BLAS, oneDNN, the few-rows kernel): time, GB/s, speed-up.
+#[derive(Debug, Args)]
+struct ProductsArgs {
+    /// Shapes of the random weights.
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Row counts (sequences in a decode step), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    rows: Vec<usize>,
+    /// Timed sweeps per kernel and row count (the best counts).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One prompt's prefill at a real vocabulary: the engine's (output head on the last position
+/// only) against logits for every position; time and peak memory.
+#[derive(Debug, Args)]
+struct PrefillArgs {
+    /// Shape of the random-weights model.
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Tokens in the prompt.
+    #[arg(long, default_value_t = 337)]
+    prompt_len: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The sampler at a real vocabulary: each sampling profile's cost and its share of a decode
+/// step of a random-weights model of `--preset`'s shape; truncation by partial selection
+/// against sorting the vocabulary.
+#[derive(Debug, Args)]
+struct SamplerArgs {
+    /// Shape of the random-weights model (its vocabulary is the sampler's).
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Rows sampled together.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Timed repeats (the median counts).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Grammar-constrained decoding per token at a real vocabulary: the token table, a tool-call
+/// grammar's compile time, the mask per token of a replayed call, and the engine's decode
+/// step with and without the constraint on a random-weights model of `--preset`'s shape.
+#[derive(Debug, Args)]
+struct GrammarArgs {
+    /// A model folder whose tokenizer is used (e.g. Qwen3's; weights are not read).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Shape of the random-weights model timed for the decode step.
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Tokens generated unconstrained.
+    #[arg(long, default_value_t = 48)]
+    new_tokens: usize,
+    /// CPU threads of the engine (default: it chooses per step).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Serving throughput over HTTP: rlhost's OpenAI server (`host inference`) against vLLM's on
+/// the same model folder, same client and requests (greedy, fixed length), at several
+/// concurrency levels, on independent prompts and on the RL loop's shared-prefix groups.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The model folder both servers serve (e.g. one made by `host model init`).
+    #[arg(long)]
+    model: PathBuf,
+    /// An rlhost server already running (`http://HOST:PORT/v1`, serving `--model`);
+    /// default: start `host inference` on a free port.
+    #[arg(long)]
+    host_url: Option<String>,
+    /// A vLLM server already running (`http://HOST:PORT/v1`, serving `--model`); default:
+    /// start one on the CPU with `--vllm-python`.
+    #[arg(long)]
+    vllm_url: Option<String>,
+    /// The interpreter with vLLM (default: $RLHOST_SOURCE's .venv-vllm, made by
+    /// scripts/setup-vllm.sh).
+    #[arg(long)]
+    vllm_python: Option<PathBuf>,
+    /// Requests in flight at once, comma-separated levels.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    concurrency: Vec<usize>,
+    /// Requests per level and side (at least the level's concurrency; whole groups for
+    /// shared prefixes).
+    #[arg(long, default_value_t = 64)]
+    requests: usize,
+    /// Completion tokens per request (end-of-sequence ignored on both sides).
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Request patterns, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "independent,shared-prefix"
+    )]
+    workload: Vec<crate::bench::serve::Workload>,
+    /// Requests per problem in the shared-prefix workload (the RL loop's
+    /// `rollouts_per_example`).
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Words of the shared system prompt.
+    #[arg(long, default_value_t = 300)]
+    system_words: usize,
+    /// Words of each problem (the whole user message).
+    #[arg(long, default_value_t = 40)]
+    problem_words: usize,
+    /// Most tokens per sequence on the servers the benchmark starts.
+    #[arg(long, default_value_t = 2048)]
+    max_model_len: usize,
+    /// Seconds a started server may take to answer.
+    #[arg(long, default_value_t = 180)]
+    startup_timeout: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        BenchCommand::Plugins {
-            component,
-            peer: native,
-            rollouts,
-            message_bytes,
-            json,
-            allow_missing_capabilities,
-        } => {
-            let options = PluginBenchOptions {
-                rollouts,
-                message_bytes,
-                ..Default::default()
-            };
-            // The sandbox as `host eval` offers it: a plugin that declares it is measured as
-            // it runs, and refused (naming the fix) where it cannot run.
-            let home = crate::home::RlhostHome::from_env()?;
-            let loader = PluginLoader::new(
-                LoadOptions {
-                    allow_native: native.is_some(),
-                    ..crate::plugin::LoadOptions::for_home(&home, allow_missing_capabilities)
-                },
-                None,
-            )?;
-            let bar = ProgressBar::new(rollouts as u64).with_style(
-                ProgressStyle::with_template("{msg:>28} {bar:30} {pos}/{len} rollouts")
-                    .expect("valid template"),
-            );
-            if json {
-                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            let progress = |name: &str, done: usize, _total: usize| {
-                bar.set_message(name.to_owned());
-                bar.set_position(done as u64);
-            };
-            let report = super::async_runtime()?
-                .block_on(plugins::run(
-                    &loader,
-                    &component,
-                    native.as_deref(),
-                    &options,
-                    &progress,
-                ))
-                .map_err(super::capability_hint)
-                .context("benchmarking plugins")?;
-            bar.finish_and_clear();
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Sandbox {
-            python,
-            scale,
-            component,
-            native_python,
-            json,
-        } => {
-            use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
-            let home = crate::home::RlhostHome::from_env().ok();
-            let path = locate_component(component.as_deref(), home.as_ref())
-                .map_err(|e| anyhow::anyhow!(e.with_fix()))?;
-            let cache = home.as_ref().map(|h| h.cache_dir());
-            let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
-            let spinner = ProgressBar::new_spinner();
-            if json {
-                spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-            let progress = |what: &str| spinner.set_message(what.to_owned());
-            let cases = crate::bench::sandbox::standard_cases(scale);
-            let runtime = super::async_runtime()?;
-            let native = match native_python {
-                Some(python) => Some(std::sync::Arc::new(runtime.block_on(
-                    crate::sandbox::NativeSandbox::start(
-                        crate::sandbox::NativeOptions {
-                            python,
-                            preload: vec!["sympy".into()],
-                        },
-                        SandboxPolicy::default(),
-                    ),
-                )?)),
-                None => None,
-            };
-            let report = runtime
-                .block_on(crate::bench::sandbox::run(
-                    &sandbox, native, &python, &cases, &progress,
-                ))
-                .context("benchmarking the sandbox")?;
-            spinner.finish_and_clear();
-            emit(json, &report, report.to_text())
-        }
+        BenchCommand::Plugins(a) => plugins(a),
+        BenchCommand::Sandbox(a) => sandbox(a),
         BenchCommand::MathVerify(args) => math_verify(args),
-        BenchCommand::Logprobs {
-            preset,
-            seq_len,
-            json,
-        } => {
-            anyhow::ensure!(seq_len > 0, "--seq-len must be at least 1");
-            let options = crate::bench::logprobs::LogprobsBenchOptions { preset, seq_len };
-            let progress = stderr_unless(json);
-            let report = crate::bench::logprobs::run(&options, &progress)
-                .context("benchmarking the trainer's log-prob path")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Train {
-            preset,
-            device,
-            seq_len,
-            batch,
-            steps,
-            micro_batch_tokens,
-            peak_tflops,
-            python,
-            no_peer,
-            json,
-        } => {
-            let device = device
-                .resolve(crate::device::CudaStatus::probe())
-                .context("--device")?;
-            let (python, peer_script) = peer(python, no_peer, "scripts/train-peer.py")?;
-            let options = crate::bench::train::TrainBenchOptions {
-                preset,
-                device,
-                seq_len,
-                batch,
-                steps,
-                micro_batch_tokens,
-                peak_tflops,
-                python,
-                peer_script,
-            };
-            let progress = stderr_unless(json);
-            let report = crate::bench::train::run(&options, &progress)
-                .context("benchmarking a training step")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Products {
-            preset,
-            rows,
-            repeats,
-            json,
-        } => {
-            anyhow::ensure!(
-                !rows.is_empty() && rows.iter().all(|&r| r > 0),
-                "--rows must list row counts of at least 1"
-            );
-            let options = crate::bench::products::ProductsBenchOptions {
-                preset,
-                rows,
-                repeats,
-            };
-            let progress = stderr_unless(json);
-            let report = crate::bench::products::run(&options, &progress)
-                .context("benchmarking the matrix products")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Prefill {
-            preset,
-            prompt_len,
-            json,
-        } => {
-            anyhow::ensure!(prompt_len > 0, "--prompt-len must be at least 1");
-            let options = crate::bench::prefill::PrefillBenchOptions { preset, prompt_len };
-            let progress = stderr_unless(json);
-            let report = crate::bench::prefill::run(&options, &progress)
-                .context("benchmarking the prefill")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Sampler {
-            preset,
-            batch,
-            repeats,
-            json,
-        } => {
-            anyhow::ensure!(batch > 0, "--batch must be at least 1");
-            let options = crate::bench::sampler::SamplerBenchOptions {
-                preset,
-                batch,
-                repeats,
-            };
-            let progress = stderr_unless(json);
-            let report = crate::bench::sampler::run(&options, &progress)
-                .context("benchmarking the sampler")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Grammar {
-            tokenizer,
-            preset,
-            new_tokens,
-            threads,
-            json,
-        } => {
-            let options = crate::bench::grammar::GrammarBenchOptions {
-                tokenizer,
-                preset,
-                new_tokens,
-                threads,
-            };
-            let progress = stderr_unless(json);
-            let report = crate::bench::grammar::run(&options, &progress)
-                .context("benchmarking grammar-constrained decoding")?;
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Generate {
-            model,
-            batch_sizes,
-            prompt_len,
-            new_tokens,
-            threads,
-            repeats,
-            python,
-            no_peer,
-            dtype,
-            device,
-            json,
-        } => {
-            let device = device
-                .resolve(crate::device::CudaStatus::probe())
-                .context("--device")?;
-            let precision = match dtype.as_str() {
-                "auto" => crate::device::Precision::default_for(device)?,
-                other => other
-                    .parse::<crate::device::Precision>()
-                    .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
-            };
-            let (python, peer_script) = peer(python, no_peer, "scripts/generate-peer.py")?;
-            let options = crate::bench::generate::GenerateBenchOptions {
-                model,
-                batch_sizes,
-                prompt_len,
-                new_tokens,
-                threads: threads
-                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-                engine_threads: threads,
-                repeats: repeats.max(1),
-                python,
-                peer_script,
-                precision,
-                device,
-            };
-            let spinner = ProgressBar::new_spinner();
-            if json {
-                spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-            let progress = |what: &str| spinner.set_message(what.to_owned());
-            let report = crate::bench::generate::run(&options, &progress)
-                .context("benchmarking generation")?;
-            spinner.finish_and_clear();
-            emit(json, &report, report.to_text())
-        }
-        BenchCommand::Serve {
-            model,
-            host_url,
-            vllm_url,
-            vllm_python,
-            concurrency,
-            requests,
-            max_tokens,
-            workload,
-            group_size,
-            system_words,
-            problem_words,
-            max_model_len,
-            startup_timeout,
-            json,
-        } => {
-            use crate::bench::serve::{self, ServerSource};
-            anyhow::ensure!(
-                model.join("config.json").is_file(),
-                "{} is not a model folder (no config.json); both servers load the same folder",
-                model.display()
-            );
-            anyhow::ensure!(group_size >= 1, "--group-size must be at least 1");
-            anyhow::ensure!(
-                concurrency.iter().all(|&c| c >= 1),
-                "every --concurrency level must be at least 1"
-            );
-            let host = match host_url {
-                Some(url) => ServerSource::Url(url),
-                None => ServerSource::SpawnHost(
-                    std::env::current_exe().context("finding the host executable")?,
-                ),
-            };
-            let vllm = match vllm_url {
-                Some(url) => ServerSource::Url(url),
-                None => {
-                    let python = vllm_python
-                        .or_else(|| crate::home::shipped(".venv-vllm/bin/python"))
-                        .context(
-                            "the peer needs vLLM: pass --vllm-url of a running vLLM server, or \
-                             --vllm-python, or set RLHOST_SOURCE to an rlhost checkout with \
-                             .venv-vllm (made by scripts/setup-vllm.sh)",
-                        )?;
-                    anyhow::ensure!(
-                        python.is_file(),
-                        "the peer needs vLLM: {} is missing (scripts/setup-vllm.sh makes it; or \
-                         pass --vllm-python or --vllm-url)",
-                        python.display()
-                    );
-                    ServerSource::SpawnVllm(python)
-                }
-            };
-            let options = serve::ServeBenchOptions {
-                model,
-                host,
-                vllm,
-                concurrency,
-                requests,
-                max_tokens,
-                workloads: workload,
-                group_size,
-                system_words,
-                problem_words,
-                max_model_len,
-                startup_timeout: std::time::Duration::from_secs(startup_timeout),
-            };
-            let bar = ProgressBar::new(0).with_style(
-                ProgressStyle::with_template("{spinner} {msg:>32} {bar:30} {pos}/{len} requests")
-                    .expect("valid template"),
-            );
-            if json {
-                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            bar.enable_steady_tick(std::time::Duration::from_millis(120));
-            let progress = |what: &str, done: usize, total: usize| {
-                bar.set_message(what.to_owned());
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            };
-            // Ctrl-C drops the benchmark, which stops the servers it started.
-            let report = super::async_runtime()?.block_on(async {
-                tokio::select! {
-                    r = serve::run(&options, &progress) => r,
-                    _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-                }
-            });
-            bar.finish_and_clear();
-            let report = report.context("benchmarking serving")?;
-            emit(json, &report, report.to_text())
-        }
+        BenchCommand::Logprobs(a) => logprobs(a),
+        BenchCommand::Train(a) => train(a),
+        BenchCommand::Products(a) => products(a),
+        BenchCommand::Prefill(a) => prefill(a),
+        BenchCommand::Sampler(a) => sampler(a),
+        BenchCommand::Grammar(a) => grammar(a),
+        BenchCommand::Generate(a) => generate(a),
+        BenchCommand::Serve(a) => serve(a),
     }
+}
+
+/// `host bench plugins`.
+fn plugins(a: PluginsArgs) -> anyhow::Result<ExitCode> {
+    let PluginsArgs {
+        component,
+        peer: native,
+        rollouts,
+        message_bytes,
+        json,
+        allow_missing_capabilities,
+    } = a;
+    let options = PluginBenchOptions {
+        rollouts,
+        message_bytes,
+        ..Default::default()
+    };
+    // The sandbox as `host eval` offers it: a plugin that declares it is measured as
+    // it runs, and refused (naming the fix) where it cannot run.
+    let home = crate::home::RlhostHome::from_env()?;
+    let loader = PluginLoader::new(
+        LoadOptions {
+            allow_native: native.is_some(),
+            ..crate::plugin::LoadOptions::for_home(&home, allow_missing_capabilities)
+        },
+        None,
+    )?;
+    let bar = ProgressBar::new(rollouts as u64).with_style(
+        ProgressStyle::with_template("{msg:>28} {bar:30} {pos}/{len} rollouts")
+            .expect("valid template"),
+    );
+    if json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let progress = |name: &str, done: usize, _total: usize| {
+        bar.set_message(name.to_owned());
+        bar.set_position(done as u64);
+    };
+    let report = super::async_runtime()?
+        .block_on(plugins::run(
+            &loader,
+            &component,
+            native.as_deref(),
+            &options,
+            &progress,
+        ))
+        .map_err(super::capability_hint)
+        .context("benchmarking plugins")?;
+    bar.finish_and_clear();
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench sandbox`.
+fn sandbox(a: SandboxArgs) -> anyhow::Result<ExitCode> {
+    let SandboxArgs {
+        python,
+        scale,
+        component,
+        native_python,
+        json,
+    } = a;
+    use crate::sandbox::{SandboxPolicy, WasmSandbox, locate_component};
+    let home = crate::home::RlhostHome::from_env().ok();
+    let path = locate_component(component.as_deref(), home.as_ref())
+        .map_err(|e| anyhow::anyhow!(e.with_fix()))?;
+    let cache = home.as_ref().map(|h| h.cache_dir());
+    let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
+    let spinner = ProgressBar::new_spinner();
+    if json {
+        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let progress = |what: &str| spinner.set_message(what.to_owned());
+    let cases = crate::bench::sandbox::standard_cases(scale);
+    let runtime = super::async_runtime()?;
+    let native = match native_python {
+        Some(python) => Some(std::sync::Arc::new(runtime.block_on(
+            crate::sandbox::NativeSandbox::start(
+                crate::sandbox::NativeOptions {
+                    python,
+                    preload: vec!["sympy".into()],
+                },
+                SandboxPolicy::default(),
+            ),
+        )?)),
+        None => None,
+    };
+    let report = runtime
+        .block_on(crate::bench::sandbox::run(
+            &sandbox, native, &python, &cases, &progress,
+        ))
+        .context("benchmarking the sandbox")?;
+    spinner.finish_and_clear();
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench logprobs`.
+fn logprobs(a: LogprobsArgs) -> anyhow::Result<ExitCode> {
+    let LogprobsArgs {
+        preset,
+        seq_len,
+        json,
+    } = a;
+    anyhow::ensure!(seq_len > 0, "--seq-len must be at least 1");
+    let options = crate::bench::logprobs::LogprobsBenchOptions { preset, seq_len };
+    let progress = stderr_unless(json);
+    let report = crate::bench::logprobs::run(&options, &progress)
+        .context("benchmarking the trainer's log-prob path")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench train`.
+fn train(a: TrainArgs) -> anyhow::Result<ExitCode> {
+    let TrainArgs {
+        preset,
+        device,
+        seq_len,
+        batch,
+        steps,
+        micro_batch_tokens,
+        peak_tflops,
+        python,
+        no_peer,
+        json,
+    } = a;
+    let device = device
+        .resolve(crate::device::CudaStatus::probe())
+        .context("--device")?;
+    let (python, peer_script) = peer(python, no_peer, "scripts/train-peer.py")?;
+    let options = crate::bench::train::TrainBenchOptions {
+        preset,
+        device,
+        seq_len,
+        batch,
+        steps,
+        micro_batch_tokens,
+        peak_tflops,
+        python,
+        peer_script,
+    };
+    let progress = stderr_unless(json);
+    let report =
+        crate::bench::train::run(&options, &progress).context("benchmarking a training step")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench products`.
+fn products(a: ProductsArgs) -> anyhow::Result<ExitCode> {
+    let ProductsArgs {
+        preset,
+        rows,
+        repeats,
+        json,
+    } = a;
+    anyhow::ensure!(
+        !rows.is_empty() && rows.iter().all(|&r| r > 0),
+        "--rows must list row counts of at least 1"
+    );
+    let options = crate::bench::products::ProductsBenchOptions {
+        preset,
+        rows,
+        repeats,
+    };
+    let progress = stderr_unless(json);
+    let report = crate::bench::products::run(&options, &progress)
+        .context("benchmarking the matrix products")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench prefill`.
+fn prefill(a: PrefillArgs) -> anyhow::Result<ExitCode> {
+    let PrefillArgs {
+        preset,
+        prompt_len,
+        json,
+    } = a;
+    anyhow::ensure!(prompt_len > 0, "--prompt-len must be at least 1");
+    let options = crate::bench::prefill::PrefillBenchOptions { preset, prompt_len };
+    let progress = stderr_unless(json);
+    let report =
+        crate::bench::prefill::run(&options, &progress).context("benchmarking the prefill")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench sampler`.
+fn sampler(a: SamplerArgs) -> anyhow::Result<ExitCode> {
+    let SamplerArgs {
+        preset,
+        batch,
+        repeats,
+        json,
+    } = a;
+    anyhow::ensure!(batch > 0, "--batch must be at least 1");
+    let options = crate::bench::sampler::SamplerBenchOptions {
+        preset,
+        batch,
+        repeats,
+    };
+    let progress = stderr_unless(json);
+    let report =
+        crate::bench::sampler::run(&options, &progress).context("benchmarking the sampler")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench grammar`.
+fn grammar(a: GrammarArgs) -> anyhow::Result<ExitCode> {
+    let GrammarArgs {
+        tokenizer,
+        preset,
+        new_tokens,
+        threads,
+        json,
+    } = a;
+    let options = crate::bench::grammar::GrammarBenchOptions {
+        tokenizer,
+        preset,
+        new_tokens,
+        threads,
+    };
+    let progress = stderr_unless(json);
+    let report = crate::bench::grammar::run(&options, &progress)
+        .context("benchmarking grammar-constrained decoding")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench generate`.
+fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let GenerateArgs {
+        model,
+        batch_sizes,
+        prompt_len,
+        new_tokens,
+        threads,
+        repeats,
+        python,
+        no_peer,
+        dtype,
+        device,
+        json,
+    } = a;
+    let device = device
+        .resolve(crate::device::CudaStatus::probe())
+        .context("--device")?;
+    let precision = match dtype.as_str() {
+        "auto" => crate::device::Precision::default_for(device)?,
+        other => other
+            .parse::<crate::device::Precision>()
+            .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
+    };
+    let (python, peer_script) = peer(python, no_peer, "scripts/generate-peer.py")?;
+    let options = crate::bench::generate::GenerateBenchOptions {
+        model,
+        batch_sizes,
+        prompt_len,
+        new_tokens,
+        threads: threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        engine_threads: threads,
+        repeats: repeats.max(1),
+        python,
+        peer_script,
+        precision,
+        device,
+    };
+    let spinner = ProgressBar::new_spinner();
+    if json {
+        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let progress = |what: &str| spinner.set_message(what.to_owned());
+    let report =
+        crate::bench::generate::run(&options, &progress).context("benchmarking generation")?;
+    spinner.finish_and_clear();
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench serve`.
+fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let ServeArgs {
+        model,
+        host_url,
+        vllm_url,
+        vllm_python,
+        concurrency,
+        requests,
+        max_tokens,
+        workload,
+        group_size,
+        system_words,
+        problem_words,
+        max_model_len,
+        startup_timeout,
+        json,
+    } = a;
+    use crate::bench::serve::{self, ServerSource};
+    anyhow::ensure!(
+        model.join("config.json").is_file(),
+        "{} is not a model folder (no config.json); both servers load the same folder",
+        model.display()
+    );
+    anyhow::ensure!(group_size >= 1, "--group-size must be at least 1");
+    anyhow::ensure!(
+        concurrency.iter().all(|&c| c >= 1),
+        "every --concurrency level must be at least 1"
+    );
+    let host = match host_url {
+        Some(url) => ServerSource::Url(url),
+        None => {
+            ServerSource::SpawnHost(std::env::current_exe().context("finding the host executable")?)
+        }
+    };
+    let vllm = match vllm_url {
+        Some(url) => ServerSource::Url(url),
+        None => {
+            let python = vllm_python
+                .or_else(|| crate::home::shipped(".venv-vllm/bin/python"))
+                .context(
+                    "the peer needs vLLM: pass --vllm-url of a running vLLM server, or \
+                     --vllm-python, or set RLHOST_SOURCE to an rlhost checkout with \
+                     .venv-vllm (made by scripts/setup-vllm.sh)",
+                )?;
+            anyhow::ensure!(
+                python.is_file(),
+                "the peer needs vLLM: {} is missing (scripts/setup-vllm.sh makes it; or \
+                 pass --vllm-python or --vllm-url)",
+                python.display()
+            );
+            ServerSource::SpawnVllm(python)
+        }
+    };
+    let options = serve::ServeBenchOptions {
+        model,
+        host,
+        vllm,
+        concurrency,
+        requests,
+        max_tokens,
+        workloads: workload,
+        group_size,
+        system_words,
+        problem_words,
+        max_model_len,
+        startup_timeout: std::time::Duration::from_secs(startup_timeout),
+    };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{spinner} {msg:>32} {bar:30} {pos}/{len} requests")
+            .expect("valid template"),
+    );
+    if json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let progress = |what: &str, done: usize, total: usize| {
+        bar.set_message(what.to_owned());
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    // Ctrl-C drops the benchmark, which stops the servers it started.
+    let report = super::async_runtime()?.block_on(async {
+        tokio::select! {
+            r = serve::run(&options, &progress) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    bar.finish_and_clear();
+    let report = report.context("benchmarking serving")?;
+    emit(json, &report, report.to_text())
 }
 
 /// Arguments of `host bench math-verify`.

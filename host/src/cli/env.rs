@@ -22,120 +22,162 @@ pub struct EnvArgs {
 #[derive(Debug, Subcommand)]
 enum EnvCommand {
     /// Create a new environment plugin project from the SDK template.
-    Init {
-        /// Plugin name (`[a-z0-9-]`, starting with a letter).
-        name: String,
-        /// Folder to create (default: ./NAME).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// Publisher name written into plugin.toml.
-        #[arg(long, default_value = "me")]
-        owner: String,
-        /// Path of the rlhost SDK to depend on (default: the SDK this host was built from, if
-        /// present, else the published SDK).
-        #[arg(long)]
-        sdk: Option<PathBuf>,
-        /// Make a Python plugin (the rlhost_env SDK, built by `host env build`).
-        #[arg(long)]
-        python: bool,
-    },
+    Init(InitArgs),
     /// Build a Python plugin folder (one whose plugin.toml has a [python] table) into its
     /// component with componentize-py.
-    Build {
-        /// The plugin folder.
-        dir: PathBuf,
-    },
+    Build(BuildArgs),
     /// Pack a plugin folder (plugin.toml, artifact, data/, README.md) into a .rlpkg; a Python
     /// plugin is built first.
-    Pack {
-        /// The plugin folder.
-        dir: PathBuf,
-        /// Output file (default: OWNER-NAME-VERSION.rlpkg in the current folder).
-        #[arg(short, long)]
-        out: Option<PathBuf>,
-    },
+    Pack(PackArgs),
     /// Publish a .rlpkg to a registry, signed with your publisher key.
-    Publish {
-        /// The package.
-        package: PathBuf,
-        /// Your secret key file (from `host registry keygen`).
-        #[arg(long)]
-        key: PathBuf,
-        /// Oldest host version that can run it.
-        #[arg(long)]
-        min_host: Option<semver::Version>,
-        /// Environment variable holding the registry's publish token (HTTP registries).
-        #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
-        token_var: String,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Publish(PublishArgs),
     /// Install plugins (and the reward plugins they use): owner/name[@req] or an unambiguous name.
-    Install {
-        /// What to install.
-        #[arg(required = true)]
-        packages: Vec<String>,
-        /// Accept packages that carry no signature (never a bad or untrusted one).
-        #[arg(long)]
-        allow_unsigned: bool,
-        /// Refuse to change plugins.lock.
-        #[arg(long)]
-        locked: bool,
-        /// Install plugins whose declared capabilities this host cannot grant now (no Python
-        /// sandbox yet); `host eval` and `host rl` still refuse them unless told the same.
-        #[arg(long)]
-        allow_missing_capabilities: bool,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Install(InstallArgs),
     /// Move installed plugins to the newest semver-compatible version (all, or the ones named).
-    Update {
-        /// owner/name of the plugins to update (default: everything in plugins.lock).
-        packages: Vec<String>,
-        /// Accept packages that carry no signature.
-        #[arg(long)]
-        allow_unsigned: bool,
-        /// Update plugins whose declared capabilities this host cannot grant now.
-        #[arg(long)]
-        allow_missing_capabilities: bool,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Update(UpdateArgs),
     /// List installed plugins.
     List,
     /// Remove an installed plugin (every version, or owner/name@version).
-    Remove {
-        /// owner/name or owner/name@version.
-        package: String,
-    },
+    Remove(RemoveArgs),
     /// What the registry offers (newest version of each package matching QUERY).
-    Search {
-        /// Words to look for in names and descriptions.
-        #[arg(default_value = "")]
-        query: String,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Search(SearchArgs),
     /// Every published version of a package.
-    Info {
-        /// owner/name.
-        package: String,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Info(InfoArgs),
     /// Yank a published version (ranges skip it; exact pins still install it), or undo that.
-    Yank {
-        /// owner/name@version.
-        package: String,
-        /// Un-yank.
-        #[arg(long)]
-        undo: bool,
-        /// Environment variable holding the registry's publish token (HTTP registries).
-        #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
-        token_var: String,
-        #[command(flatten)]
-        registry: RegistryFlag,
-    },
+    Yank(YankArgs),
+}
+
+/// Create a new environment plugin project from the SDK template.
+#[derive(Debug, Args)]
+struct InitArgs {
+    /// Plugin name (`[a-z0-9-]`, starting with a letter).
+    name: String,
+    /// Folder to create (default: ./NAME).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Publisher name written into plugin.toml.
+    #[arg(long, default_value = "me")]
+    owner: String,
+    /// Path of the rlhost SDK to depend on (default: the SDK this host was built from, if
+    /// present, else the published SDK).
+    #[arg(long)]
+    sdk: Option<PathBuf>,
+    /// Make a Python plugin (the rlhost_env SDK, built by `host env build`).
+    #[arg(long)]
+    python: bool,
+}
+
+/// Build a Python plugin folder (one whose plugin.toml has a [python] table) into its
+/// component with componentize-py.
+#[derive(Debug, Args)]
+struct BuildArgs {
+    /// The plugin folder.
+    dir: PathBuf,
+}
+
+/// Pack a plugin folder (plugin.toml, artifact, data/, README.md) into a .rlpkg; a Python
+/// plugin is built first.
+#[derive(Debug, Args)]
+struct PackArgs {
+    /// The plugin folder.
+    dir: PathBuf,
+    /// Output file (default: OWNER-NAME-VERSION.rlpkg in the current folder).
+    #[arg(short, long)]
+    out: Option<PathBuf>,
+}
+
+/// Publish a .rlpkg to a registry, signed with your publisher key.
+#[derive(Debug, Args)]
+struct PublishArgs {
+    /// The package.
+    package: PathBuf,
+    /// Your secret key file (from `host registry keygen`).
+    #[arg(long)]
+    key: PathBuf,
+    /// Oldest host version that can run it.
+    #[arg(long)]
+    min_host: Option<semver::Version>,
+    /// Environment variable holding the registry's publish token (HTTP registries).
+    #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
+    token_var: String,
+    #[command(flatten)]
+    registry: RegistryFlag,
+}
+
+/// Install plugins (and the reward plugins they use): owner/name[@req] or an unambiguous name.
+#[derive(Debug, Args)]
+struct InstallArgs {
+    /// What to install.
+    #[arg(required = true)]
+    packages: Vec<String>,
+    /// Accept packages that carry no signature (never a bad or untrusted one).
+    #[arg(long)]
+    allow_unsigned: bool,
+    /// Refuse to change plugins.lock.
+    #[arg(long)]
+    locked: bool,
+    /// Install plugins whose declared capabilities this host cannot grant now (no Python
+    /// sandbox yet); `host eval` and `host rl` still refuse them unless told the same.
+    #[arg(long)]
+    allow_missing_capabilities: bool,
+    #[command(flatten)]
+    registry: RegistryFlag,
+}
+
+/// Move installed plugins to the newest semver-compatible version (all, or the ones named).
+#[derive(Debug, Args)]
+struct UpdateArgs {
+    /// owner/name of the plugins to update (default: everything in plugins.lock).
+    packages: Vec<String>,
+    /// Accept packages that carry no signature.
+    #[arg(long)]
+    allow_unsigned: bool,
+    /// Update plugins whose declared capabilities this host cannot grant now.
+    #[arg(long)]
+    allow_missing_capabilities: bool,
+    #[command(flatten)]
+    registry: RegistryFlag,
+}
+
+/// Remove an installed plugin (every version, or owner/name@version).
+#[derive(Debug, Args)]
+struct RemoveArgs {
+    /// owner/name or owner/name@version.
+    package: String,
+}
+
+/// What the registry offers (newest version of each package matching QUERY).
+#[derive(Debug, Args)]
+struct SearchArgs {
+    /// Words to look for in names and descriptions.
+    #[arg(default_value = "")]
+    query: String,
+    #[command(flatten)]
+    registry: RegistryFlag,
+}
+
+/// Every published version of a package.
+#[derive(Debug, Args)]
+struct InfoArgs {
+    /// owner/name.
+    package: String,
+    #[command(flatten)]
+    registry: RegistryFlag,
+}
+
+/// Yank a published version (ranges skip it; exact pins still install it), or undo that.
+#[derive(Debug, Args)]
+struct YankArgs {
+    /// owner/name@version.
+    package: String,
+    /// Un-yank.
+    #[arg(long)]
+    undo: bool,
+    /// Environment variable holding the registry's publish token (HTTP registries).
+    #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
+    token_var: String,
+    #[command(flatten)]
+    registry: RegistryFlag,
 }
 
 /// `--registry URL`, defaulting to $RLHOST_REGISTRY, the settings file, or the local registry.
@@ -206,208 +248,12 @@ fn build_python(dir: &std::path::Path) -> anyhow::Result<python::Built> {
 
 pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        EnvCommand::Init {
-            name,
-            dir,
-            owner,
-            sdk,
-            python,
-        } => {
-            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
-            let sdk = match sdk {
-                Some(path) => SdkSource::Path(
-                    path.canonicalize()
-                        .with_context(|| format!("--sdk {}", path.display()))?,
-                ),
-                None => SdkSource::default_for_this_host(),
-            };
-            let language = if python {
-                template::Language::Python
-            } else {
-                template::Language::Rust
-            };
-            let files = template::init(&dir, &name, &owner, &sdk, language)
-                .with_context(|| format!("creating plugin project {}", dir.display()))?;
-            println!("created {} ({} files)", dir.display(), files.len());
-            if python {
-                println!(
-                    "next: host env build {}   # builds {}/plugin.wasm",
-                    dir.display(),
-                    dir.display()
-                );
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!(
-                "next: cd {} && cargo build --release   # builds target/wasm32-wasip2/release/{}.wasm",
-                dir.display(),
-                name.replace('-', "_")
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Build { dir } => {
-            let built = build_python(&dir)?;
-            println!(
-                "built {}{}",
-                built.artifact.display(),
-                if built.cached { " (cached)" } else { "" }
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Pack { dir, out } => {
-            if python::is_python_plugin(&dir) {
-                let built = build_python(&dir)?;
-                println!(
-                    "built {}{}",
-                    built.artifact.display(),
-                    if built.cached { " (cached)" } else { "" }
-                );
-            }
-            let (bytes, manifest) =
-                package::pack(&dir).with_context(|| format!("packing {}", dir.display()))?;
-            let out = out.unwrap_or_else(|| {
-                PathBuf::from(format!(
-                    "{}-{}-{}.rlpkg",
-                    manifest.plugin.owner, manifest.plugin.name, manifest.plugin.version
-                ))
-            });
-            rlhost_fs::write_atomically(&out, &bytes)
-                .with_context(|| format!("writing {}", out.display()))?;
-            println!(
-                "packed {}@{} -> {} ({} bytes, sha256 {})",
-                manifest.full_name(),
-                manifest.plugin.version,
-                out.display(),
-                bytes.len(),
-                package::checksum(&bytes)
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Publish {
-            package,
-            key,
-            min_host,
-            token_var,
-            registry,
-        } => {
-            let home = RlhostHome::from_env()?;
-            let reg = registry.open(&home)?;
-            let bytes = std::fs::read(&package)
-                .with_context(|| format!("reading {}", package.display()))?;
-            let key = PublisherKey::load(&key)?;
-            // Sign here, with the publisher's key; the registry only checks.
-            let staging = tempfile::tempdir()?;
-            let manifest = package::unpack(&bytes, staging.path())
-                .with_context(|| format!("reading {}", package.display()))?;
-            let sig = key.sign(
-                &manifest.full_name(),
-                &manifest.plugin.version,
-                &package::checksum(&bytes),
-            );
-            let token = std::env::var(&token_var).ok();
-            let public_key = key.public_hex();
-            let entry =
-                super::async_runtime()?.block_on(reg.publish(rlhost_registry::Publication {
-                    packed: &bytes,
-                    sig: &sig,
-                    public_key: &public_key,
-                    min_host: min_host.as_ref(),
-                    token: token.as_deref(),
-                }))?;
-            println!(
-                "published {}@{} to {} (sha256 {})",
-                entry.name,
-                entry.vers,
-                reg.url(),
-                entry.cksum
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Install {
-            packages,
-            allow_unsigned,
-            locked,
-            allow_missing_capabilities,
-            registry,
-        } => {
-            let home = RlhostHome::from_env()?;
-            let (installer, loader) = installer(
-                &home,
-                &registry,
-                InstallOptions {
-                    allow_unsigned,
-                    locked,
-                },
-                allow_missing_capabilities,
-            )?;
-            let refs = packages
-                .iter()
-                .map(|p| p.parse::<PackageRef>())
-                .collect::<Result<Vec<_>, _>>()?;
-            let runtime = super::async_runtime()?;
-            for r in &refs {
-                let done = runtime
-                    .block_on(installer.install(r, &loader))
-                    .map_err(install_hint)?;
-                for d in done {
-                    if let Some(w) = &d.warning {
-                        eprintln!("warning: {w}");
-                    }
-                    let verb = if d.fresh {
-                        "installed"
-                    } else {
-                        "already installed"
-                    };
-                    println!(
-                        "{verb} {}@{} in {}",
-                        d.record.name,
-                        d.record.version,
-                        d.dir.display()
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Update {
-            packages,
-            allow_unsigned,
-            allow_missing_capabilities,
-            registry,
-        } => {
-            let home = RlhostHome::from_env()?;
-            let (installer, loader) = installer(
-                &home,
-                &registry,
-                InstallOptions {
-                    allow_unsigned,
-                    locked: false,
-                },
-                allow_missing_capabilities,
-            )?;
-            let lock = installer.lock_file()?;
-            let names: Vec<String> = if packages.is_empty() {
-                lock.plugins.keys().cloned().collect()
-            } else {
-                packages
-            };
-            let runtime = super::async_runtime()?;
-            for name in names {
-                let current = lock
-                    .plugins
-                    .get(&name)
-                    .with_context(|| format!("{name} is not in plugins.lock: install it first"))?;
-                let reference: PackageRef = format!("{name}@^{}", current.version).parse()?;
-                let done = runtime
-                    .block_on(installer.install(&reference, &loader))
-                    .map_err(install_hint)?;
-                let top = &done[0].record;
-                if top.version == current.version {
-                    println!("{name} is up to date ({})", top.version);
-                } else {
-                    println!("updated {name} from {} to {}", current.version, top.version);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        EnvCommand::Init(a) => init(a),
+        EnvCommand::Build(a) => build(a),
+        EnvCommand::Pack(a) => pack(a),
+        EnvCommand::Publish(a) => publish(a),
+        EnvCommand::Install(a) => install(a),
+        EnvCommand::Update(a) => update(a),
         EnvCommand::List => {
             let home = RlhostHome::from_env()?;
             let all = install::installed(&home)?;
@@ -419,86 +265,321 @@ pub(super) fn run(args: EnvArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        EnvCommand::Remove { package } => {
-            let home = RlhostHome::from_env()?;
-            for r in install::remove(&home, &package)? {
-                println!("removed {}@{}", r.name, r.version);
+        EnvCommand::Remove(a) => remove(a),
+        EnvCommand::Search(a) => search(a),
+        EnvCommand::Info(a) => info(a),
+        EnvCommand::Yank(a) => yank(a),
+    }
+}
+
+/// `host env init`.
+fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
+    let InitArgs {
+        name,
+        dir,
+        owner,
+        sdk,
+        python,
+    } = a;
+    let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+    let sdk = match sdk {
+        Some(path) => SdkSource::Path(
+            path.canonicalize()
+                .with_context(|| format!("--sdk {}", path.display()))?,
+        ),
+        None => SdkSource::default_for_this_host(),
+    };
+    let language = if python {
+        template::Language::Python
+    } else {
+        template::Language::Rust
+    };
+    let files = template::init(&dir, &name, &owner, &sdk, language)
+        .with_context(|| format!("creating plugin project {}", dir.display()))?;
+    println!("created {} ({} files)", dir.display(), files.len());
+    if python {
+        println!(
+            "next: host env build {}   # builds {}/plugin.wasm",
+            dir.display(),
+            dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "next: cd {} && cargo build --release   # builds target/wasm32-wasip2/release/{}.wasm",
+        dir.display(),
+        name.replace('-', "_")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env build`.
+fn build(a: BuildArgs) -> anyhow::Result<ExitCode> {
+    let BuildArgs { dir } = a;
+    let built = build_python(&dir)?;
+    println!(
+        "built {}{}",
+        built.artifact.display(),
+        if built.cached { " (cached)" } else { "" }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env pack`.
+fn pack(a: PackArgs) -> anyhow::Result<ExitCode> {
+    let PackArgs { dir, out } = a;
+    if python::is_python_plugin(&dir) {
+        let built = build_python(&dir)?;
+        println!(
+            "built {}{}",
+            built.artifact.display(),
+            if built.cached { " (cached)" } else { "" }
+        );
+    }
+    let (bytes, manifest) =
+        package::pack(&dir).with_context(|| format!("packing {}", dir.display()))?;
+    let out = out.unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "{}-{}-{}.rlpkg",
+            manifest.plugin.owner, manifest.plugin.name, manifest.plugin.version
+        ))
+    });
+    rlhost_fs::write_atomically(&out, &bytes)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!(
+        "packed {}@{} -> {} ({} bytes, sha256 {})",
+        manifest.full_name(),
+        manifest.plugin.version,
+        out.display(),
+        bytes.len(),
+        package::checksum(&bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env publish`.
+fn publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
+    let PublishArgs {
+        package,
+        key,
+        min_host,
+        token_var,
+        registry,
+    } = a;
+    let home = RlhostHome::from_env()?;
+    let reg = registry.open(&home)?;
+    let bytes =
+        std::fs::read(&package).with_context(|| format!("reading {}", package.display()))?;
+    let key = PublisherKey::load(&key)?;
+    // Sign here, with the publisher's key; the registry only checks.
+    let staging = tempfile::tempdir()?;
+    let manifest = package::unpack(&bytes, staging.path())
+        .with_context(|| format!("reading {}", package.display()))?;
+    let sig = key.sign(
+        &manifest.full_name(),
+        &manifest.plugin.version,
+        &package::checksum(&bytes),
+    );
+    let token = std::env::var(&token_var).ok();
+    let public_key = key.public_hex();
+    let entry = super::async_runtime()?.block_on(reg.publish(rlhost_registry::Publication {
+        packed: &bytes,
+        sig: &sig,
+        public_key: &public_key,
+        min_host: min_host.as_ref(),
+        token: token.as_deref(),
+    }))?;
+    println!(
+        "published {}@{} to {} (sha256 {})",
+        entry.name,
+        entry.vers,
+        reg.url(),
+        entry.cksum
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env install`.
+fn install(a: InstallArgs) -> anyhow::Result<ExitCode> {
+    let InstallArgs {
+        packages,
+        allow_unsigned,
+        locked,
+        allow_missing_capabilities,
+        registry,
+    } = a;
+    let home = RlhostHome::from_env()?;
+    let (installer, loader) = installer(
+        &home,
+        &registry,
+        InstallOptions {
+            allow_unsigned,
+            locked,
+        },
+        allow_missing_capabilities,
+    )?;
+    let refs = packages
+        .iter()
+        .map(|p| p.parse::<PackageRef>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let runtime = super::async_runtime()?;
+    for r in &refs {
+        let done = runtime
+            .block_on(installer.install(r, &loader))
+            .map_err(install_hint)?;
+        for d in done {
+            if let Some(w) = &d.warning {
+                eprintln!("warning: {w}");
             }
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Search { query, registry } => {
-            let home = RlhostHome::from_env()?;
-            let reg = registry.open(&home)?;
-            for e in super::async_runtime()?.block_on(reg.search(&query))? {
-                println!("{}@{}  {}  ({})", e.name, e.vers, e.description, e.abi);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Info { package, registry } => {
-            let home = RlhostHome::from_env()?;
-            let reg = registry.open(&home)?;
-            let base = package.split('@').next().unwrap_or(&package);
-            let name: rlhost_registry::PackageName = base.parse()?;
-            let entries = super::async_runtime()?.block_on(reg.entries(&name))?;
-            if entries.is_empty() {
-                anyhow::bail!("no package {name} in {}", reg.url());
-            }
-            for e in entries {
-                let yanked = if e.yanked { "  (yanked)" } else { "" };
-                let signed = if e.sig.is_some() {
-                    "signed"
-                } else {
-                    "unsigned"
-                };
-                println!(
-                    "{}@{}  {}  {}  {signed}{yanked}",
-                    e.name, e.vers, e.abi, e.cksum
-                );
-            }
-            // What an installed copy says about itself: description, capabilities, datasets.
-            if let Ok(dir) = crate::plugin::install::find_installed(&home, base) {
-                let m = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
-                println!("installed: {}", dir.display());
-                println!("  {}", m.plugin.description);
-                if !m.plugin.capabilities.is_empty() {
-                    println!("  capabilities: {}", m.plugin.capabilities.join(", "));
-                }
-                for d in &m.datasets {
-                    let rows = d.rows.map(|r| format!(", {r} rows")).unwrap_or_default();
-                    let hf = match (&d.hf_dataset, &d.hf_split) {
-                        (Some(id), Some(split)) => format!("; upstream: HF {id} ({split})"),
-                        (Some(id), None) => format!("; upstream: HF {id}"),
-                        _ => String::new(),
-                    };
-                    println!("  split {}: data/{}{rows}{hf}", d.split, d.file.display());
-                    if let Some(note) = &d.note {
-                        println!("    {note}");
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        EnvCommand::Yank {
-            package,
-            undo,
-            token_var,
-            registry,
-        } => {
-            let home = RlhostHome::from_env()?;
-            let reg = registry.open(&home)?;
-            let (name, version) = package
-                .split_once('@')
-                .context("say which version: owner/name@version")?;
-            let version = semver::Version::parse(version.trim_start_matches('='))
-                .with_context(|| format!("version of {package}"))?;
-            let name: rlhost_registry::PackageName = name.parse()?;
-            let token = std::env::var(&token_var).ok();
-            super::async_runtime()?.block_on(reg.yank(&name, &version, !undo, token.as_deref()))?;
+            let verb = if d.fresh {
+                "installed"
+            } else {
+                "already installed"
+            };
             println!(
-                "{} {name}@{version}",
-                if undo { "un-yanked" } else { "yanked" }
+                "{verb} {}@{} in {}",
+                d.record.name,
+                d.record.version,
+                d.dir.display()
             );
-            Ok(ExitCode::SUCCESS)
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env update`.
+fn update(a: UpdateArgs) -> anyhow::Result<ExitCode> {
+    let UpdateArgs {
+        packages,
+        allow_unsigned,
+        allow_missing_capabilities,
+        registry,
+    } = a;
+    let home = RlhostHome::from_env()?;
+    let (installer, loader) = installer(
+        &home,
+        &registry,
+        InstallOptions {
+            allow_unsigned,
+            locked: false,
+        },
+        allow_missing_capabilities,
+    )?;
+    let lock = installer.lock_file()?;
+    let names: Vec<String> = if packages.is_empty() {
+        lock.plugins.keys().cloned().collect()
+    } else {
+        packages
+    };
+    let runtime = super::async_runtime()?;
+    for name in names {
+        let current = lock
+            .plugins
+            .get(&name)
+            .with_context(|| format!("{name} is not in plugins.lock: install it first"))?;
+        let reference: PackageRef = format!("{name}@^{}", current.version).parse()?;
+        let done = runtime
+            .block_on(installer.install(&reference, &loader))
+            .map_err(install_hint)?;
+        let top = &done[0].record;
+        if top.version == current.version {
+            println!("{name} is up to date ({})", top.version);
+        } else {
+            println!("updated {name} from {} to {}", current.version, top.version);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env remove`.
+fn remove(a: RemoveArgs) -> anyhow::Result<ExitCode> {
+    let RemoveArgs { package } = a;
+    let home = RlhostHome::from_env()?;
+    for r in install::remove(&home, &package)? {
+        println!("removed {}@{}", r.name, r.version);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env search`.
+fn search(a: SearchArgs) -> anyhow::Result<ExitCode> {
+    let SearchArgs { query, registry } = a;
+    let home = RlhostHome::from_env()?;
+    let reg = registry.open(&home)?;
+    for e in super::async_runtime()?.block_on(reg.search(&query))? {
+        println!("{}@{}  {}  ({})", e.name, e.vers, e.description, e.abi);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env info`.
+fn info(a: InfoArgs) -> anyhow::Result<ExitCode> {
+    let InfoArgs { package, registry } = a;
+    let home = RlhostHome::from_env()?;
+    let reg = registry.open(&home)?;
+    let base = package.split('@').next().unwrap_or(&package);
+    let name: rlhost_registry::PackageName = base.parse()?;
+    let entries = super::async_runtime()?.block_on(reg.entries(&name))?;
+    if entries.is_empty() {
+        anyhow::bail!("no package {name} in {}", reg.url());
+    }
+    for e in entries {
+        let yanked = if e.yanked { "  (yanked)" } else { "" };
+        let signed = if e.sig.is_some() {
+            "signed"
+        } else {
+            "unsigned"
+        };
+        println!(
+            "{}@{}  {}  {}  {signed}{yanked}",
+            e.name, e.vers, e.abi, e.cksum
+        );
+    }
+    // What an installed copy says about itself: description, capabilities, datasets.
+    if let Ok(dir) = crate::plugin::install::find_installed(&home, base) {
+        let m = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
+        println!("installed: {}", dir.display());
+        println!("  {}", m.plugin.description);
+        if !m.plugin.capabilities.is_empty() {
+            println!("  capabilities: {}", m.plugin.capabilities.join(", "));
+        }
+        for d in &m.datasets {
+            let rows = d.rows.map(|r| format!(", {r} rows")).unwrap_or_default();
+            let hf = match (&d.hf_dataset, &d.hf_split) {
+                (Some(id), Some(split)) => format!("; upstream: HF {id} ({split})"),
+                (Some(id), None) => format!("; upstream: HF {id}"),
+                _ => String::new(),
+            };
+            println!("  split {}: data/{}{rows}{hf}", d.split, d.file.display());
+            if let Some(note) = &d.note {
+                println!("    {note}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `host env yank`.
+fn yank(a: YankArgs) -> anyhow::Result<ExitCode> {
+    let YankArgs {
+        package,
+        undo,
+        token_var,
+        registry,
+    } = a;
+    let home = RlhostHome::from_env()?;
+    let reg = registry.open(&home)?;
+    let (name, version) = package
+        .split_once('@')
+        .context("say which version: owner/name@version")?;
+    let version = semver::Version::parse(version.trim_start_matches('='))
+        .with_context(|| format!("version of {package}"))?;
+    let name: rlhost_registry::PackageName = name.parse()?;
+    let token = std::env::var(&token_var).ok();
+    super::async_runtime()?.block_on(reg.yank(&name, &version, !undo, token.as_deref()))?;
+    println!(
+        "{} {name}@{version}",
+        if undo { "un-yanked" } else { "yanked" }
+    );
+    Ok(ExitCode::SUCCESS)
 }

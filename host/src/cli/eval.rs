@@ -179,16 +179,6 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
     let home = crate::home::RlhostHome::from_env()?;
-    // Installed plugins only: say exactly how to install a missing one.
-    let mut dirs = Vec::new();
-    for name in &names {
-        match crate::plugin::install::find_installed(&home, name) {
-            Ok(d) => dirs.push(d),
-            Err(e) => anyhow::bail!(
-                "environment `{name}` is not installed ({e}); install it with:\n  host env install {name}"
-            ),
-        }
-    }
     if let Some(t) = a.threads {
         tch::set_num_threads(t as i32);
     }
@@ -197,32 +187,160 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     // Every plugin is loaded before the model and before any rollout: one that cannot run here
     // (a capability this host cannot grant) stops the evaluation before it costs anything.
     let mut plugins = Vec::new();
-    for (name, dir) in names.iter().zip(&dirs) {
-        let env = rt
-            .block_on(loader.load_environment(dir))
-            .map_err(super::capability_hint)
-            .with_context(|| format!("loading {name} from {}", dir.display()))?;
-        let mut rewards = Vec::new();
-        for dep in &env.info().rewards {
-            let rdir =
-                crate::plugin::install::find_installed(&home, &dep.plugin).with_context(|| {
-                    format!(
-                        "{name} needs the reward plugin {}: host env install {}",
-                        dep.plugin, dep.plugin
-                    )
-                })?;
-            rewards.push(
-                rt.block_on(loader.load_reward(&rdir))
-                    .map_err(super::capability_hint)
-                    .with_context(|| format!("loading {}, a reward of {name}", dep.plugin))?,
-            );
-        }
-        plugins.push((env, rewards));
+    for name in &names {
+        let loaded = rt
+            .block_on(crate::plugin::install::load_installed(&home, &loader, name))
+            .map_err(super::load_failure)?;
+        plugins.push((loaded.env, loaded.rewards));
     }
-    // `monitor.prometheus_port` with -m: the engine's metrics while the evaluation runs.
-    let mut port = None;
     let mut shown = std::collections::BTreeMap::new();
-    let (generator, model_name): (Box<dyn Generator>, String) = match (&a.model, &a.base_url) {
+    let (generator, model_name, port) = generator(a, &rt)?;
+    let options = EvalOptions {
+        concurrency: (a.max_concurrent > 0).then_some(a.max_concurrent as usize),
+        sampling: Sampling {
+            max_tokens: a.max_tokens,
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: None,
+            seed: Some(a.seed),
+            stop: Vec::new(),
+            chat_template_kwargs: serde_json::Map::new(),
+            history: a.history,
+        },
+        seed: a.seed,
+        retries: a.retries,
+        model: model_name.clone(),
+    };
+    let mut summaries = Vec::new();
+    let mut interrupted = false;
+    for (i, (name, (env, rewards))) in names.iter().zip(plugins).enumerate() {
+        let split = split_of(a, env.as_ref(), name)?;
+        let plan = EvalPlan {
+            env: env.clone(),
+            rewards,
+            split: split.clone(),
+            num_examples: (a.num_examples >= 0).then_some(a.num_examples as usize),
+            rollouts: *rollouts.get(i).unwrap_or(&rollouts[0]),
+            env_args: a.env_args.clone(),
+        };
+        let examples = rt.block_on(crate::eval::examples(&plan))?;
+        let total = examples.len() * plan.rollouts;
+        let bar = ProgressBar::new(total as u64).with_style(
+            ProgressStyle::with_template(
+                "{prefix} {bar:30} {pos}/{len} rollouts {per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
+            )
+            .expect("valid template"),
+        );
+        bar.set_prefix(name.to_string());
+        if a.json {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let reward_sum = std::sync::Mutex::new((0.0f64, 0usize));
+        let on_done = |r: &crate::rollout::RolloutRecord| {
+            let mut s = reward_sum.lock().expect("lock");
+            s.0 += r.reward;
+            s.1 += 1;
+            bar.set_message(format!("reward {:.3}", s.0 / s.1 as f64));
+            bar.inc(1);
+        };
+        let started = std::time::Instant::now();
+        let run = until_interrupted(
+            &rt,
+            &plan,
+            &examples,
+            generator.as_ref(),
+            &options,
+            &on_done,
+        );
+        bar.finish_and_clear();
+        // A capability lost mid-run (the sandbox died): no result from here on is a score.
+        let records = run.with_context(|| {
+            format!("evaluating {name}: stopped, since the rollouts left would score failures")
+        })?;
+        if records.len() < total {
+            interrupted = true;
+        }
+        let summary = summarize(
+            env.as_ref(),
+            &generator.describe(),
+            &split,
+            &records,
+            plan.rollouts,
+            a.pass_k_mode,
+            started.elapsed().as_secs_f64(),
+        );
+        if let Some(dir) = &a.save_dir {
+            save(&dir.join(name.replace('/', "--")), &records, &summary)?;
+        }
+        if !a.json {
+            print!("{}", summary.to_text());
+        }
+        if monitors.active() || port.is_some() {
+            let figures = summary_scalars(name, &summary);
+            monitors.log(0, &figures);
+            if let Some(p) = &port {
+                shown.extend(figures);
+                p.set_step(0, &shown);
+            }
+        }
+        summaries.push(summary);
+        if interrupted {
+            break;
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summaries)?);
+    }
+    if let Some(dir) = &a.save_dir {
+        eprintln!("results saved under {}", dir.display());
+    }
+    if interrupted {
+        eprintln!("interrupted: the summaries cover the rollouts that finished");
+        return Ok(ExitCode::from(130));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `plan`'s rollouts on `examples` until they are done or Ctrl-C stops them (the records
+/// of the rollouts that finished are then returned, fewer than planned).
+fn until_interrupted(
+    rt: &tokio::runtime::Runtime,
+    plan: &EvalPlan,
+    examples: &[rlhost_sdk::types::Example],
+    generator: &dyn Generator,
+    options: &EvalOptions,
+    on_done: &(dyn Fn(&crate::rollout::RolloutRecord) + Sync),
+) -> Result<Vec<crate::rollout::RolloutRecord>, crate::plugin::CapabilityLost> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    rt.block_on(async {
+        let ctrl_c = tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = tx.send(());
+            }
+        });
+        let stop = async {
+            if rx.await.is_ok() {
+                return;
+            }
+            std::future::pending::<()>().await
+        };
+        let out = crate::eval::run(plan, examples, generator, options, on_done, stop).await;
+        ctrl_c.abort();
+        out
+    })
+}
+
+/// The model rollouts are generated with: the engine in process (`-m`, with the Prometheus port
+/// of `monitor.prometheus_port` when set) or a server (`-b`); its name in requests.
+fn generator(
+    a: &EvalArgs,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(
+    Box<dyn Generator>,
+    String,
+    Option<crate::monitor::PrometheusPort>,
+)> {
+    Ok(match (&a.model, &a.base_url) {
         (Some(m), _) => {
             let dir = crate::model::hub::resolve(m)?;
             let device = a.device.resolve(CudaStatus::probe())?;
@@ -255,23 +373,24 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
                     reasoning_parser: None,
                 },
             )?;
+            let mut port = None;
             if let Some(p) = a.monitor.prometheus_port {
                 let e = generator.engine().clone();
                 port = Some(crate::monitor::PrometheusPort::start(
-                    &rt,
+                    rt,
                     &a.monitor.prometheus_host,
                     p,
                     move || e.info().metrics().render(),
                 )?);
             }
-            (Box::new(generator), m.clone())
+            (Box::new(generator), m.clone(), port)
         }
         (None, Some(url)) => {
             if a.cache.changed() {
                 anyhow::bail!(
                     "the prefix-cache flags (--no-enable-prefix-caching, --kv-cache-tokens, \
-                     --block-size, --max-num-batched-tokens) configure the engine of -m; \
-                     with -b the server at {url} has its own"
+                         --block-size, --max-num-batched-tokens) configure the engine of -m; \
+                         with -b the server at {url} has its own"
                 );
             }
             let key = std::env::var(&a.api_key_var).ok();
@@ -282,155 +401,53 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
                     .block_on(client.first_model())
                     .with_context(|| format!("asking {url} for its model"))?,
             };
-            (Box::new(client), name)
+            (Box::new(client), name, None)
         }
         (None, None) => anyhow::bail!("give a model (-m DIR) or a server (-b URL)"),
-    };
-    let options = EvalOptions {
-        concurrency: (a.max_concurrent > 0).then_some(a.max_concurrent as usize),
-        sampling: Sampling {
-            max_tokens: a.max_tokens,
-            temperature: a.temperature,
-            top_p: a.top_p,
-            top_k: None,
-            seed: Some(a.seed),
-            stop: Vec::new(),
-            chat_template_kwargs: serde_json::Map::new(),
-            history: a.history,
-        },
-        seed: a.seed,
-        retries: a.retries,
-        model: model_name.clone(),
-    };
-    let mut summaries = Vec::new();
-    let mut interrupted = false;
-    for (i, (name, (env, rewards))) in names.iter().zip(plugins).enumerate() {
-        let splits = &env.info().splits;
-        let split = match &a.split {
-            Some(s) => {
-                anyhow::ensure!(
-                    splits.contains(s),
-                    "{name} has no split `{s}` (it has: {})",
-                    splits.join(", ")
-                );
-                s.clone()
-            }
-            None if splits.iter().any(|s| s == "test") => "test".into(),
-            None => splits
-                .first()
-                .cloned()
-                .ok_or_else(|| anyhow::anyhow!("{name} has no dataset"))?,
-        };
-        let plan = EvalPlan {
-            env: env.clone(),
-            rewards,
-            split: split.clone(),
-            num_examples: (a.num_examples >= 0).then_some(a.num_examples as usize),
-            rollouts: *rollouts.get(i).unwrap_or(&rollouts[0]),
-            env_args: a.env_args.clone(),
-        };
-        let examples = rt.block_on(crate::eval::examples(&plan))?;
-        let total = examples.len() * plan.rollouts;
-        let bar = ProgressBar::new(total as u64).with_style(
-            ProgressStyle::with_template(
-                "{prefix} {bar:30} {pos}/{len} rollouts {per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
-            )
-            .expect("valid template"),
-        );
-        bar.set_prefix(name.to_string());
-        if a.json {
-            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    })
+}
+
+/// The split `--split` names (which `env` must have), else `test`, else its first.
+fn split_of(
+    a: &EvalArgs,
+    env: &dyn crate::plugin::Environment,
+    name: &str,
+) -> anyhow::Result<String> {
+    let splits = &env.info().splits;
+    Ok(match &a.split {
+        Some(s) => {
+            anyhow::ensure!(
+                splits.contains(s),
+                "{name} has no split `{s}` (it has: {})",
+                splits.join(", ")
+            );
+            s.clone()
         }
-        let reward_sum = std::sync::Mutex::new((0.0f64, 0usize));
-        let on_done = |r: &crate::rollout::RolloutRecord| {
-            let mut s = reward_sum.lock().expect("lock");
-            s.0 += r.reward;
-            s.1 += 1;
-            bar.set_message(format!("reward {:.3}", s.0 / s.1 as f64));
-            bar.inc(1);
-        };
-        let started = std::time::Instant::now();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let run = rt.block_on(async {
-            let ctrl_c = tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    let _ = tx.send(());
-                }
-            });
-            let stop = async {
-                if rx.await.is_ok() {
-                    return;
-                }
-                std::future::pending::<()>().await
-            };
-            let out = crate::eval::run(
-                &plan,
-                &examples,
-                generator.as_ref(),
-                &options,
-                &on_done,
-                stop,
-            )
-            .await;
-            ctrl_c.abort();
-            out
-        });
-        bar.finish_and_clear();
-        // A capability lost mid-run (the sandbox died): no result from here on is a score.
-        let records = run.with_context(|| {
-            format!("evaluating {name}: stopped, since the rollouts left would score failures")
-        })?;
-        if records.len() < total {
-            interrupted = true;
-        }
-        let summary = summarize(
-            env.as_ref(),
-            &generator.describe(),
-            &split,
-            &records,
-            plan.rollouts,
-            a.pass_k_mode,
-            started.elapsed().as_secs_f64(),
-        );
-        if let Some(dir) = &a.save_dir {
-            let out = dir.join(name.replace('/', "--"));
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            let mut lines = String::new();
-            for r in &records {
-                lines.push_str(&serde_json::to_string(r)?);
-                lines.push('\n');
-            }
-            rlhost_fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
-            rlhost_fs::write_atomically(
-                &out.join("summary.json"),
-                (serde_json::to_string_pretty(&summary)? + "\n").as_bytes(),
-            )?;
-        }
-        if !a.json {
-            print!("{}", summary.to_text());
-        }
-        if monitors.active() || port.is_some() {
-            let figures = summary_scalars(name, &summary);
-            monitors.log(0, &figures);
-            if let Some(p) = &port {
-                shown.extend(figures);
-                p.set_step(0, &shown);
-            }
-        }
-        summaries.push(summary);
-        if interrupted {
-            break;
-        }
+        None if splits.iter().any(|s| s == "test") => "test".into(),
+        None => splits
+            .first()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("{name} has no dataset"))?,
+    })
+}
+
+/// Writes an environment's rollouts (`results.jsonl`) and summary (`summary.json`) into `out`,
+/// each atomically.
+fn save(
+    out: &std::path::Path,
+    records: &[crate::rollout::RolloutRecord],
+    summary: &crate::eval::Summary,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut lines = String::new();
+    for r in records {
+        lines.push_str(&serde_json::to_string(r)?);
+        lines.push('\n');
     }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&summaries)?);
-    }
-    if let Some(dir) = &a.save_dir {
-        eprintln!("results saved under {}", dir.display());
-    }
-    if interrupted {
-        eprintln!("interrupted: the summaries cover the rollouts that finished");
-        return Ok(ExitCode::from(130));
-    }
-    Ok(ExitCode::SUCCESS)
+    rlhost_fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
+    rlhost_fs::write_atomically(
+        &out.join("summary.json"),
+        (serde_json::to_string_pretty(summary)? + "\n").as_bytes(),
+    )?;
+    Ok(())
 }

@@ -126,6 +126,17 @@ pub(super) fn as_text<S: serde::Serializer>(
     s.collect_str(v)
 }
 
+/// An environment (or a reward plugin it declares) that does not load, as `host eval` and
+/// `host rl` report it: a capability refusal says how to run anyway.
+pub(crate) fn load_failure(e: crate::plugin::install::LoadInstalledError) -> anyhow::Error {
+    match e {
+        crate::plugin::install::LoadInstalledError::Load { name, dir, source } => {
+            capability_hint(source).context(format!("loading {name} from {}", dir.display()))
+        }
+        other => anyhow::Error::new(other),
+    }
+}
+
 /// The flag that runs plugins without a capability they declared: named in errors.
 pub(crate) const ALLOW_MISSING_FLAG: &str = "--allow-missing-capabilities";
 

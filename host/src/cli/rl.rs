@@ -86,15 +86,9 @@ fn train(
         if envs.contains_key(id) {
             continue;
         }
-        let dir = crate::plugin::install::find_installed(home, id).map_err(|e| {
-            anyhow::anyhow!(
-                "environment `{id}` is not installed ({e}); install it with:\n  host env install {id}"
-            )
-        })?;
         let env = rt
-            .block_on(loader.load_environment(&dir))
-            .map_err(super::capability_hint)
-            .with_context(|| format!("loading {id}"))?;
+            .block_on(crate::plugin::install::load_installed(home, &loader, id))
+            .map_err(super::load_failure)?;
         envs.insert(id.clone(), env);
     }
     let steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);

@@ -42,7 +42,7 @@ pub enum ConfigError {
         key: String,
         /// The flag it would be.
         flag: String,
-        /// The subcommand.
+        /// The subcommand whose flags the keys are checked against (`rl`, `eval`).
         command: String,
     },
     /// A value that cannot be a flag value (a table inside an array, a date).

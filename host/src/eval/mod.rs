@@ -93,7 +93,7 @@ pub fn pass_rates(outcomes: &[Vec<bool>], mode: PassKMode) -> Vec<(usize, f64)> 
 pub struct EvalPlan {
     /// The environment.
     pub env: Arc<dyn Environment>,
-    /// Its reward plugins.
+    /// Reward plugins that also score each rollout's last assistant message, adding their metrics.
     pub rewards: Vec<Arc<dyn RewardFn>>,
     /// The split to read.
     pub split: String,
@@ -242,7 +242,7 @@ impl Stats {
 /// One environment's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// The plugin.
+    /// The environment, `owner/name vX.Y.Z`.
     pub env: String,
     /// The model (and endpoint).
     pub model: String,
@@ -414,7 +414,7 @@ impl Summary {
         parts.join(", ")
     }
 
-    /// A readable table.
+    /// The text `host eval` prints for the environment: a heading line, then one line per figure.
     pub fn to_text(&self) -> String {
         let k = self.rollouts_per_example;
         let mut s = format!(

@@ -114,7 +114,7 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 }
 
 impl ChatTemplate {
-    /// A template from its source.
+    /// Compiles the Jinja `source`, without the special tokens [`load`](Self::load) sets.
     pub fn new(source: &str) -> Result<Self, ModelError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -248,7 +248,7 @@ pub struct Delta {
     /// The text after the last generated token (its end-of-turn marker) up to and including the
     /// next generation prompt.
     pub text: String,
-    /// Its token ids.
+    /// `text` as the tokenizer encodes it.
     pub ids: Vec<u32>,
     /// Whether re-rendering the whole conversation would reproduce the earlier render as a
     /// prefix. Qwen3's template is not, once a new user message arrives: it drops the

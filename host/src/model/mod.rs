@@ -46,7 +46,7 @@ pub enum ModelError {
     Missing {
         /// HF tensor name.
         name: String,
-        /// Its expected shape.
+        /// Shape the config implies.
         expected: Vec<i64>,
     },
     /// A weight has the wrong shape.
@@ -73,7 +73,7 @@ pub enum ModelError {
     /// A chat template cannot be loaded or rendered.
     #[error("chat template: {0}")]
     Template(String),
-    /// The tokenizer failed.
+    /// The tokenizer could not be built, or failed to encode or decode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     /// A model name that is neither a folder nor a hub id that could be found or fetched.

@@ -6,8 +6,11 @@
 //! optimise them and checkpoints load and save as HF folders.
 //!
 //! Forward modes: full sequences (training, scoring), prefill + incremental decode with a
-//! [`KvCache`], batches of different lengths (a key mask and per-row positions), and per-token
-//! log-probabilities of given targets ([`Qwen3::token_logprobs`]).
+//! [`KvCache`], decode of continuous batches in a [`SlotCache`], batches of different lengths (a
+//! key mask and per-row positions), and per-token log-probabilities of given targets
+//! ([`Qwen3::token_logprobs`]). The caches are in `kv.rs`, the products and attention it calls
+//! in `kernels/`, checkpoint reading in `checkpoint.rs`: this file is the network and its
+//! weights, nothing else.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -56,7 +59,7 @@ enum Attend<'a> {
 
 /// A Qwen3 causal language model.
 pub struct Qwen3 {
-    /// Its configuration.
+    /// Its `config.json` (shapes, RoPE, tied embeddings), which [`save`](Self::save) writes back.
     pub cfg: Qwen3Config,
     /// The parameters, under their Hugging Face names.
     pub vs: nn::VarStore,

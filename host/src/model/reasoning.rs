@@ -8,7 +8,7 @@
 //! tag is all content (Qwen3 with thinking off renders an empty block into the prompt instead).
 //! An output cut inside its reasoning (by `max_tokens`) is all reasoning, streamed or not.
 
-/// A reasoning format.
+/// A reasoning format: the tags the model's thinking opens and closes with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReasoningParser {
     name: &'static str,
@@ -19,7 +19,7 @@ pub struct ReasoningParser {
 /// The parsers this build knows, by command-line name.
 pub const NAMES: &[&str] = &["qwen3"];
 
-/// The parser called `name`.
+/// The parser called `name` on the command line; an error lists [`NAMES`].
 pub fn parser(name: &str) -> Result<ReasoningParser, String> {
     match name {
         "qwen3" => Ok(ReasoningParser {

@@ -28,7 +28,7 @@ pub enum MlflowError {
     /// No answer: the server is down, unreachable or too slow (retried).
     #[error("{route}: {source}")]
     Unreachable {
-        /// The REST route.
+        /// Route under `/api/2.0/mlflow/`, such as `runs/log-batch`.
         route: &'static str,
         /// The transport's error.
         #[source]
@@ -37,7 +37,7 @@ pub enum MlflowError {
     /// The server answered with an error status (a 5xx is retried, a 4xx is not).
     #[error("{route}: HTTP {status}: {body}")]
     Status {
-        /// The REST route.
+        /// Route under `/api/2.0/mlflow/`, such as `runs/log-batch`.
         route: &'static str,
         /// The HTTP status.
         status: u16,
@@ -47,16 +47,16 @@ pub enum MlflowError {
     /// The server answered 200 with a body that is not what the API documents.
     #[error("{route}: unexpected answer")]
     Answer {
-        /// The REST route.
+        /// Route under `/api/2.0/mlflow/`, such as `runs/log-batch`.
         route: &'static str,
-        /// The parse error.
         #[source]
+        /// The parse error.
         source: serde_json::Error,
     },
     /// A request body could not be written as JSON.
     #[error("{route}: encoding the request")]
     Encode {
-        /// The REST route.
+        /// Route under `/api/2.0/mlflow/`, such as `runs/log-batch`.
         route: &'static str,
         /// The encoder's error.
         #[source]

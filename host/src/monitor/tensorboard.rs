@@ -158,7 +158,7 @@ impl EventWriter {
         Ok(w)
     }
 
-    /// The file written.
+    /// The event file being written, `events.out.tfevents.<time>.<host>.<pid>.<n>` in its folder.
     pub fn path(&self) -> &Path {
         &self.path
     }

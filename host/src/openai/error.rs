@@ -26,7 +26,7 @@ impl ApiError {
         }
     }
 
-    /// The error as its JSON body.
+    /// The error as its JSON body, with the HTTP status as `code`.
     pub fn body(&self) -> ErrorBody {
         ErrorBody {
             error: ErrorDetail {

@@ -4,7 +4,7 @@
 //! supplied: NAME"), so a client never gets a response that silently ignored what it asked for.
 //!
 //! Adding a field is one line in the right list. A field marked [`Rule::Honoured`] must be read
-//! by the endpoint's request type (`super::request`, `super::generate`), which validates it; the
+//! by the endpoint's request type (`chat_request.rs`, `generate.rs`), which validates it; the
 //! unit test below checks that every field the types write is listed.
 //!
 //! The lists follow OpenAI's chat and completions references and vLLM 0.30's request protocols

@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::request::{ChatRequest, GenerationParams, Stop, StreamOptions};
-use super::response::{ChatLogprobs, Usage};
+use super::chat_request::{ChatRequest, GenerationParams, Stop, StreamOptions};
+use super::chat_response::{ChatLogprobs, Usage};
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -242,7 +242,7 @@ pub struct GenerateStreamResponse {
 /// read (tool calls are parsed against `tools`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatTokensRequest {
-    /// The chat request.
+    /// The chat completion's fields, flattened; `tokens`, not its messages, is the prompt.
     #[serde(flatten)]
     pub chat: ChatRequest,
     /// The prompt's token ids.

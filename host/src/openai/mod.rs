@@ -1,43 +1,46 @@
-//! The OpenAI wire format as types: chat and text completion requests (with vLLM's extensions
-//! that RL clients use and rlhost's `history_token_ids`), their responses and stream chunks,
-//! the model list, weight-update bodies and error bodies.
+//! The wire formats as types, one file per dialect: OpenAI's chat and text completion requests
+//! (`chat_request.rs`, with vLLM's extensions that RL clients use and rlhost's
+//! `history_token_ids`) and their responses and stream chunks (`chat_response.rs`), OpenAI's
+//! Responses API ([`responses`]), Anthropic's Messages API ([`anthropic`]), token-in generation
+//! (`generate.rs`: vLLM's and prime-rl's routes), the model list, weight-update bodies and error
+//! bodies ([`ApiError`]).
 //!
 //! One set of types serves both ends of the seam between the rollout loop and a model: the
 //! server parses requests into them and builds its responses from them, the in-process
-//! generator hands a [`ChatRequest`] to the server's API and gets a [`ChatCompletion`] back
-//! without any JSON in between, and the HTTP client serialises the same request and reads any
-//! OpenAI-compatible server's response into the same type. Reading is tolerant where the wire is
+//! generator hands a [`ChatRequest`] to the chat pipeline ([`crate::chat`]) and reads its typed
+//! answer, and the HTTP client serialises the same request and reads any OpenAI-compatible
+//! server's response into the same [`ChatCompletion`]. Reading is tolerant where the wire is
 //! (`null` stands for absent, numbers may come as strings as vLLM allows; unknown request fields
 //! are refused by name by [`fields`] before the types read a body) and strict where it must be: a
 //! response without `choices`, a choice without `message` or `finish_reason`, is an error at
 //! the seam, not an empty value found later.
 
+pub mod anthropic;
+mod chat_request;
+mod chat_response;
 mod error;
 pub mod fields;
 mod generate;
 pub mod lax;
-pub mod messages;
-mod request;
-mod response;
 pub mod responses;
 
-pub use error::{ApiError, ErrorBody, ErrorDetail};
-pub use generate::{
-    ChatTokensRequest, GenerateChoice, GenerateRequest, GenerateResponse, GenerateStreamResponse,
-    SamplingParamsBody,
-};
-pub use request::{
+pub use chat_request::{
     ChatMessage, ChatRequest, CompletionRequest, ContentPart, FunctionDef, FunctionName,
     GenerationParams, JsonSchemaFormat, MessageContent, NamedToolChoice, OutputConstraints, Prompt,
     ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs, ToolChoiceParam, ToolDef,
     UpdateWeightsRequest,
 };
-pub use response::{
+pub use chat_response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Delta,
     FunctionCall, FunctionCallDelta, ModelCard, ModelList, PromptTokensDetails, ResponseHeader,
     ResponseMessage, StopReason, TextChoice, TextChunkChoice, TextCompletion, TextCompletionChunk,
     TextLogprobs, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, TopLogprobMap,
     UpdateWeightsResponse, Usage,
+};
+pub use error::{ApiError, ErrorBody, ErrorDetail};
+pub use generate::{
+    ChatTokensRequest, GenerateChoice, GenerateRequest, GenerateResponse, GenerateStreamResponse,
+    SamplingParamsBody,
 };
 
 use serde::{Deserialize, Deserializer};

@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::chat_request::{MessageContent, Role};
 use super::null_as_default;
-use super::request::{MessageContent, Role};
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -371,7 +371,7 @@ pub enum OutputPart {
 }
 
 impl OutputPart {
-    /// An `output_text` part.
+    /// An `output_text` part holding `text`, with no annotations or log-probs.
     pub fn output_text(text: impl Into<String>) -> Self {
         OutputPart::OutputText {
             text: text.into(),

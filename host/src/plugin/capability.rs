@@ -93,7 +93,7 @@ impl std::fmt::Display for Unavailable {
 pub struct CapabilityLost {
     /// The plugin, `owner/name vX.Y.Z`.
     pub plugin: String,
-    /// The capability.
+    /// The capability's name (`sandbox.python`).
     pub capability: String,
     /// What failed.
     #[source]

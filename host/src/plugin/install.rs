@@ -53,7 +53,7 @@ pub enum InstallError {
         "{name} is locked at {locked} but {wanted} was asked for (--locked refuses to change plugins.lock)"
     )]
     Locked {
-        /// The package.
+        /// `owner/name`.
         name: String,
         /// Version in the lock file.
         locked: String,
@@ -89,7 +89,7 @@ pub struct InstallRecord {
     pub version: semver::Version,
     /// Checksum of the package it came from.
     pub cksum: String,
-    /// The registry URL.
+    /// URL of the registry it was installed from.
     pub registry: String,
     /// The key that signed it, if any.
     pub key: Option<String>,
@@ -105,7 +105,7 @@ pub struct LockFile {
 /// One install's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
-    /// The record.
+    /// What its `.rlhost-install.json` records.
     pub record: InstallRecord,
     /// Where it lives.
     pub dir: PathBuf,
@@ -675,4 +675,80 @@ pub fn remove(home: &RlhostHome, reference: &str) -> Result<Vec<InstallRecord>, 
         write_lock(&lock_file, &lockf)?;
     }
     Ok(removed)
+}
+
+/// An installed environment with the reward plugins it declares, every one loaded: what
+/// `host eval` and `host rl` score rollouts with, so both score an environment alike.
+#[derive(Clone)]
+pub struct LoadedEnvironment {
+    /// The environment.
+    pub env: std::sync::Arc<dyn super::Environment>,
+    /// Its declared reward plugins (`[[rewards]]` of its manifest), in order.
+    pub rewards: Vec<std::sync::Arc<dyn super::RewardFn>>,
+}
+
+/// Why an installed environment could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadInstalledError {
+    /// The environment, or a reward plugin it declares, is not installed.
+    #[error("{what} is not installed ({source}); install it with:\n  host env install {name}")]
+    NotInstalled {
+        /// The plugin's name.
+        name: String,
+        /// The plugin as the message names it: "environment `x`", or "reward plugin `y`, which
+        /// x declares".
+        what: String,
+        /// What the install records say.
+        #[source]
+        source: Box<InstallError>,
+    },
+    /// A plugin is installed but does not load.
+    #[error("loading {name} from {}", dir.display())]
+    Load {
+        /// The plugin's name.
+        name: String,
+        /// Its folder.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: super::PluginError,
+    },
+}
+
+/// Loads the installed environment `name` and each reward plugin it declares (installed in the
+/// same home) with `loader`.
+pub async fn load_installed(
+    home: &RlhostHome,
+    loader: &PluginLoader,
+    name: &str,
+) -> Result<LoadedEnvironment, LoadInstalledError> {
+    let locate = |plugin: &str, what: String| {
+        find_installed(home, plugin).map_err(|source| LoadInstalledError::NotInstalled {
+            name: plugin.to_string(),
+            what,
+            source: Box::new(source),
+        })
+    };
+    let dir = locate(name, format!("environment `{name}`"))?;
+    let env = loader
+        .load_environment(&dir)
+        .await
+        .map_err(|source| LoadInstalledError::Load {
+            name: name.to_string(),
+            dir: dir.clone(),
+            source,
+        })?;
+    let mut rewards = Vec::new();
+    for dep in &env.info().rewards {
+        let what = format!("reward plugin `{}`, which {name} declares,", dep.plugin);
+        let rdir = locate(&dep.plugin, what)?;
+        rewards.push(loader.load_reward(&rdir).await.map_err(|source| {
+            LoadInstalledError::Load {
+                name: format!("{} (a reward of {name})", dep.plugin),
+                dir: rdir.clone(),
+                source,
+            }
+        })?);
+    }
+    Ok(LoadedEnvironment { env, rewards })
 }

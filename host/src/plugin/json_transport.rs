@@ -114,7 +114,7 @@ pub(crate) trait JsonTransport: Sized + Send + Sync + 'static {
     /// What it runs without, and what it lost while running.
     fn capabilities(&self) -> &super::CapabilityStatus;
 
-    /// A fresh instance.
+    /// A new instance, sharing no state with earlier ones (each rollout gets its own).
     fn instance(&self) -> Result<Self::Instance, PluginError>;
 
     /// Whether `instance` can serve calls (one that failed in a way that may have broken it

@@ -264,7 +264,7 @@ impl PluginErrorKind {
 /// An environment plugin, loaded.
 #[async_trait]
 pub trait Environment: Send + Sync {
-    /// Its identity.
+    /// Its name and version, as messages show them (`owner/name v1.2.3`).
     fn id(&self) -> &PluginId;
     /// What it is (read once at load).
     fn info(&self) -> &EnvInfo;
@@ -303,7 +303,7 @@ pub trait EnvSession: Send {
 /// A reward-function plugin, loaded.
 #[async_trait]
 pub trait RewardFn: Send + Sync {
-    /// Its identity.
+    /// Its name and version, as messages show them (`owner/name v1.2.3`).
     fn id(&self) -> &PluginId;
     /// What it is (read once at load).
     fn info(&self) -> &RewardInfo;

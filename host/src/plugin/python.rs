@@ -68,7 +68,7 @@ pub enum PythonBuildError {
     NoModule {
         /// The plugin folder.
         dir: PathBuf,
-        /// The module name.
+        /// The dotted module name: `[python] module`, else the plugin's name with `-` as `_`.
         module: String,
         /// Where it was looked for.
         expected: String,

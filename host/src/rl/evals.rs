@@ -12,7 +12,6 @@
 //! successive evaluations differ by the weights only.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -21,7 +20,7 @@ use serde::Serialize;
 
 use super::config::RlConfig;
 use crate::eval::{EvalOptions, EvalPlan, PassKMode};
-use crate::plugin::Environment;
+use crate::plugin::install::LoadedEnvironment;
 use crate::rollout::{Generator, Sampling};
 
 /// One evaluated environment with its examples.
@@ -105,13 +104,13 @@ impl Evaluations {
     /// plugins. Sampling is the entry's, else the orchestrator's.
     pub async fn prepare(
         cfg: &RlConfig,
-        envs: &BTreeMap<String, Arc<dyn Environment>>,
+        envs: &BTreeMap<String, LoadedEnvironment>,
         model: &str,
     ) -> anyhow::Result<Self> {
         let o = &cfg.orchestrator;
         let mut out = Vec::new();
         for (i, e) in o.eval.env.iter().enumerate() {
-            let env = envs
+            let LoadedEnvironment { env, rewards } = envs
                 .get(&e.id)
                 .with_context(|| {
                     format!("orchestrator.eval.env[{i}].id: `{}` is not loaded", e.id)
@@ -137,7 +136,7 @@ impl Evaluations {
                 id: e.id.clone(),
                 plan: EvalPlan {
                     env,
-                    rewards: Vec::new(),
+                    rewards,
                     split: e.split.clone(),
                     num_examples: e.num_examples,
                     rollouts: e.rollouts_per_example,

@@ -118,7 +118,7 @@ pub struct EvalLine {
     pub step: usize,
     /// Seconds of the evaluation.
     pub eval_s: f64,
-    /// Its results.
+    /// The evaluation's figures, flattened into the line.
     #[serde(flatten)]
     pub eval: Evaluation,
 }

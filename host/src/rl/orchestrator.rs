@@ -33,7 +33,7 @@ use super::config::RlConfig;
 use super::loss::{advantages, length_penalized};
 use super::trainer::Sample;
 use crate::openai::ChatRequest;
-use crate::plugin::Environment;
+use crate::plugin::{Environment, RewardFn};
 use crate::rollout::{
     GenError, Generator, RolloutRecord, RolloutSpec, Sampling, Turn, TurnTokens, run_rollout,
 };
@@ -44,11 +44,13 @@ pub struct TrainEnv {
     pub id: String,
     /// The loaded plugin.
     pub env: Arc<dyn Environment>,
+    /// The reward plugins it declares, scoring its rollouts as `host eval` does.
+    pub rewards: Vec<Arc<dyn RewardFn>>,
     /// Its split's examples.
     pub examples: Vec<Example>,
     /// Its arguments (JSON object text).
     pub args: String,
-    /// Its mixture weight.
+    /// Its mixture weight: a step's problems come from it in proportion to `weight`.
     pub weight: f64,
 }
 
@@ -453,7 +455,7 @@ struct LagLimited<'a> {
     max_lag: u64,
     /// The oldest version among the rollout's turns so far (`u64::MAX`: none yet).
     oldest: AtomicU64,
-    /// A turn was refused.
+    /// Set once a turn is refused: the rollout is stale and is dropped when its batch is consumed.
     refused: AtomicBool,
 }
 
@@ -567,7 +569,7 @@ impl Producer {
             };
             let spec = RolloutSpec {
                 env: env.env.as_ref(),
-                rewards: &[],
+                rewards: &env.rewards,
                 generator,
                 model: &self.model,
                 example: &env.examples[idx],
@@ -1035,6 +1037,7 @@ mod tests {
             envs: vec![TrainEnv {
                 id: "arith".into(),
                 env,
+                rewards: Vec::new(),
                 examples,
                 args: r#"{"tools":"none"}"#.into(),
                 weight: 1.0,

@@ -28,7 +28,7 @@ use super::metrics::{self, EvalLine, Phases, Report, StepLine};
 use super::orchestrator::{Orchestrator, Producer, TrainEnv};
 use super::trainer::Trainer;
 use super::weights::WeightSink;
-use crate::plugin::Environment;
+use crate::plugin::install::LoadedEnvironment;
 use crate::rollout::Generator;
 
 pub use super::checkpoint::latest_checkpoint;
@@ -160,11 +160,11 @@ fn render_where_configured(
 /// The training environments with their examples.
 async fn train_envs(
     cfg: &RlConfig,
-    envs: &BTreeMap<String, Arc<dyn Environment>>,
+    envs: &BTreeMap<String, LoadedEnvironment>,
 ) -> anyhow::Result<Vec<TrainEnv>> {
     let mut out = Vec::new();
     for (i, e) in cfg.orchestrator.env.iter().enumerate() {
-        let env = envs
+        let LoadedEnvironment { env, rewards } = envs
             .get(&e.id)
             .with_context(|| format!("orchestrator.env[{i}].id: `{}` is not loaded", e.id))?
             .clone();
@@ -185,6 +185,7 @@ async fn train_envs(
         out.push(TrainEnv {
             id: e.id.clone(),
             env,
+            rewards,
             examples,
             args: serde_json::to_string(&e.args)?,
             weight: e.weight,
@@ -264,7 +265,7 @@ fn resume(trainer: &mut Trainer, out: &Path, resume: bool) -> anyhow::Result<usi
 pub fn run(
     cfg: RlConfig,
     opts: &RunOptions,
-    envs: BTreeMap<String, Arc<dyn Environment>>,
+    envs: BTreeMap<String, LoadedEnvironment>,
     progress: &dyn Fn(Report<'_>),
 ) -> anyhow::Result<Vec<StepLine>> {
     let out = opts

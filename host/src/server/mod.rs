@@ -2,18 +2,18 @@
 //! the middleware that gives every error OpenAI's JSON body, the admin routes (`GET /health`,
 //! `GET /v1/models`, `POST /update_weights {"model_path": …}` for trainers,
 //! `POST /reset_prefix_cache`, `GET /metrics` in Prometheus' format with vLLM's metric names:
-//! [`crate::engine::metrics`]), and one server-sent-events writer ([`sse`]) for every dialect.
+//! [`crate::engine::metrics`]), and one server-sent-events writer (`sse.rs`) for every dialect.
 //!
 //! The dialects: OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` (the pipeline's
 //! own chunks, `[DONE]` last), the token-in routes `POST /v1/chat/completions/tokens` (prime-rl)
 //! and `POST /inference/v1/generate` (vLLM), OpenAI's `POST /v1/responses` (`responses.rs`) and
-//! Anthropic's `POST /v1/messages` (`messages.rs`). Each converts its request into the
+//! Anthropic's `POST /v1/messages` (`anthropic.rs`). Each converts its request into the
 //! pipeline's and writes the pipeline's typed answer in its wire format.
 //!
 //! This module must never render prompts, read model output or talk to the engine beyond the
 //! admin routes: that is the pipeline's, so every dialect answers the same conversation alike.
 
-mod messages;
+mod anthropic;
 mod responses;
 mod sse;
 
@@ -66,7 +66,7 @@ pub fn router_for(state: Arc<Pipeline>) -> Router {
         .route("/v1/chat/completions/tokens", post(chat_tokens))
         .route("/inference/v1/generate", post(generate))
         .route("/v1/responses", responses::route())
-        .route("/v1/messages", messages::route())
+        .route("/v1/messages", anthropic::route())
         .route("/update_weights", post(update_weights))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route(
@@ -108,7 +108,7 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
         .and_then(|v| v.parse::<u64>().ok());
     // Each route answers in its dialect's error shape.
     let error: fn(ApiError) -> Response = if path == "/v1/messages" {
-        messages::error
+        anthropic::error
     } else {
         error
     };

@@ -30,7 +30,7 @@ use crate::openai::responses::{
     ResponseUsage, ResponsesRequest, StreamEvent, StreamEventKind,
 };
 use crate::openai::{
-    self, ApiError, ChatCompletionChunk, ChatMessage, ChatRequest, FunctionDef, FunctionName,
+    self, ApiError, ChatChunkChoice, ChatMessage, ChatRequest, FunctionDef, FunctionName,
     GenerationParams, MessageContent, NamedToolChoice, Role, StreamOptions, ToolCall,
     ToolCallChunk, ToolChoiceParam, ToolDef, Usage,
 };
@@ -888,7 +888,7 @@ impl StreamWriter {
     }
 
     /// Appends reasoning or message text, opening its item (and closing the other) first.
-    fn text(&mut self, reasoning: bool, delta: &str) {
+    fn append_text(&mut self, reasoning: bool, delta: &str) {
         if delta.is_empty() {
             return;
         }
@@ -1026,7 +1026,7 @@ impl StreamWriter {
     }
 
     /// A tool call delta: a new call opens its item, arguments are appended.
-    fn call(&mut self, d: &ToolCallChunk) {
+    fn append_call(&mut self, d: &ToolCallChunk) {
         let (name, args) = (d.function.name.as_deref(), d.function.arguments.as_deref());
         if !self.calls.contains_key(&d.index) {
             if self.plan.one_call && !self.calls.is_empty() {
@@ -1104,41 +1104,37 @@ impl StreamWriter {
 }
 
 impl Translator for StreamWriter {
-    fn start(&mut self) -> Vec<Named> {
+    fn start(&mut self) {
         let start = Box::new(self.plan.skeleton.clone());
         self.ev.push(StreamEventKind::Created {
             response: start.clone(),
         });
         self.ev
             .push(StreamEventKind::InProgress { response: start });
-        self.ev.take()
     }
 
-    fn push(&mut self, chunk: &ChatCompletionChunk) -> Vec<Named> {
-        if let Some(u) = &chunk.usage {
-            self.usage = u.clone();
-        }
-        for c in &chunk.choices {
-            if let Some(r) = &c.delta.reasoning_content {
-                self.text(true, r);
-            }
-            if let Some(t) = &c.delta.content {
-                self.text(false, t);
-            }
-            for call in c.delta.tool_calls.iter().flatten() {
-                self.call(call);
-            }
-            if let Some(f) = &c.finish_reason {
-                self.answer.finish = f.clone();
-            }
-            if c.policy_version.is_some() {
-                self.version = c.policy_version;
-            }
-        }
-        self.ev.take()
+    fn text(&mut self, reasoning: bool, delta: &str) {
+        self.append_text(reasoning, delta);
     }
 
-    fn finish(&mut self) -> Vec<Named> {
+    fn call(&mut self, call: &ToolCallChunk) {
+        self.append_call(call);
+    }
+
+    fn choice(&mut self, c: &ChatChunkChoice) {
+        if let Some(f) = &c.finish_reason {
+            self.answer.finish = f.clone();
+        }
+        if c.policy_version.is_some() {
+            self.version = c.policy_version;
+        }
+    }
+
+    fn usage(&mut self, usage: &Usage) {
+        self.usage = usage.clone();
+    }
+
+    fn finish(&mut self) {
         self.close_all();
         let output = std::mem::take(&mut self.done).into_values().collect();
         let response = finish(
@@ -1160,6 +1156,9 @@ impl Translator for StreamWriter {
             _ => StreamEventKind::Completed { response },
         };
         self.ev.push(last);
+    }
+
+    fn take(&mut self) -> Vec<Named> {
         self.ev.take()
     }
 }

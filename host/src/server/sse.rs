@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde::Serialize;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::openai::ChatCompletionChunk;
+use crate::openai::{ChatChunkChoice, ChatCompletionChunk, ToolCallChunk, Usage};
 
 /// Events in flight to a slow client.
 const DEPTH: usize = 64;
@@ -38,15 +38,44 @@ impl Named {
     }
 }
 
-/// A dialect's stream writer: pure, it turns the chat pipeline's chunks into its events and
-/// keeps what it needs to write the last ones.
+/// A dialect's stream writer: pure, it turns what the chat pipeline's chunks carry into its
+/// events (kept until [`Translator::take`]) and keeps what it needs to write the last ones.
+/// [`translated`] walks the chunks and calls it.
 pub(super) trait Translator: Send + 'static {
-    /// The events before the first chunk.
-    fn start(&mut self) -> Vec<Named>;
-    /// The events one chunk brings.
-    fn push(&mut self, chunk: &ChatCompletionChunk) -> Vec<Named>;
-    /// The events after the last chunk (the pipeline's channel closed).
-    fn finish(&mut self) -> Vec<Named>;
+    /// Writes the events before the first chunk.
+    fn start(&mut self);
+    /// More reasoning (`reasoning`) or content text.
+    fn text(&mut self, reasoning: bool, delta: &str);
+    /// A tool call's piece: a new call (id, name, arguments so far) or more arguments.
+    fn call(&mut self, call: &ToolCallChunk);
+    /// The rest a choice's chunk says: token ids, finish reason, policy version.
+    fn choice(&mut self, choice: &ChatChunkChoice);
+    /// The request's token counts (the stream's last chunk).
+    fn usage(&mut self, usage: &Usage);
+    /// Writes the events after the last chunk (the pipeline's channel closed).
+    fn finish(&mut self);
+    /// The events written since the last take.
+    fn take(&mut self) -> Vec<Named>;
+}
+
+/// What `chunk` carries, handed to `w` in order: usage, then per choice its reasoning, content,
+/// tool-call pieces and the rest.
+fn walk(w: &mut impl Translator, chunk: &ChatCompletionChunk) {
+    if let Some(u) = &chunk.usage {
+        w.usage(u);
+    }
+    for c in &chunk.choices {
+        if let Some(r) = &c.delta.reasoning_content {
+            w.text(true, r);
+        }
+        if let Some(t) = &c.delta.content {
+            w.text(false, t);
+        }
+        for call in c.delta.tool_calls.iter().flatten() {
+            w.call(call);
+        }
+        w.choice(c);
+    }
 }
 
 /// OpenAI's stream of `chunks`: each a `data:` line of JSON, `data: [DONE]` after the last.
@@ -83,15 +112,18 @@ pub(super) fn translated(
                 true
             }
         };
-        if !send(w.start()).await {
+        w.start();
+        if !send(w.take()).await {
             return;
         }
         while let Some(chunk) = chunks.recv().await {
-            if !send(w.push(&chunk)).await {
+            walk(&mut w, &chunk);
+            if !send(w.take()).await {
                 return;
             }
         }
-        send(w.finish()).await;
+        w.finish();
+        send(w.take()).await;
     });
     let lines = futures_util::stream::unfold(rx, |mut rx| async move {
         let e = rx.recv().await?;

@@ -19,8 +19,8 @@
 //! them; a weight update empties the cache, and a sequence whose keys span a weight update never
 //! enters it: no request ever attends to keys of older weights.
 //!
-//! Two parts: [`index`] (the block tree, its hash index and LRU leaves: pure bookkeeping, tested
-//! without a model) and [`pool`] (the tensors, copied to and from the engine's slots).
+//! Two parts: `index.rs` (the block tree, its hash index and LRU leaves: pure bookkeeping, tested
+//! without a model) and `pool.rs` (the tensors, copied to and from the engine's slots).
 
 mod index;
 mod pool;

@@ -3,7 +3,7 @@
 //! with little arithmetic per weight, and libtorch's general kernels reach a fraction of the
 //! memory bandwidth there (`host bench products` on a 2-core AMD EPYC at Qwen3-0.6B's shapes,
 //! 8 rows: MKL 5.5 GB/s, oneDNN 10.4, this kernel 13.9; one row: 14.0, 19.3, 23.0; see
-//! [`crate::model::qwen3::SMALL_PRODUCT_ROWS`]).
+//! [`crate::model::kernels::SMALL_PRODUCT_ROWS`]).
 //! It reads `W` where it lies, once: each block of [`NR`] weight rows is multiplied with every
 //! row of `x` while it is in L1 (blocks of [`MR`] rows of `x`, `MR × NR` vector accumulators
 //! along `k`), and the columns of `y` are split between libtorch's OpenMP threads. Every output

@@ -7,7 +7,7 @@ pub mod few_rows;
 
 use tch::{Device, Kind, Tensor};
 
-/// What runs a matrix product `x Wᵀ` of the model ([`Qwen3::product_kernel`]).
+/// What runs a matrix product `x Wᵀ` of the model ([`crate::model::Qwen3::product_kernel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProductKernel {
     /// [`few_rows::matmul_nt`]: x86-64 with AVX2 and FMA, f32, at most [`SMALL_PRODUCT_ROWS`].
@@ -88,7 +88,7 @@ pub fn onednn_works() -> bool {
 }
 
 /// `x Wᵀ` for `x` `[rows, in]` and `w` `[out, in]` by `kernel`; the few-rows kernel and oneDNN
-/// need f32 operands on the CPU, `w` contiguous (checked by [`Qwen3::project`]; a bench
+/// need f32 operands on the CPU, `w` contiguous (checked by [`crate::model::Qwen3::project`]; a bench
 /// passes its own). When oneDNN refuses, the BLAS computes it, and every later oneDNN product
 /// ([`onednn_works`] then says false; a caller that must know oneDNN ran calls
 /// [`onednn_product`]).

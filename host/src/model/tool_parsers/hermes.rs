@@ -16,7 +16,7 @@ use rlhost_sdk::types::Tool;
 use super::{ParseOutcome, ParsedCall, ToolCallParser, json_prefix};
 use crate::model::chat_template::python_json;
 
-/// The hermes parser.
+/// The `hermes` format: a JSON object with `name` and `arguments` per `<tool_call>` block.
 pub struct Hermes;
 
 const OPEN: &str = "<tool_call>";

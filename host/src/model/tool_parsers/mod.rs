@@ -154,7 +154,7 @@ pub fn lark_json(schema: &serde_json::Value) -> String {
     format!("%json {schema}")
 }
 
-/// The parser called `name`.
+/// The parser called `name` on the command line (`hermes`, `qwen3_coder` or `qwen3_xml`).
 pub fn parser(name: &str) -> Result<Box<dyn ToolCallParser>, String> {
     match name {
         "hermes" => Ok(Box::new(Hermes)),

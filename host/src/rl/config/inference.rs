@@ -124,11 +124,11 @@ pub enum InferConfigError {
 /// What an engine and its API are built from, resolved from [`InferConfig`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineSetup {
-    /// The model folder.
+    /// The folder `model.name` resolves to (a hub id: its snapshot in the Hugging Face cache).
     pub model_dir: PathBuf,
     /// Where the engine runs.
     pub device: tch::Device,
-    /// Its weight precision.
+    /// Weight precision: `dtype`, with `auto` resolved for `device`.
     pub precision: Precision,
     /// Scheduler and cache settings.
     pub engine: EngineConfig,

@@ -27,9 +27,9 @@ pub use trainer::{CkptConfig, DataConfig, ModelConfig, TrainerConfig};
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RlConfig {
-    /// The trainer.
+    /// The `[trainer]` section: the policy, its optimiser and loss, batching and checkpoints.
     pub trainer: TrainerConfig,
-    /// The orchestrator.
+    /// The `[orchestrator]` section: environments, rollouts and evaluations.
     pub orchestrator: OrchConfig,
     /// The colocated inference engine.
     pub inference: InferConfig,

@@ -129,7 +129,7 @@ pub struct EvalConfig {
     pub env: Vec<EvalEnvConfig>,
 }
 
-/// The orchestrator section.
+/// The `[orchestrator]` section: environments, rollouts, sampling, servers and evaluations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OrchConfig {

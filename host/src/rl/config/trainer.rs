@@ -69,7 +69,7 @@ impl Default for CkptConfig {
     }
 }
 
-/// The trainer section.
+/// The `[trainer]` section: the policy, its optimiser and loss, batching and checkpoints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainerConfig {

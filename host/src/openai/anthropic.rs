@@ -445,14 +445,14 @@ pub enum MessagesEvent {
     },
     /// A content block grows.
     ContentBlockDelta {
-        /// Its position.
+        /// Its position in `content`.
         index: usize,
         /// What it gains.
         delta: BlockDelta,
     },
     /// A content block is whole.
     ContentBlockStop {
-        /// Its position.
+        /// Its position in `content`.
         index: usize,
     },
     /// The stop reason and the final token counts (cumulative).
@@ -462,7 +462,7 @@ pub enum MessagesEvent {
         /// Token counts.
         usage: AnthropicUsage,
     },
-    /// The end.
+    /// The message is complete: the last event of a stream that did not fail.
     MessageStop,
     /// The stream failed.
     Error {

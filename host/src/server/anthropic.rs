@@ -24,12 +24,12 @@ use serde_json::Value;
 
 use super::sse::{self, Named, Translator};
 use crate::chat::{Pipeline, Reply, bad, random_id};
-use crate::openai::messages::{
+use crate::openai::anthropic::{
     AnthropicContent, AnthropicErrorBody, AnthropicUsage, BlockDelta, ContentBlock, MessageDelta,
     MessagesEvent, MessagesRequest, MessagesResponse, ResponseBlock, StreamError,
 };
 use crate::openai::{
-    self, ApiError, ChatCompletionChunk, ChatMessage, ChatRequest, FunctionDef, FunctionName,
+    self, ApiError, ChatChunkChoice, ChatMessage, ChatRequest, FunctionDef, FunctionName,
     GenerationParams, NamedToolChoice, Role, Stop, StreamOptions, ToolCall, ToolCallChunk,
     ToolChoiceParam, ToolDef, Usage,
 };
@@ -737,7 +737,7 @@ impl MessagesWriter {
     }
 
     /// More thinking or text, opening its block (and closing the open one) first.
-    fn text(&mut self, thinking: bool, delta: &str) {
+    fn append_text(&mut self, thinking: bool, delta: &str) {
         if delta.is_empty() {
             return;
         }
@@ -780,7 +780,7 @@ impl MessagesWriter {
     }
 
     /// A tool call delta: a new call opens a `tool_use` block, arguments stream as JSON pieces.
-    fn call(&mut self, d: &ToolCallChunk) {
+    fn append_call(&mut self, d: &ToolCallChunk) {
         let (name, args) = (d.function.name.as_deref(), d.function.arguments.as_deref());
         if !self.calls.contains_key(&d.index) {
             if self.plan.one_call && !self.calls.is_empty() {
@@ -827,7 +827,7 @@ impl MessagesWriter {
 }
 
 impl Translator for MessagesWriter {
-    fn start(&mut self) -> Vec<Named> {
+    fn start(&mut self) {
         let start = MessagesResponse {
             id: random_id("msg", '_'),
             kind: "message".into(),
@@ -841,32 +841,28 @@ impl Translator for MessagesWriter {
         self.send(MessagesEvent::MessageStart {
             message: Box::new(start),
         });
-        std::mem::take(&mut self.out)
     }
 
-    fn push(&mut self, chunk: &ChatCompletionChunk) -> Vec<Named> {
-        if let Some(u) = &chunk.usage {
-            self.usage = u.clone();
-        }
-        for c in &chunk.choices {
-            if let Some(r) = &c.delta.reasoning_content {
-                self.text(true, r);
-            }
-            if let Some(t) = &c.delta.content {
-                self.text(false, t);
-            }
-            for call in c.delta.tool_calls.iter().flatten() {
-                self.call(call);
-            }
-            self.ids.extend(c.delta.token_ids.iter().flatten());
-            if let Some(f) = &c.finish_reason {
-                self.finish = f.clone();
-            }
-        }
-        std::mem::take(&mut self.out)
+    fn text(&mut self, thinking: bool, delta: &str) {
+        self.append_text(thinking, delta);
     }
 
-    fn finish(&mut self) -> Vec<Named> {
+    fn call(&mut self, call: &ToolCallChunk) {
+        self.append_call(call);
+    }
+
+    fn choice(&mut self, c: &ChatChunkChoice) {
+        self.ids.extend(c.delta.token_ids.iter().flatten());
+        if let Some(f) = &c.finish_reason {
+            self.finish = f.clone();
+        }
+    }
+
+    fn usage(&mut self, usage: &Usage) {
+        self.usage = usage.clone();
+    }
+
+    fn finish(&mut self) {
         self.close();
         if self.finish == "abort" {
             let e = aborted();
@@ -888,6 +884,9 @@ impl Translator for MessagesWriter {
             });
             self.send(MessagesEvent::MessageStop);
         }
+    }
+
+    fn take(&mut self) -> Vec<Named> {
         std::mem::take(&mut self.out)
     }
 }

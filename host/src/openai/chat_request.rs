@@ -8,7 +8,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::response::ToolCall;
+use super::chat_response::ToolCall;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -279,7 +279,7 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    /// A message with text content.
+    /// A message of `role` with text `content` and no tool calls, name or reasoning.
     pub fn text(role: Role, content: impl Into<String>) -> Self {
         Self {
             role,
@@ -477,7 +477,7 @@ pub struct OutputConstraints {
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
-    /// The conversation.
+    /// The conversation so far, oldest message first.
     #[serde(default)]
     pub messages: Vec<ChatMessage>,
     /// Model, sampling, limits and streaming.

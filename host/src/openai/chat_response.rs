@@ -58,7 +58,7 @@ fn function_kind() -> String {
 }
 
 impl ToolCall {
-    /// A function call.
+    /// A `function` call of `name` with `arguments` (JSON text); tool messages answer it by `id`.
     pub fn function(id: &str, name: &str, arguments: &str) -> Self {
         Self {
             id: id.to_string(),
@@ -273,7 +273,7 @@ pub struct Delta {
 /// One choice's part of a chat stream chunk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatChunkChoice {
-    /// The choice.
+    /// Which choice it adds to.
     pub index: usize,
     /// What it adds.
     pub delta: Delta,
@@ -405,7 +405,7 @@ pub struct TextCompletion {
 /// One choice's part of a text stream chunk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextChunkChoice {
-    /// The choice.
+    /// Which choice it adds to.
     pub index: usize,
     /// New text.
     pub text: String,

@@ -1,0 +1,766 @@
+//! The engine's worker: the one thread that owns the model, the decode slots and the prefix
+//! cache. Each turn of its loop takes the handle's commands, admits what [`super::scheduler`]
+//! plans (copying cached prefixes into slots, prefilling, chunking long prompts in the staging
+//! slot), runs one decode step for every running sequence, samples, reports tokens and retires
+//! finished samples ([`Seq::retire`], the one place a sample ends). It must never block on a
+//! client: events go out on unbounded channels, and a closed one frees its slot.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use tch::{Kind, Tensor};
+use tokio::sync::mpsc as tmpsc;
+
+use super::detok::TextState;
+use super::grammar::{GrammarError, SequenceGrammar};
+use super::metrics::SampleTimes;
+use super::prefix::PrefixCache;
+use super::sampling::{self, Rng, SamplingParams};
+use super::scheduler::{self, Admission};
+use super::threads::ThreadTuner;
+use super::{
+    Command, EngineInfo, Event, FinishReason, Pending, StopCause, default_kv_cache_tokens,
+};
+use crate::model::{Qwen3, SlotCache};
+
+/// A running sequence; sequence `i` of `Worker::running` lives in cache slot `i`.
+struct Seq {
+    index: usize,
+    request: Arc<RequestState>,
+    ids: Vec<u32>,
+    prompt_len: usize,
+    rng: Rng,
+    text: TextState,
+    /// Policy version when its first key was computed: a sequence whose keys span a weight
+    /// update never enters the prefix cache.
+    kv_version: u64,
+    /// When its first and its latest token were sampled.
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// Its place in the request's grammar, if it has one.
+    grammar: Option<SequenceGrammar>,
+}
+
+/// How a sample's end is reported to its client.
+struct End {
+    stop: Option<StopCause>,
+    /// Text held back until now.
+    text: String,
+    error: Option<String>,
+}
+
+impl Seq {
+    /// Retires the sample as `reason`: counts its end, releases its request's place in flight
+    /// when it is the request's last sample, then tells the client (unless `end` is `None`: the
+    /// client is gone). In this order, so a client that submits again at once is never refused
+    /// for its own finished request, and one that reads the metrics next finds it there. The
+    /// caller frees the slot.
+    fn retire(&self, info: &EngineInfo, reason: FinishReason, now: Instant, end: Option<End>) {
+        info.metrics.finished(reason, &self.times(), now, 1);
+        if self.request.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            info.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(end) = end {
+            let _ = self.request.events.send(Event::Finished {
+                index: self.index,
+                reason,
+                stop: end.stop,
+                text: end.text,
+                cached_tokens: self.request.cached,
+                error: end.error,
+            });
+        }
+    }
+
+    /// Its timeline so far.
+    fn times(&self) -> SampleTimes {
+        SampleTimes {
+            arrived: self.request.arrived,
+            scheduled: Some(self.request.scheduled),
+            first_token: self.first_token,
+            last_token: self.last_token,
+            prompt_tokens: self.prompt_len,
+            generated: self.ids.len() - self.prompt_len,
+        }
+    }
+}
+
+/// What the samples of one request share.
+struct RequestState {
+    params: Arc<SamplingParams>,
+    events: tmpsc::UnboundedSender<Event>,
+    remaining: AtomicUsize,
+    /// Prompt tokens not computed for it.
+    cached: usize,
+    /// When [`Engine::submit`] accepted it, and when its prefill was scheduled.
+    arrived: Instant,
+    scheduled: Instant,
+}
+
+/// A request admitted this step: its cached prefix is in its slot, the rest is to prefill.
+struct Admitted {
+    p: Pending,
+    /// Its cached prefix: prefix-cache blocks, `cached` tokens.
+    chain: Vec<u32>,
+    cached: usize,
+    /// Requests with the very same prompt admitted in the same step: they share its prefill.
+    followers: Vec<Pending>,
+    /// When it was admitted (its followers too).
+    scheduled: Instant,
+}
+
+/// A prompt too long for one step, prefilled chunk by chunk in the staging slot (the slot past
+/// the batch) between decode steps.
+struct Partial {
+    p: Pending,
+    /// Prompt positions whose keys are in the staging slot.
+    done: usize,
+    cached: usize,
+    kv_version: u64,
+    /// When its first chunk was scheduled.
+    scheduled: Instant,
+}
+
+fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version: u64) -> Seq {
+    Seq {
+        index,
+        request: request.clone(),
+        ids: prompt.to_vec(),
+        prompt_len: prompt.len(),
+        rng: request.params.seed.map_or_else(Rng::from_entropy, |s| {
+            Rng::new(s.wrapping_add(index as u64))
+        }),
+        text: TextState::default(),
+        kv_version,
+        first_token: None,
+        last_token: None,
+        grammar: request.params.constraint.as_ref().map(|c| c.start()),
+    }
+}
+
+pub(super) struct Worker {
+    model: Qwen3,
+    info: Arc<EngineInfo>,
+    /// `max_batch_size` slots for running sequences, then the staging slot.
+    cache: SlotCache,
+    prefix: Option<PrefixCache>,
+    running: Vec<Seq>,
+    waiting: VecDeque<Pending>,
+    partial: Option<Partial>,
+    logged: (Instant, u64),
+    threads: ThreadTuner,
+}
+
+impl Worker {
+    pub(super) fn new(model: Qwen3, info: Arc<EngineInfo>) -> Self {
+        let cfg = &info.config;
+        let threads = ThreadTuner::new(cfg.threads, model.vs.device());
+        let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256);
+        let prefix = cfg.prefix_caching.then(|| {
+            let bytes = cache.bytes() as usize / (cfg.max_batch_size + 1) / 256;
+            let tokens = cfg
+                .kv_cache_tokens
+                .unwrap_or_else(|| default_kv_cache_tokens(bytes, model.vs.device()));
+            PrefixCache::new(&model, cfg.block_size, tokens)
+        });
+        if let Some(p) = &prefix {
+            info.cache_max_blocks
+                .store(p.stats().max_blocks, Ordering::Relaxed);
+        }
+        Self {
+            model,
+            info,
+            cache,
+            prefix,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            partial: None,
+            logged: (Instant::now(), 0),
+            threads,
+        }
+    }
+
+    fn staging(&self) -> i64 {
+        self.info.config.max_batch_size as i64
+    }
+
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        let _guard = tch::no_grad_guard();
+        loop {
+            // Block only when there is nothing to do.
+            let idle = self.running.is_empty() && self.waiting.is_empty() && self.partial.is_none();
+            let mut next = if idle {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                rx.try_recv().ok()
+            };
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    Command::Generate(p) => self.waiting.push_back(*p),
+                    Command::UpdateWeights(source, reply) => {
+                        let _ = reply.send(self.update(source));
+                    }
+                    Command::ResetPrefixCache(reply) => {
+                        self.reset_prefix();
+                        let _ = reply.send(());
+                    }
+                    Command::Shutdown => {
+                        self.abort_all();
+                        return;
+                    }
+                }
+                next = rx.try_recv().ok();
+            }
+            self.admit();
+            if !self.running.is_empty() {
+                self.decode_step();
+            }
+            self.publish_queue();
+            self.log_hits();
+        }
+    }
+
+    /// Sets the running and waiting gauges, in samples: running = decoding, or being
+    /// prefilled in chunks; waiting = queued, not started.
+    fn publish_queue(&self) {
+        let m = &self.info.metrics;
+        let partial = self.partial.as_ref().map_or(0, |j| j.p.n);
+        m.running.set((self.running.len() + partial) as f64);
+        m.waiting
+            .set(self.waiting.iter().map(|p| p.n).sum::<usize>() as f64);
+    }
+
+    /// The shared state of a request whose samples start now, `cached` of its prompt tokens
+    /// not computed; counts its prompt.
+    fn start_request(&self, p: &Pending, cached: usize, scheduled: Instant) -> Arc<RequestState> {
+        self.info
+            .metrics
+            .prompt_started(p.prompt.len(), cached, self.prefix.is_some());
+        Arc::new(RequestState {
+            params: p.params.clone(),
+            events: p.events.clone(),
+            remaining: AtomicUsize::new(p.n),
+            cached,
+            arrived: p.arrived,
+            scheduled,
+        })
+    }
+
+    /// Copies in weights already read and checked finite by [`Engine::update_weights`]. Every
+    /// cached prefix was computed with the old weights: the cache empties, and a chunked
+    /// prefill under way starts over.
+    fn update(&mut self, weights: BTreeMap<String, Tensor>) -> Result<u64, String> {
+        self.model.assign(weights).map_err(|e| e.to_string())?;
+        let version = self.info.version.fetch_add(1, Ordering::SeqCst) + 1;
+        self.info.metrics.policy_version.set(version as f64);
+        self.reset_prefix();
+        if let Some(job) = self.partial.as_mut() {
+            job.done = 0;
+            job.cached = 0;
+            job.kv_version = version;
+        }
+        Ok(version)
+    }
+
+    fn reset_prefix(&mut self) {
+        if let Some(p) = self.prefix.as_mut() {
+            p.clear();
+            self.info.cache_blocks.store(0, Ordering::Relaxed);
+            self.info.metrics.kv_cache_usage.set(0.0);
+        }
+    }
+
+    /// Logs the prefix cache's hit rate every 30 s while there is traffic.
+    fn log_hits(&mut self) {
+        let stats = self.info.prefill_stats();
+        if stats.requested == self.logged.1 || self.logged.0.elapsed() < Duration::from_secs(30) {
+            return;
+        }
+        self.logged = (Instant::now(), stats.requested);
+        if self.prefix.is_some() {
+            tracing::info!(
+                "prefix cache: {:.1}% of prompt tokens reused ({} of {} computed), {} of {} blocks in use",
+                100.0 * stats.hit_rate(),
+                stats.computed,
+                stats.requested,
+                stats.blocks,
+                stats.max_blocks
+            );
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let m = &self.info.metrics;
+        let now = Instant::now();
+        m.running.set(0.0);
+        m.waiting.set(0.0);
+        for seq in self.running.drain(..) {
+            let end = End {
+                stop: None,
+                text: String::new(),
+                error: None,
+            };
+            seq.retire(&self.info, FinishReason::Abort, now, Some(end));
+        }
+        let partial = self.partial.take().map(|j| (j.p, Some(j.scheduled)));
+        let waiting = self.waiting.drain(..).map(|p| (p, None));
+        for (p, scheduled) in waiting.chain(partial) {
+            m.finished(FinishReason::Abort, &p.times(scheduled), now, p.n);
+            for index in 0..p.n {
+                let _ = p.events.send(Event::Finished {
+                    index,
+                    reason: FinishReason::Abort,
+                    error: None,
+                    stop: None,
+                    text: String::new(),
+                    cached_tokens: 0,
+                });
+            }
+            self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// One scheduler step's prefill work, within `max_num_batched_tokens`: the next chunk of a
+    /// long prompt, then waiting requests while slots are free (their cached prefixes copied
+    /// in, identical prompts folded into one), prefilled together.
+    fn admit(&mut self) {
+        let cfg = self.info.config.clone();
+        let mut budget = cfg.max_num_batched_tokens.max(1);
+        let now = Instant::now();
+        if self.partial.is_some() {
+            budget = budget.saturating_sub(self.prefill_chunk(budget));
+        }
+        let cap = scheduler::Capacity {
+            slots: cfg.max_batch_size,
+            used: self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n),
+            budget,
+            chunking: self.partial.is_some(),
+            block_size: cfg.block_size,
+        };
+        let prefix = &mut self.prefix;
+        let plan = scheduler::plan_step(&self.waiting, cap, |prompt, limit| {
+            prefix
+                .as_mut()
+                .map_or_else(Vec::new, |c| c.lookup(prompt, limit))
+        });
+        let mut batch: Vec<Admitted> = Vec::new();
+        for admission in plan.admissions {
+            let p = self.waiting.pop_front().expect("planned from the queue");
+            match admission {
+                Admission::Dropped => {
+                    self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    let m = &self.info.metrics;
+                    m.finished(FinishReason::Abort, &p.times(None), now, p.n);
+                }
+                Admission::Follows { leader } => {
+                    self.count_prompt(p.prompt.len(), 0);
+                    batch[leader].followers.push(p);
+                }
+                Admission::Chunked { chain, cached } => {
+                    let staging = self.staging();
+                    if let Some(c) = &self.prefix {
+                        c.load(&chain, &mut self.cache, staging);
+                    }
+                    self.count_prompt(p.prompt.len(), 0);
+                    self.partial = Some(Partial {
+                        p,
+                        done: cached,
+                        cached,
+                        kv_version: self.info.version(),
+                        scheduled: now,
+                    });
+                }
+                Admission::Prefill { chain, cached } => batch.push(Admitted {
+                    p,
+                    chain,
+                    cached,
+                    followers: Vec::new(),
+                    scheduled: now,
+                }),
+            }
+        }
+        // Before the first tokens go out: a client that hears its request end reads gauges
+        // that already count it as started.
+        self.publish_queue();
+        if !batch.is_empty() {
+            self.prefill(batch);
+        }
+    }
+
+    /// Counts a request's prompt: `computed` of its `requested` tokens run through the model.
+    fn count_prompt(&self, requested: usize, computed: usize) {
+        self.info
+            .prompt_requested
+            .fetch_add(requested as u64, Ordering::Relaxed);
+        self.info
+            .prompt_computed
+            .fetch_add(computed as u64, Ordering::Relaxed);
+    }
+
+    fn store_prefix(&mut self, tokens: &[u32], valid: usize, slot: i64) {
+        if let Some(c) = self.prefix.as_mut() {
+            c.store(tokens, valid, &mut self.cache, slot);
+            let stats = c.stats();
+            self.info
+                .cache_blocks
+                .store(stats.blocks, Ordering::Relaxed);
+            if stats.max_blocks > 0 {
+                let usage = stats.blocks as f64 / stats.max_blocks as f64;
+                self.info.metrics.kv_cache_usage.set(usage);
+            }
+        }
+    }
+
+    /// Prefills the uncached parts of `batch` in the slots after the running sequences, in as
+    /// few forward calls as keep padding small, then starts every sample of every request
+    /// (followers included).
+    fn prefill(&mut self, mut batch: Vec<Admitted>) {
+        let base = self.running.len();
+        let device = self.model.vs.device();
+        let max_len = self.info.config.max_model_len as i64;
+        // Longest first: a forward call takes rows of similar length, in slot order.
+        batch.sort_by_key(|a| std::cmp::Reverse(a.p.prompt.len() - a.cached));
+        let rest: Vec<usize> = batch.iter().map(|a| a.p.prompt.len() - a.cached).collect();
+        if let Some(c) = &self.prefix {
+            for (k, a) in batch.iter().enumerate() {
+                c.load(&a.chain, &mut self.cache, (base + k) as i64);
+            }
+        }
+        let mut last_logits: Vec<Tensor> = Vec::new();
+        let mut r = 0;
+        while r < batch.len() {
+            let width = rest[r];
+            let mut end = r + 1;
+            let mut real = rest[r];
+            while end < batch.len() && (end - r + 1) * width <= (real + rest[end]) * 5 / 4 + 16 {
+                real += rest[end];
+                end += 1;
+            }
+            let rows = end - r;
+            let (mut ids, mut pos, mut last) = (
+                Vec::with_capacity(rows * width),
+                Vec::with_capacity(rows * width),
+                Vec::with_capacity(rows),
+            );
+            for (a, &n) in batch[r..end].iter().zip(&rest[r..end]) {
+                for j in 0..width {
+                    let p = (a.cached + j) as i64;
+                    if j < n {
+                        ids.push(i64::from(a.p.prompt[a.cached + j]));
+                        pos.push(p);
+                    } else {
+                        // Padding: written past the prompt (overwritten before any query
+                        // reads there), clamped inside the context.
+                        ids.push(0);
+                        pos.push(p.min(max_len - 1));
+                    }
+                }
+                last.push(n as i64 - 1);
+            }
+            let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
+            let shape = [rows as i64, width as i64];
+            let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
+            let pos = Tensor::from_slice(&pos).view(shape).to_device(device);
+            let last = Tensor::from_slice(&last).to_device(device);
+            let probe = self.threads.start(true, rows * width);
+            let logits = self.model.forward_slots_last(
+                &ids,
+                &pos,
+                &mut self.cache,
+                (base + r) as i64,
+                key_len,
+                &last,
+            );
+            self.threads.finish(probe);
+            last_logits.push(logits);
+            r = end;
+        }
+        let logits = Tensor::cat(&last_logits, 0).to_kind(Kind::Float);
+        let computed: usize = rest.iter().sum();
+        self.info.metrics.iteration_tokens.observe(computed as f64);
+        let version = self.info.version();
+        for (k, a) in batch.iter().enumerate() {
+            self.count_prompt(a.p.prompt.len(), rest[k]);
+            let len = a.p.prompt.len();
+            self.store_prefix(&a.p.prompt, len, (base + k) as i64);
+        }
+        // Sample 0 of every request in its prefill slot, then the other samples and the
+        // followers in the slots after, each a copy of its prompt's slot.
+        let mut rows: Vec<i64> = Vec::new();
+        let mut requests = Vec::with_capacity(batch.len());
+        for (k, a) in batch.iter().enumerate() {
+            let request = self.start_request(&a.p, a.cached, a.scheduled);
+            self.running
+                .push(new_seq(&request, &a.p.prompt, 0, version));
+            rows.push(k as i64);
+            requests.push(request);
+        }
+        for (k, (a, request)) in batch.into_iter().zip(requests).enumerate() {
+            let len = a.p.prompt.len();
+            let from = (base + k) as i64;
+            for index in 1..a.p.n {
+                self.cache
+                    .copy_slot(from, self.running.len() as i64, len as i64);
+                self.running
+                    .push(new_seq(&request, &a.p.prompt, index, version));
+                rows.push(k as i64);
+            }
+            for f in a.followers {
+                let request = self.start_request(&f, len, a.scheduled);
+                for index in 0..f.n {
+                    self.cache
+                        .copy_slot(from, self.running.len() as i64, len as i64);
+                    self.running
+                        .push(new_seq(&request, &f.prompt, index, version));
+                    rows.push(k as i64);
+                }
+            }
+        }
+        let index = Tensor::from_slice(&rows).to_device(logits.device());
+        self.sample_and_advance(&logits.index_select(0, &index), base);
+    }
+
+    /// The next chunk (at most `budget` tokens) of the prompt being prefilled in the staging
+    /// slot; when it is the last, the request's samples start. Returns the tokens computed.
+    fn prefill_chunk(&mut self, budget: usize) -> usize {
+        let Some(job) = self.partial.as_mut() else {
+            return 0;
+        };
+        if job.p.events.is_closed() {
+            let m = &self.info.metrics;
+            let times = job.p.times(Some(job.scheduled));
+            m.finished(FinishReason::Abort, &times, Instant::now(), job.p.n);
+            self.partial = None;
+            self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return 0;
+        }
+        let device = self.model.vs.device();
+        let staging = self.info.config.max_batch_size as i64;
+        let len = job.p.prompt.len();
+        let take = (len - job.done).min(budget.max(1));
+        let ids: Vec<i64> = job.p.prompt[job.done..job.done + take]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        let ids = Tensor::from_slice(&ids).to_device(device).unsqueeze(0);
+        let pos =
+            (Tensor::arange(take as i64, (Kind::Int64, device)) + job.done as i64).unsqueeze(0);
+        let last = Tensor::from_slice(&[take as i64 - 1]).to_device(device);
+        let probe = self.threads.start(true, take);
+        let logits = self.model.forward_slots_last(
+            &ids,
+            &pos,
+            &mut self.cache,
+            staging,
+            (job.done + take) as i64,
+            &last,
+        );
+        self.threads.finish(probe);
+        self.info.metrics.iteration_tokens.observe(take as f64);
+        let job = self.partial.as_mut().expect("the job");
+        job.done += take;
+        self.info
+            .prompt_computed
+            .fetch_add(take as u64, Ordering::Relaxed);
+        let (prompt, done) = (job.p.prompt.clone(), job.done);
+        self.store_prefix(&prompt, done, staging);
+        if done < len {
+            return take;
+        }
+        let job = self.partial.take().expect("the job");
+        let base = self.running.len();
+        let request = self.start_request(&job.p, job.cached, job.scheduled);
+        for index in 0..job.p.n {
+            self.cache
+                .copy_slot(staging, self.running.len() as i64, len as i64);
+            self.running
+                .push(new_seq(&request, &job.p.prompt, index, job.kv_version));
+        }
+        let logits = logits
+            .to_kind(Kind::Float)
+            .expand([job.p.n as i64, -1], false);
+        self.sample_and_advance(&logits, base);
+        take
+    }
+
+    /// One decode step for every running sequence.
+    fn decode_step(&mut self) {
+        let b = self.running.len() as i64;
+        let device = self.model.vs.device();
+        let last: Vec<i64> = self
+            .running
+            .iter()
+            .map(|s| i64::from(*s.ids.last().expect("non-empty")))
+            .collect();
+        let pos: Vec<i64> = self
+            .running
+            .iter()
+            .map(|s| s.ids.len() as i64 - 1)
+            .collect();
+        let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
+        let ids = Tensor::from_slice(&last).to_device(device).unsqueeze(1);
+        let positions = Tensor::from_slice(&pos).to_device(device).unsqueeze(1);
+        let probe = self.threads.start(false, b as usize);
+        self.info.metrics.iteration_tokens.observe(b as f64);
+        let logits = self
+            .model
+            .forward_slots(&ids, &positions, &mut self.cache, 0, key_len)
+            .select(1, 0);
+        // The sampler's work is part of the step (its ops use the same threads); the timing
+        // ends when the logits are read.
+        self.sample_and_advance(&logits, 0);
+        self.threads.finish(probe);
+    }
+
+    /// Samples a token for sequences `from..` (one logits row each), reports them, and retires
+    /// the sequences that finished.
+    fn sample_and_advance(&mut self, logits: &Tensor, from: usize) {
+        let version = self.info.version();
+        // Constrained rows only: their grammars' masks (a failed grammar ends its sequence).
+        let masks: Vec<Option<Result<_, GrammarError>>> = self.running[from..]
+            .iter_mut()
+            .map(|s| s.grammar.as_mut().map(SequenceGrammar::mask))
+            .collect();
+        let sampled = {
+            let mut rows: Vec<sampling::Row<'_>> = self.running[from..]
+                .iter_mut()
+                .zip(&masks)
+                .map(|(s, m)| sampling::Row {
+                    params: &s.request.params,
+                    rng: &mut s.rng,
+                    seen: &s.ids,
+                    prompt_len: s.prompt_len,
+                    allowed: m
+                        .as_ref()
+                        .and_then(|m| m.as_ref().ok())
+                        .map(|m| m.as_slice()),
+                })
+                .collect();
+            sampling::sample(logits, &mut rows)
+        };
+        // The step's time stamps every token it sampled (vLLM's engine-core timestamp).
+        let now = Instant::now();
+        let metrics = &self.info.metrics;
+        metrics.generation_tokens.inc_by(sampled.len() as f64);
+        // Sequences still running, for the gauge set before each end is reported.
+        let mut live = self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n);
+        let max_len = self.info.config.max_model_len;
+        let mut finished: Vec<usize> = Vec::new();
+        let mut keep: Vec<usize> = Vec::new();
+        for (k, (s, mask)) in sampled.into_iter().zip(masks).enumerate() {
+            let i = from + k;
+            let seq = &mut self.running[i];
+            let failed = match (mask, seq.grammar.as_mut()) {
+                (Some(Err(e)), _) => Some(e),
+                (_, Some(g)) if !self.info.eos.contains(&s.token) => g.consume(s.token).err(),
+                _ => None,
+            };
+            if let Some(e) = failed {
+                // The token is not reported: the sample ends here, with the grammar's complaint.
+                tracing::warn!("request sample {}: {e}", seq.index);
+                live -= 1;
+                metrics.running.set(live as f64);
+                let end = End {
+                    stop: None,
+                    text: seq.text.take_ready(&seq.request.params.stop, true),
+                    error: Some(e.to_string()),
+                };
+                seq.retire(&self.info, FinishReason::Error, now, Some(end));
+                finished.push(i);
+                continue;
+            }
+            match seq.last_token {
+                None => metrics
+                    .ttft
+                    .observe((now - seq.request.arrived).as_secs_f64()),
+                Some(last) => metrics.itl.observe((now - last).as_secs_f64()),
+            }
+            seq.first_token.get_or_insert(now);
+            seq.last_token = Some(now);
+            let s_token = s.token;
+            let params = seq.request.params.clone();
+            seq.ids.push(s.token);
+            let generated = seq.ids.len() - seq.prompt_len;
+            let eos = !params.ignore_eos && self.info.eos.contains(&s.token);
+            let stop_token = params.stop_token_ids.contains(&s.token);
+            // The text of a stop or end-of-sequence token is not part of the output.
+            let stop_str = !(eos || stop_token)
+                && seq.text.push(
+                    &self.info.tokenizer,
+                    &seq.ids[seq.prompt_len..],
+                    params.skip_special_tokens,
+                    &params.stop,
+                );
+            let length =
+                params.max_tokens.is_some_and(|m| generated >= m) || seq.ids.len() >= max_len;
+            let reason = if eos || stop_token || stop_str {
+                Some(FinishReason::Stop)
+            } else if length {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            let text = seq.text.take_ready(&params.stop, reason.is_some());
+            let alive = seq
+                .request
+                .events
+                .send(Event::Token {
+                    index: seq.index,
+                    id: s.token,
+                    logprob: s.logprob,
+                    top: s.top,
+                    text,
+                    version,
+                })
+                .is_ok();
+            if let Some(reason) = reason {
+                live -= 1;
+                metrics.running.set(live as f64);
+                let end = End {
+                    stop: if stop_str {
+                        seq.text.stopped_by.clone().map(StopCause::Text)
+                    } else if stop_token && !eos {
+                        Some(StopCause::Token(s_token))
+                    } else {
+                        None
+                    },
+                    text: String::new(),
+                    error: None,
+                };
+                seq.retire(&self.info, reason, now, Some(end));
+                finished.push(i);
+                if seq.kv_version == version {
+                    keep.push(i);
+                }
+            } else if !alive {
+                // The client went away: free the slot.
+                live -= 1;
+                metrics.running.set(live as f64);
+                seq.retire(&self.info, FinishReason::Abort, now, None);
+                finished.push(i);
+            }
+        }
+        // A finished sequence's prompt + completion enters the prefix cache (the next turn of
+        // a conversation starts with it). Its last token was never fed: its keys are not in
+        // the slot.
+        for i in keep {
+            let ids = std::mem::take(&mut self.running[i].ids);
+            self.store_prefix(&ids, ids.len() - 1, i as i64);
+            self.running[i].ids = ids;
+        }
+        // Retire from the back so indices stay valid; the last sequence moves into each hole.
+        for &i in finished.iter().rev() {
+            let last = self.running.len() - 1;
+            self.running.swap_remove(i);
+            if i != last {
+                let len = self.running[i].ids.len() as i64 - 1;
+                self.cache.copy_slot(last as i64, i as i64, len);
+            }
+        }
+    }
+}
