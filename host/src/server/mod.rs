@@ -6,8 +6,8 @@
 //!
 //! The dialects: OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` (the pipeline's
 //! own chunks, `[DONE]` last), the token-in routes `POST /v1/chat/completions/tokens` (prime-rl)
-//! and `POST /inference/v1/generate` (vLLM), OpenAI's `POST /v1/responses` (`responses.rs`) and
-//! Anthropic's `POST /v1/messages` (`anthropic.rs`). Each converts its request into the
+//! and `POST /inference/v1/generate` (vLLM), OpenAI's `POST /v1/responses` (`responses/`) and
+//! Anthropic's `POST /v1/messages` (`anthropic/`). Each converts its request into the
 //! pipeline's and writes the pipeline's typed answer in its wire format.
 //!
 //! This module must never render prompts, read model output or talk to the engine beyond the
