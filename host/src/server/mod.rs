@@ -197,6 +197,20 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
     r
 }
 
+/// Refuses, naming it, the first of `fields` (a dialect's request fields whose meaning this
+/// server cannot give) that the request sets to anything but `null`.
+fn refuse_set(fields: &[(&str, &Option<Value>)]) -> Result<(), ApiError> {
+    for (name, v) in fields {
+        if v.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(crate::chat::bad(
+                name,
+                format!("{name} is not supported by this server"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// An answer over HTTP: JSON, or OpenAI's server-sent events (`data: {chunk}`, `[DONE]` last).
 fn reply<T: Serialize, C: Serialize + Send + 'static>(
     r: Result<Reply<T, C>, ApiError>,

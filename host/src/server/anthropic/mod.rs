@@ -175,18 +175,14 @@ fn stop(api: &Pipeline, plan: &Plan, finish: &str, ids: &[u32]) -> (String, Opti
 }
 
 fn plan(api: &Pipeline, req: &MessagesRequest) -> Result<Plan, ApiError> {
-    for (name, v) in [
+    super::refuse_set(&[
         ("container", &req.container),
         ("mcp_servers", &req.mcp_servers),
         ("context_management", &req.context_management),
         ("output_config", &req.output_config),
         ("inference_geo", &req.inference_geo),
         ("diagnostics", &req.diagnostics),
-    ] {
-        if v.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(bad(name, format!("{name} is not supported by this server")));
-        }
-    }
+    ])?;
     if let Some(s) = req.speed.as_deref().filter(|s| *s != "standard") {
         return Err(bad(
             "speed",

@@ -298,7 +298,7 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
             "background responses are not supported by this server",
         ));
     }
-    for (name, v) in [
+    super::refuse_set(&[
         ("prompt", &req.prompt),
         ("conversation", &req.conversation),
         ("context_management", &req.context_management),
@@ -308,11 +308,7 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
         ("access_programs", &req.access_programs),
         ("background_options", &req.background_options),
         ("prompt_cache_options", &req.prompt_cache_options),
-    ] {
-        if v.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(bad(name, format!("{name} is not supported by this server")));
-        }
-    }
+    ])?;
     if let Some(r) = req
         .prompt_cache_retention
         .as_deref()
