@@ -18,8 +18,8 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use serde::Serialize;
 
-use crate::openai::{ChatMessage, ChatRequest, GenerationParams, Role};
-use crate::rollout::{GenError, Generator, OpenAiClient, Turn};
+use crate::openai::{ChatCompletion, ChatMessage, ChatRequest, GenerationParams, Role};
+use crate::rollout::{GenError, OpenAiClient};
 
 /// A request pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -548,7 +548,7 @@ async fn measure(
         let req = request(&side.model, messages, max_tokens);
         async move {
             let sent = Instant::now();
-            let c: Result<Turn, GenError> = side.client.complete(&req).await;
+            let c: Result<ChatCompletion, GenError> = side.client.chat(&req).await;
             (c, sent.elapsed().as_secs_f64())
         }
     }))
@@ -559,9 +559,18 @@ async fn measure(
         let c = answer
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("{}: a request failed ({what})", side.label))?;
-        completion += c.completion_tokens;
-        prompt += c.prompt_tokens;
-        cached = cached.zip(c.cached_tokens).map(|(sum, d)| sum + d);
+        let usage = c.usage.with_context(|| {
+            format!(
+                "{}: a response has no usage to count tokens from",
+                side.label
+            )
+        })?;
+        completion += usage.completion_tokens;
+        prompt += usage.prompt_tokens;
+        cached = match (cached, usage.prompt_tokens_details) {
+            (Some(sum), Some(d)) => Some(sum + d.cached_tokens),
+            _ => None,
+        };
         latencies.push(latency);
         progress(what, latencies.len(), total);
     }

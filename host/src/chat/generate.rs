@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc as tmpsc;
 
 use super::wire::usage;
-use super::{Pipeline, Reply, engine_error, now, random_id, request};
+use super::{Chunks, Pipeline, Reply, chunks, engine_error, now, random_id, request};
 use crate::engine::sampling::MAX_TOP_LOGPROBS;
 use crate::engine::{Completion, Event, FinishReason};
 use crate::openai::{
@@ -186,8 +186,8 @@ fn stream(
     request_id: String,
     logprobs: Option<usize>,
     include_usage: bool,
-) -> tmpsc::Receiver<GenerateStreamResponse> {
-    let (tx, out) = tmpsc::channel(64);
+) -> Chunks<GenerateStreamResponse> {
+    let (tx, ended, out) = chunks();
     tokio::spawn(async move {
         let chunk = |choices: Vec<GenerateChoice>, usage: Option<Usage>| GenerateStreamResponse {
             request_id: request_id.clone(),
@@ -265,6 +265,7 @@ fn stream(
                 .send(chunk(Vec::new(), Some(usage(prompt_tokens, &done))))
                 .await;
         }
+        let _ = ended.send(());
     });
     out
 }

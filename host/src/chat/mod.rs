@@ -24,7 +24,7 @@ mod wire;
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc as tmpsc;
+use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::engine::{Completion, Engine, EngineError};
 use crate::model::reasoning::ReasoningParser;
@@ -58,12 +58,43 @@ pub struct Pipeline {
     grammars: constrain::GrammarPool,
 }
 
-/// An answer: whole, or a stream of typed chunks that ends when the channel closes.
+/// An answer: whole, or a stream of typed chunks.
 pub enum Reply<T, C> {
     /// A complete response.
     Full(T),
     /// The response's chunks, in order.
-    Stream(tmpsc::Receiver<C>),
+    Stream(Chunks<C>),
+}
+
+/// A streamed answer's chunks, in order, and whether its producer finished them: a stream cut
+/// short (the producer failed midway) ends without [`Chunks::finished`] saying so.
+pub struct Chunks<C> {
+    rx: tmpsc::Receiver<C>,
+    done: oneshot::Receiver<()>,
+}
+
+impl<C> Chunks<C> {
+    /// The next chunk; `None` once the stream has ended.
+    pub async fn recv(&mut self) -> Option<C> {
+        self.rx.recv().await
+    }
+
+    /// After [`Chunks::recv`] gave `None`: whether the producer ended the stream itself (every
+    /// chunk was sent) rather than failing midway.
+    pub async fn finished(self) -> bool {
+        self.done.await.is_ok()
+    }
+}
+
+/// Chunks in flight between a producer and a slow reader.
+const DEPTH: usize = 64;
+
+/// A stream's channel: the sender of its chunks, the signal its producer sends once the last
+/// is sent, and the [`Chunks`] a reader gets.
+pub(crate) fn chunks<C>() -> (tmpsc::Sender<C>, oneshot::Sender<()>, Chunks<C>) {
+    let (tx, rx) = tmpsc::channel(DEPTH);
+    let (done_tx, done) = oneshot::channel();
+    (tx, done_tx, Chunks { rx, done })
 }
 
 /// A chat request's answer, typed: the prompt and each sample read.

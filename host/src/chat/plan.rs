@@ -78,12 +78,13 @@ impl Pipeline {
         prompt: Option<&[u32]>,
     ) -> Result<ChatPlan, ApiError> {
         self.check_model(&req.params.model)?;
+        let messages = request::template_messages(&req.messages)?;
         let Tooling {
             tools_json,
             mut reading,
             grammar,
         } = self.tooling(req)?;
-        let ids = self.prompt_ids(req, prompt, tools_json.as_ref())?;
+        let ids = self.prompt_ids(req, &messages, prompt, tools_json.as_ref())?;
         let top = top_logprobs(req)?;
         let info = self.engine.info();
         if let Some(r) = &self.reasoning {
@@ -195,10 +196,10 @@ impl Pipeline {
     fn prompt_ids(
         &self,
         req: &ChatRequest,
+        messages: &serde_json::Value,
         prompt: Option<&[u32]>,
         tools_json: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, ApiError> {
-        let messages = request::template_messages(&req.messages)?;
         let info = self.engine.info();
         let template = info.template.as_ref().ok_or_else(|| {
             ApiError::bad(
@@ -239,14 +240,14 @@ impl Pipeline {
                 &info.tokenizer,
                 template,
                 history,
-                &messages,
+                messages,
                 tools_json,
                 &kwargs,
             )?,
             (None, None) => {
                 let prompt = template
                     .render(
-                        &messages,
+                        messages,
                         tools_json,
                         req.add_generation_prompt.unwrap_or(true),
                         &kwargs,

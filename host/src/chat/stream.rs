@@ -16,10 +16,7 @@ use crate::openai::{
 use super::completions::TextPlan;
 use super::output::View;
 use super::wire::{header, logprob_item, stop_reason, token_text, top_map, usage};
-use super::{ChatPlan, Pipeline, random_id};
-
-/// Chunks in flight between the pipeline and a slow reader.
-const DEPTH: usize = 64;
+use super::{ChatPlan, Chunks, Pipeline, chunks, random_id};
 
 /// Streams a chat completion: a role chunk per choice, then reasoning, content and tool-call
 /// pieces as tokens arrive (text that may start a tool call or end the reasoning held back; a
@@ -30,8 +27,8 @@ pub(super) fn chat(
     p: Arc<Pipeline>,
     mut rx: tmpsc::UnboundedReceiver<Event>,
     plan: ChatPlan,
-) -> tmpsc::Receiver<ChatCompletionChunk> {
-    let (tx, out) = tmpsc::channel(DEPTH);
+) -> Chunks<ChatCompletionChunk> {
+    let (tx, ended, out) = chunks();
     tokio::spawn(async move {
         let n = plan.n;
         let chunk = |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatCompletionChunk {
@@ -141,6 +138,7 @@ pub(super) fn chat(
             let u = usage(plan.prompt_ids.len(), &done);
             let _ = tx.send(chunk(Vec::new(), Some(u))).await;
         }
+        let _ = ended.send(());
     });
     out
 }
@@ -208,8 +206,8 @@ pub(super) fn completion(
     p: Arc<Pipeline>,
     rxs: Vec<tmpsc::UnboundedReceiver<Event>>,
     plan: TextPlan,
-) -> tmpsc::Receiver<TextCompletionChunk> {
-    let (tx, out) = tmpsc::channel(DEPTH);
+) -> Chunks<TextCompletionChunk> {
+    let (tx, ended, out) = chunks();
     tokio::spawn(async move {
         let n = plan.n;
         let chunk = |choices: Vec<TextChunkChoice>, usage: Option<Usage>| TextCompletionChunk {
@@ -280,6 +278,7 @@ pub(super) fn completion(
             );
             let _ = tx.send(chunk(Vec::new(), Some(u))).await;
         }
+        let _ = ended.send(());
     });
     out
 }

@@ -179,6 +179,15 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
     let home = crate::home::RlhostHome::from_env()?;
+    // Installed plugins only: every name is checked before anything loads, saying exactly how
+    // to install a missing one.
+    for name in &names {
+        if let Err(e) = crate::plugin::install::find_installed(&home, name) {
+            anyhow::bail!(
+                "environment `{name}` is not installed ({e}); install it with:\n  host env install {name}"
+            );
+        }
+    }
     if let Some(t) = a.threads {
         tch::set_num_threads(t as i32);
     }
@@ -361,6 +370,8 @@ fn generator(
                 ..Default::default()
             };
             a.cache.apply(&mut engine_cfg)?;
+            crate::model::tool_parsers::parser(&a.tool_call_parser)
+                .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;
             let generator = InProcess::load(
                 &dir,
                 device,

@@ -290,7 +290,7 @@ pub fn parse_turn(v: &ChatCompletion) -> Result<Turn, GenError> {
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         tool_parse_error: choice.tool_call_error.clone(),
-        policy_version: choice.policy_version,
+        policy_version: choice.policy_version.or(v.policy_version),
         cached_tokens: usage
             .prompt_tokens_details
             .as_ref()

@@ -14,6 +14,7 @@ use axum::response::Response;
 use serde::Serialize;
 use tokio::sync::mpsc as tmpsc;
 
+use crate::chat::Chunks;
 use crate::openai::{ChatChunkChoice, ChatCompletionChunk, ToolCallChunk, Usage};
 
 /// Events in flight to a slow client.
@@ -52,6 +53,8 @@ pub(super) trait Translator: Send + 'static {
     fn choice(&mut self, choice: &ChatChunkChoice);
     /// The request's token counts (the stream's last chunk).
     fn usage(&mut self, usage: &Usage);
+    /// The pipeline's stream was cut short (its producer failed): the answer is incomplete.
+    fn cut(&mut self);
     /// Writes the events after the last chunk (the pipeline's channel closed).
     fn finish(&mut self);
     /// The events written since the last take.
@@ -78,8 +81,10 @@ fn walk(w: &mut impl Translator, chunk: &ChatCompletionChunk) {
     }
 }
 
-/// OpenAI's stream of `chunks`: each a `data:` line of JSON, `data: [DONE]` after the last.
-pub(super) fn openai<C: Serialize + Send + 'static>(chunks: tmpsc::Receiver<C>) -> Response {
+/// OpenAI's stream of `chunks`: each a `data:` line of JSON, `data: [DONE]` after the last,
+/// written only when the producer finished the stream (a stream cut short just ends, so a
+/// client can tell).
+pub(super) fn openai<C: Serialize + Send + 'static>(chunks: Chunks<C>) -> Response {
     let lines = futures_util::stream::unfold(Some(chunks), |rx| async move {
         let mut rx = rx?;
         match rx.recv().await {
@@ -87,7 +92,8 @@ pub(super) fn openai<C: Serialize + Send + 'static>(chunks: tmpsc::Receiver<C>) 
                 let json = serde_json::to_string(&c).expect("chunks serialise");
                 Some((format!("data: {json}\n\n"), Some(rx)))
             }
-            None => Some(("data: [DONE]\n\n".to_string(), None)),
+            None if rx.finished().await => Some(("data: [DONE]\n\n".to_string(), None)),
+            None => None,
         }
     });
     body(lines)
@@ -96,7 +102,7 @@ pub(super) fn openai<C: Serialize + Send + 'static>(chunks: tmpsc::Receiver<C>) 
 /// A named-event stream translated by `w` from the pipeline's `chunks`, run by one task that
 /// stops reading when the client is gone.
 pub(super) fn translated(
-    mut chunks: tmpsc::Receiver<ChatCompletionChunk>,
+    mut chunks: Chunks<ChatCompletionChunk>,
     mut w: impl Translator,
 ) -> Response {
     let (tx, rx) = tmpsc::channel::<Named>(DEPTH);
@@ -122,6 +128,9 @@ pub(super) fn translated(
                 return;
             }
         }
+        if !chunks.finished().await {
+            w.cut();
+        }
         w.finish();
         send(w.take()).await;
     });
@@ -142,4 +151,38 @@ fn body(lines: impl futures_util::Stream<Item = String> + Send + 'static) -> Res
             lines.map(|l| Ok::<_, Infallible>(Bytes::from(l))),
         ))
         .expect("a valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body `openai` writes for chunks `1` and `2`, the producer finishing or not.
+    async fn body_of(finish: bool) -> String {
+        let (tx, ended, chunks) = crate::chat::chunks::<u32>();
+        let response = openai(chunks);
+        for c in [1, 2] {
+            tx.send(c).await.unwrap();
+        }
+        drop(tx);
+        if finish {
+            ended.send(()).unwrap();
+        } else {
+            drop(ended);
+        }
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn done_follows_a_finished_stream_only() {
+        assert_eq!(
+            body_of(true).await,
+            "data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+        );
+        // A producer that failed midway: the chunks it sent, then the end, no [DONE].
+        assert_eq!(body_of(false).await, "data: 1\n\ndata: 2\n\n");
+    }
 }

@@ -200,6 +200,10 @@ impl Translator for MessagesWriter {
         self.usage = usage.clone();
     }
 
+    fn cut(&mut self) {
+        self.finish = "abort".into();
+    }
+
     fn finish(&mut self) {
         self.close();
         if self.finish == "abort" {

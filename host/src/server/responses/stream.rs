@@ -340,6 +340,10 @@ impl Translator for StreamWriter {
         self.usage = usage.clone();
     }
 
+    fn cut(&mut self) {
+        self.answer.finish = "abort".into();
+    }
+
     fn finish(&mut self) {
         self.close_all();
         let output = std::mem::take(&mut self.done).into_values().collect();
