@@ -46,7 +46,6 @@ pub(super) fn chat(
             tool_call_error: None,
         };
         let reader = plan.reader(&p);
-        let mut texts = vec![String::new(); n];
         let mut sent = vec![Sent::default(); n];
         let mut done: Vec<Completion> = Vec::new();
         let mut partial: Vec<Completion> = (0..n)
@@ -78,8 +77,7 @@ pub(super) fn chat(
                     version,
                 } => {
                     partial[index].push_token(id, logprob, top.clone(), &text, version);
-                    texts[index].push_str(&text);
-                    let view = reader.read(&texts[index], false);
+                    let view = reader.read(&partial[index].text, false);
                     let mut delta = sent[index].advance(&view);
                     let lp = plan.logprobs.then(|| ChatLogprobs {
                         content: vec![logprob_item(&p, id, logprob, &top, plan.as_ids)],
@@ -107,13 +105,11 @@ pub(super) fn chat(
                     cached_tokens,
                     error,
                 } => {
-                    texts[index].push_str(&text);
-                    let mut c = partial[index].clone();
-                    c.text = texts[index].clone();
-                    c.finish_reason = reason;
-                    c.stop = stop;
-                    c.error = error;
-                    c.cached_tokens = cached_tokens;
+                    let mut c = std::mem::replace(
+                        &mut partial[index],
+                        Completion::empty(index, plan.prompt_ids.len()),
+                    );
+                    c.finish(reason, stop, &text, cached_tokens, error);
                     let answer = p.read(&plan, c);
                     let view = View {
                         reasoning: answer.reasoning.clone(),

@@ -415,11 +415,7 @@ fn sandbox(a: SandboxArgs) -> anyhow::Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!(e.with_fix()))?;
     let cache = home.as_ref().map(|h| h.cache_dir());
     let sandbox = WasmSandbox::load(&path, cache.as_deref(), SandboxPolicy::default())?;
-    let spinner = ProgressBar::new_spinner();
-    if json {
-        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let spinner = spinner(json);
     let progress = |what: &str| spinner.set_message(what.to_owned());
     let cases = crate::bench::sandbox::standard_cases(scale);
     let runtime = super::async_runtime()?;
@@ -612,11 +608,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
         precision,
         device,
     };
-    let spinner = ProgressBar::new_spinner();
-    if json {
-        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let spinner = spinner(json);
     let progress = |what: &str| spinner.set_message(what.to_owned());
     let report =
         crate::bench::generate::run(&options, &progress).context("benchmarking generation")?;
@@ -773,11 +765,7 @@ fn math_verify(a: MathVerifyArgs) -> anyhow::Result<ExitCode> {
     let workers = a
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let spinner = ProgressBar::new_spinner();
-    if a.json {
-        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let spinner = spinner(a.json);
     let reference = match a.reference {
         Some(path) => mv::load_reference(&path)
             .with_context(|| format!("reading the reference {}", path.display()))?,
@@ -878,6 +866,16 @@ fn emit(json: bool, report: &impl serde::Serialize, text: String) -> anyhow::Res
         print!("{text}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A ticking spinner for a benchmark's progress; hidden when the report is JSON.
+fn spinner(json: bool) -> ProgressBar {
+    let spinner = ProgressBar::new_spinner();
+    if json {
+        spinner.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    spinner
 }
 
 /// What a benchmark is measuring, on stderr; nothing when the report is JSON.

@@ -269,6 +269,23 @@ impl Completion {
         self.text.push_str(text);
         self.versions.push(version);
     }
+
+    /// Records the sample's end ([`Event::Finished`]): the text held back until then, why and
+    /// how it ended, its cached prompt tokens, and the failure, if it failed.
+    pub fn finish(
+        &mut self,
+        reason: FinishReason,
+        stop: Option<StopCause>,
+        text: &str,
+        cached_tokens: usize,
+        error: Option<String>,
+    ) {
+        self.text.push_str(text);
+        self.finish_reason = reason;
+        self.stop = stop;
+        self.cached_tokens = cached_tokens;
+        self.error = error;
+    }
 }
 
 /// Refuses weights that hold a NaN or an infinity, naming the first such tensor (and how many
@@ -713,13 +730,8 @@ pub async fn collect(
                 text,
                 cached_tokens,
                 error,
-                ..
             } => {
-                out[index].text.push_str(&text);
-                out[index].finish_reason = reason;
-                out[index].stop = stop;
-                out[index].cached_tokens = cached_tokens;
-                out[index].error = error;
+                out[index].finish(reason, stop, &text, cached_tokens, error);
                 done += 1;
             }
         }

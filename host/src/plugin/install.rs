@@ -680,7 +680,7 @@ pub fn remove(home: &RlhostHome, reference: &str) -> Result<Vec<InstallRecord>, 
 /// An installed environment with the reward plugins it declares, every one loaded: what
 /// `host eval` and `host rl` score rollouts with, so both score an environment alike.
 #[derive(Clone)]
-pub struct LoadedEnvironment {
+pub struct InstalledEnvironment {
     /// The environment.
     pub env: std::sync::Arc<dyn super::Environment>,
     /// Its declared reward plugins (`[[rewards]]` of its manifest), in order.
@@ -721,7 +721,7 @@ pub async fn load_installed(
     home: &RlhostHome,
     loader: &PluginLoader,
     name: &str,
-) -> Result<LoadedEnvironment, LoadInstalledError> {
+) -> Result<InstalledEnvironment, LoadInstalledError> {
     let locate = |plugin: &str, what: String| {
         find_installed(home, plugin).map_err(|source| LoadInstalledError::NotInstalled {
             name: plugin.to_string(),
@@ -750,5 +750,5 @@ pub async fn load_installed(
             }
         })?);
     }
-    Ok(LoadedEnvironment { env, rewards })
+    Ok(InstalledEnvironment { env, rewards })
 }

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::config::RlConfig;
 use crate::eval::{EvalOptions, EvalPlan, PassKMode};
-use crate::plugin::install::LoadedEnvironment;
+use crate::plugin::install::InstalledEnvironment;
 use crate::rollout::{Generator, Sampling};
 
 /// One evaluated environment with its examples.
@@ -104,13 +104,13 @@ impl Evaluations {
     /// plugins. Sampling is the entry's, else the orchestrator's.
     pub async fn prepare(
         cfg: &RlConfig,
-        envs: &BTreeMap<String, LoadedEnvironment>,
+        envs: &BTreeMap<String, InstalledEnvironment>,
         model: &str,
     ) -> anyhow::Result<Self> {
         let o = &cfg.orchestrator;
         let mut out = Vec::new();
         for (i, e) in o.eval.env.iter().enumerate() {
-            let LoadedEnvironment { env, rewards } = envs
+            let InstalledEnvironment { env, rewards } = envs
                 .get(&e.id)
                 .with_context(|| {
                     format!("orchestrator.eval.env[{i}].id: `{}` is not loaded", e.id)

@@ -28,7 +28,7 @@ use super::metrics::{self, EvalLine, Phases, Report, StepLine};
 use super::orchestrator::{Orchestrator, Producer, TrainEnv};
 use super::trainer::Trainer;
 use super::weights::WeightSink;
-use crate::plugin::install::LoadedEnvironment;
+use crate::plugin::install::InstalledEnvironment;
 use crate::rollout::Generator;
 
 pub use super::checkpoint::latest_checkpoint;
@@ -160,11 +160,11 @@ fn render_where_configured(
 /// The training environments with their examples.
 async fn train_envs(
     cfg: &RlConfig,
-    envs: &BTreeMap<String, LoadedEnvironment>,
+    envs: &BTreeMap<String, InstalledEnvironment>,
 ) -> anyhow::Result<Vec<TrainEnv>> {
     let mut out = Vec::new();
     for (i, e) in cfg.orchestrator.env.iter().enumerate() {
-        let LoadedEnvironment { env, rewards } = envs
+        let InstalledEnvironment { env, rewards } = envs
             .get(&e.id)
             .with_context(|| format!("orchestrator.env[{i}].id: `{}` is not loaded", e.id))?
             .clone();
@@ -265,7 +265,7 @@ fn resume(trainer: &mut Trainer, out: &Path, resume: bool) -> anyhow::Result<usi
 pub fn run(
     cfg: RlConfig,
     opts: &RunOptions,
-    envs: BTreeMap<String, LoadedEnvironment>,
+    envs: BTreeMap<String, InstalledEnvironment>,
     progress: &dyn Fn(Report<'_>),
 ) -> anyhow::Result<Vec<StepLine>> {
     let out = opts
