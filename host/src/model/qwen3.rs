@@ -57,6 +57,14 @@ enum Attend<'a> {
     Slots(&'a mut SlotCache, i64, i64),
 }
 
+/// What the layers of one forward call share ([`Qwen3::frame`]): rotary factors for its
+/// positions and the additive attention mask.
+pub struct Frame {
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+}
+
 /// A Qwen3 causal language model.
 pub struct Qwen3 {
     /// Its `config.json` (shapes, RoPE, tied embeddings), which [`save`](Self::save) writes back.
@@ -524,21 +532,44 @@ impl Qwen3 {
         self.project(&h, self.output_weight())
     }
 
-    // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
-    // backward pass of the norm still needs.
-    /// The hidden states after the last layer (before the final norm).
-    #[allow(clippy::assign_op_pattern)]
-    fn forward_impl(&self, ids: &Tensor, positions: &Tensor, mut attend: Attend<'_>) -> Tensor {
-        let (b, t) = ids.size2().expect("ids are [batch, seq]");
-        let (nh, nkv, hd) = (
-            self.cfg.num_attention_heads,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim,
-        );
-        let group = nh / nkv;
-        let device = ids.device();
+    /// The token embeddings `[batch, seq, hidden]` of `ids` (the first layer's input).
+    pub fn embed(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed, ids, -1, false, false)
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The final norm (what [`Qwen3::forward_hidden`] applies after the last layer).
+    pub fn final_norm(&self, h: &Tensor) -> Tensor {
+        self.rms_norm(h, &self.norm)
+    }
+
+    /// What every layer of a call over `positions` `[batch, seq]` shares, after `past` cached
+    /// positions and with `key_mask` `[batch, past + seq]` (1 = a real key): the rotary factors
+    /// and the additive attention mask (a query sees keys up to its own index on the key axis,
+    /// less the masked ones).
+    pub fn frame(&self, positions: &Tensor, key_mask: Option<&Tensor>, past: i64) -> Frame {
+        let (_, t) = positions.size2().expect("positions are [batch, seq]");
+        let device = positions.device();
+        let total = past + t;
+        let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
+        let k_pos = Tensor::arange(total, (Kind::Int64, device)).unsqueeze(0);
+        let mut hidden = k_pos.gt_tensor(&q_pos).unsqueeze(0);
+        if let Some(m) = key_mask {
+            hidden = hidden.logical_or(&m.to_kind(Kind::Bool).logical_not().unsqueeze(1));
+        }
+        self.frame_hiding(positions, &hidden)
+    }
+
+    /// The frame of a call whose hidden keys are `hidden` `[batch or 1, seq, keys]` (true =
+    /// hidden from that query).
+    fn frame_hiding(&self, positions: &Tensor, hidden: &Tensor) -> Frame {
+        let (b, t) = positions.size2().expect("positions are [batch, seq]");
+        let hd = self.cfg.head_dim;
         let kind = self.embed.kind();
-        let mut h = Tensor::embedding(&self.embed, ids, -1, false, false);
         // Rotary factors [batch, seq, 1, head_dim], broadcast over heads.
         let flat = positions.reshape([-1]);
         let cos = self.rope_cos.index_select(0, &flat).view([b, t, 1, hd]);
@@ -550,28 +581,136 @@ impl Qwen3 {
             Kind::Half => -65_504.0,
             _ => f64::from(f32::MIN),
         };
-        let hidden = match &attend {
+        let mask = (hidden.to_kind(kind) * min).unsqueeze(1);
+        Frame { cos, sin, mask }
+    }
+
+    /// Decoder layer `i` on `h` `[batch, seq, hidden]` in `frame`: the hidden states after it,
+    /// and the keys and values `[batch, kv_heads, keys, head_dim]` its attention read (`past`'s,
+    /// when given, then this call's). What a [`KvCache`] would hold for this layer after the
+    /// call; a trainer that runs layers one at a time (activation checkpointing, shared
+    /// prefixes) keeps them itself.
+    pub fn layer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        frame: &Frame,
+        past: Option<(&Tensor, &Tensor)>,
+    ) -> (Tensor, Tensor, Tensor) {
+        let mut kept = None;
+        let h = self.layer_with(i, h, frame, |k, v| {
+            let (k, v) = match past {
+                Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
+                None => (k, v),
+            };
+            kept = Some((k.shallow_clone(), v.shallow_clone()));
+            (k, v)
+        });
+        let (k, v) = kept.expect("the layer attended");
+        (h, k, v)
+    }
+
+    /// Layer `i` on `h`; `keys` turns this call's keys and values into those attention reads.
+    // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
+    // backward pass of the norm still needs.
+    #[allow(clippy::assign_op_pattern)]
+    fn layer_with(
+        &self,
+        i: usize,
+        h: &Tensor,
+        frame: &Frame,
+        keys: impl FnOnce(Tensor, Tensor) -> (Tensor, Tensor),
+    ) -> Tensor {
+        let (b, t) = (h.size()[0], h.size()[1]);
+        let (nh, nkv, hd) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+        );
+        let group = nh / nkv;
+        let kind = self.embed.kind();
+        let scale = (hd as f64).powf(-0.5);
+        let l = &self.layers[i];
+        let x = self.rms_norm(h, &l.input_norm);
+        let (q, k, v) = match &l.qkv {
+            Some(w) => {
+                let y = self.project(&x, w);
+                (
+                    y.narrow(-1, 0, nh * hd),
+                    y.narrow(-1, nh * hd, nkv * hd),
+                    y.narrow(-1, (nh + nkv) * hd, nkv * hd),
+                )
+            }
+            None => (
+                self.project(&x, &l.q),
+                self.project(&x, &l.k),
+                self.project(&x, &l.v),
+            ),
+        };
+        let q = self.rms_norm(&q.reshape([b, t, nh, hd]), &l.q_norm);
+        let k = self.rms_norm(&k.reshape([b, t, nkv, hd]), &l.k_norm);
+        let v = v.reshape([b, t, nkv, hd]).transpose(1, 2);
+        // Queries and keys rotated together: x·cos + rotate_half(x)·sin.
+        let qk = Tensor::cat(&[&q, &k], 2);
+        let qk = (&qk * &frame.cos).addcmul(&qk.matmul(&self.rope_rot), &frame.sin);
+        let q = qk.narrow(2, 0, nh).transpose(1, 2);
+        let k = qk.narrow(2, nh, nkv).transpose(1, 2);
+        let (k, v) = keys(k, v);
+        let mask = &frame.mask;
+        let attn = if t == 1 {
+            // Decoding (one query per row): a kv head's group of query heads against it as
+            // one batched matrix product over all rows and kv heads (a single batched
+            // BLAS call); the fused kernel would make one small call per head and row.
+            let keys = k.size()[2];
+            let q3 = q.reshape([b * nkv, group, hd]);
+            let k3 = k.reshape([b * nkv, keys, hd]);
+            let v3 = v.reshape([b * nkv, keys, hd]);
+            let m3 = mask
+                .view([b, 1, 1, keys])
+                .expand([b, nkv, 1, keys], false)
+                .reshape([b * nkv, 1, keys]);
+            let scores = q3.bmm(&k3.transpose(1, 2)) * scale + m3;
+            scores
+                .softmax(-1, Kind::Float)
+                .to_kind(kind)
+                .bmm(&v3)
+                .reshape([b, 1, nh * hd])
+        } else {
+            // Grouped-query attention, fused (libtorch's scaled_dot_product_attention). On
+            // CUDA, libtorch's memory-efficient kernel takes the explicit mask (padded rows,
+            // cached prefixes) in f32 and bf16, with its backward, but not grouped heads:
+            // there the kv heads are repeated (see `grouped_attention`).
+            grouped_attention(&q, &k, &v, mask, scale, group, q.device().is_cuda())
+                .transpose(1, 2)
+                .reshape([b, t, nh * hd])
+        };
+        let h = h + self.project(&attn, &l.o);
+        let x = self.rms_norm(&h, &l.post_norm);
+        let (gate, up) = match &l.gate_up {
+            Some(w) => {
+                let y = self.project(&x, w);
+                let n = self.cfg.intermediate_size;
+                (y.narrow(-1, 0, n), y.narrow(-1, n, n))
+            }
+            None => (self.project(&x, &l.gate), self.project(&x, &l.up)),
+        };
+        let mlp = self.project(&(gate.silu() * up), &l.down);
+        h + mlp
+    }
+
+    /// The hidden states after the last layer (before the final norm).
+    fn forward_impl(&self, ids: &Tensor, positions: &Tensor, mut attend: Attend<'_>) -> Tensor {
+        let (b, t) = ids.size2().expect("ids are [batch, seq]");
+        let device = ids.device();
+        let mut h = self.embed(ids);
+        let frame = match &attend {
             Attend::Slots(_, _, key_len) => {
                 let k_pos = Tensor::arange(*key_len, (Kind::Int64, device)).view([1, 1, -1]);
-                k_pos.gt_tensor(&positions.unsqueeze(-1))
+                self.frame_hiding(positions, &k_pos.gt_tensor(&positions.unsqueeze(-1)))
             }
-            Attend::Fresh(mask) | Attend::Concat(_, mask) => {
-                let past = match &attend {
-                    Attend::Concat(c, _) => c.len(),
-                    _ => 0,
-                };
-                let total = past + t;
-                let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
-                let k_pos = Tensor::arange(total, (Kind::Int64, device)).unsqueeze(0);
-                let mut hidden = k_pos.gt_tensor(&q_pos).unsqueeze(0);
-                if let Some(m) = mask {
-                    hidden = hidden.logical_or(&m.to_kind(Kind::Bool).logical_not().unsqueeze(1));
-                }
-                hidden
-            }
+            Attend::Fresh(mask) => self.frame(positions, *mask, 0),
+            Attend::Concat(c, mask) => self.frame(positions, *mask, c.len()),
         };
-        let mask = (hidden.to_kind(kind) * min).unsqueeze(1);
-        let scale = (hd as f64).powf(-0.5);
         let slot_rows = match &attend {
             Attend::Slots(_, first, _) => Some(
                 (Tensor::arange(b, (Kind::Int64, device)) + *first)
@@ -580,101 +719,35 @@ impl Qwen3 {
             ),
             _ => None,
         };
-        for (i, l) in self.layers.iter().enumerate() {
-            let x = self.rms_norm(&h, &l.input_norm);
-            let (q, k, v) = match &l.qkv {
-                Some(w) => {
-                    let y = self.project(&x, w);
-                    (
-                        y.narrow(-1, 0, nh * hd),
-                        y.narrow(-1, nh * hd, nkv * hd),
-                        y.narrow(-1, (nh + nkv) * hd, nkv * hd),
-                    )
-                }
-                None => (
-                    self.project(&x, &l.q),
-                    self.project(&x, &l.k),
-                    self.project(&x, &l.v),
-                ),
-            };
-            let q = self.rms_norm(&q.reshape([b, t, nh, hd]), &l.q_norm);
-            let k = self.rms_norm(&k.reshape([b, t, nkv, hd]), &l.k_norm);
-            let v = v.reshape([b, t, nkv, hd]).transpose(1, 2);
-            // Queries and keys rotated together: x·cos + rotate_half(x)·sin.
-            let qk = Tensor::cat(&[&q, &k], 2);
-            let qk = (&qk * &cos).addcmul(&qk.matmul(&self.rope_rot), &sin);
-            let q = qk.narrow(2, 0, nh).transpose(1, 2);
-            let k = qk.narrow(2, nh, nkv).transpose(1, 2);
-            let (k, v) = match &mut attend {
-                Attend::Fresh(_) => (k, v),
+        for i in 0..self.layers.len() {
+            h = match &mut attend {
+                Attend::Fresh(_) => self.layer_with(i, &h, &frame, |k, v| (k, v)),
                 Attend::Concat(c, _) => {
-                    let (k, v) = match &c.layers[i] {
-                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
-                        None => (k, v),
-                    };
-                    c.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
-                    (k, v)
+                    let past = c.layers[i].take();
+                    let (h, k, v) = self.layer(i, &h, &frame, past.as_ref().map(|(k, v)| (k, v)));
+                    c.layers[i] = Some((k, v));
+                    h
                 }
                 Attend::Slots(c, first, key_len) => {
                     let rows = slot_rows.as_ref().expect("slot rows");
-                    let put = |slab: &mut Tensor, x: &Tensor| {
+                    self.layer_with(i, &h, &frame, |k, v| {
                         // Advanced indices on dims 0 and 2: values are [batch, seq, kv, hd].
-                        let _ = slab.index_put_(
-                            &[Some(rows), None, Some(positions)],
-                            &x.permute([0, 2, 1, 3]),
-                            false,
-                        );
-                    };
-                    put(&mut c.k[i], &k);
-                    put(&mut c.v[i], &v);
-                    (
-                        c.k[i].narrow(0, *first, b).narrow(2, 0, *key_len),
-                        c.v[i].narrow(0, *first, b).narrow(2, 0, *key_len),
-                    )
+                        let put = |slab: &mut Tensor, x: &Tensor| {
+                            let _ = slab.index_put_(
+                                &[Some(rows), None, Some(positions)],
+                                &x.permute([0, 2, 1, 3]),
+                                false,
+                            );
+                        };
+                        put(&mut c.k[i], &k);
+                        put(&mut c.v[i], &v);
+                        (
+                            c.k[i].narrow(0, *first, b).narrow(2, 0, *key_len),
+                            c.v[i].narrow(0, *first, b).narrow(2, 0, *key_len),
+                        )
+                    })
                 }
             };
-            // Grouped-query attention, fused (libtorch's scaled_dot_product_attention). When
-            // decoding (one query per row), a kv head's group of query heads goes in as that
-            // head's queries: one small matrix product per kv head instead of one
-            // matrix-vector product per query head.
-            let attn = if t == 1 {
-                // Decoding (one query per row): a kv head's group of query heads against it as
-                // one batched matrix product over all rows and kv heads (a single batched
-                // BLAS call); the fused kernel would make one small call per head and row.
-                let keys = k.size()[2];
-                let q3 = q.reshape([b * nkv, group, hd]);
-                let k3 = k.reshape([b * nkv, keys, hd]);
-                let v3 = v.reshape([b * nkv, keys, hd]);
-                let m3 = mask
-                    .view([b, 1, 1, keys])
-                    .expand([b, nkv, 1, keys], false)
-                    .reshape([b * nkv, 1, keys]);
-                let scores = q3.bmm(&k3.transpose(1, 2)) * scale + m3;
-                scores
-                    .softmax(-1, Kind::Float)
-                    .to_kind(kind)
-                    .bmm(&v3)
-                    .reshape([b, 1, nh * hd])
-            } else {
-                // On CUDA, libtorch's memory-efficient kernel takes the explicit mask (padded
-                // rows, cached prefixes) in f32 and bf16, with its backward, but not grouped
-                // heads: there the kv heads are repeated (see `grouped_attention`).
-                grouped_attention(&q, &k, &v, &mask, scale, group, q.device().is_cuda())
-                    .transpose(1, 2)
-                    .reshape([b, t, nh * hd])
-            };
-            h = h + self.project(&attn, &l.o);
-            let x = self.rms_norm(&h, &l.post_norm);
-            let (gate, up) = match &l.gate_up {
-                Some(w) => {
-                    let y = self.project(&x, w);
-                    let n = self.cfg.intermediate_size;
-                    (y.narrow(-1, 0, n), y.narrow(-1, n, n))
-                }
-                None => (self.project(&x, &l.gate), self.project(&x, &l.up)),
-            };
-            let mlp = self.project(&(gate.silu() * up), &l.down);
-            h = h + mlp;
         }
         h
     }

@@ -203,9 +203,20 @@ fn trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)> {
         .parse::<crate::device::DeviceSpec>()?
         .resolve(crate::device::CudaStatus::probe())
         .context("trainer.device")?;
+    let precision = cfg.trainer.precision(device).context("trainer.dtype")?;
     let policy_dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
-    let policy = crate::model::Qwen3::load(&policy_dir, device, tch::Kind::Float)
+    let policy = crate::model::Qwen3::load(&policy_dir, device, precision.kind())
         .with_context(|| format!("loading the policy {}", policy_dir.display()))?;
+    tracing::info!(
+        "trainer: {precision} on {}, activation checkpointing {:?}, optimiser state on {}",
+        crate::device::name(device),
+        cfg.trainer.ac,
+        if cfg.trainer.optim_cpu_offload {
+            "the host"
+        } else {
+            "the device"
+        }
+    );
     let max_steps = cfg.trainer.max_steps.min(cfg.orchestrator.max_steps);
     if cfg.trainer.max_steps != cfg.orchestrator.max_steps {
         tracing::warn!(
@@ -221,7 +232,11 @@ fn trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)> {
         cfg.orchestrator.sampling.temperature,
         cfg.trainer.data.seq_len * cfg.trainer.data.micro_batch_size,
         max_steps,
-    )?;
+    )?
+    .with_memory(crate::rl::trainer::MemoryOptions {
+        ac: cfg.trainer.ac,
+        optim_cpu_offload: cfg.trainer.optim_cpu_offload,
+    });
     Ok((trainer, policy_dir, max_steps))
 }
 

@@ -25,8 +25,7 @@ use tch::{Kind, Tensor};
 use super::loss::{
     LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
 };
-use crate::model::KvCache;
-use crate::model::Qwen3;
+use crate::model::{Frame, Qwen3};
 use crate::rl::logprobs::{ChunkedLogprobs, chunked_logprobs_no_grad};
 
 /// Learning-rate schedule.
@@ -177,43 +176,190 @@ pub struct StepStats {
     pub skipped: bool,
 }
 
+/// Activation checkpointing of the decoder layers (`trainer.ac`, torchtitan's and prime-rl's
+/// names): which layers keep their activations for the backward pass and which keep only their
+/// input and run again during it. The gradients are the same either way (within f32 rounding:
+/// the recomputation is the same arithmetic).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Checkpointing {
+    /// Every layer keeps its activations: the most memory, no recomputation.
+    #[default]
+    None,
+    /// Every layer keeps only its input and runs again in the backward pass (about one more
+    /// forward pass of compute; activations of one layer at a time).
+    Full,
+    /// Every second layer is checkpointed (torchtitan's per-layer selective option 2): about
+    /// half the activations of `none` for half the recomputation of `full`.
+    Selective,
+}
+
+impl Checkpointing {
+    /// Whether layer `i` keeps only its input.
+    fn recomputes(self, i: usize) -> bool {
+        match self {
+            Self::None => false,
+            Self::Full => true,
+            Self::Selective => i % 2 == 0,
+        }
+    }
+}
+
+/// How the trainer spends memory (the `[trainer]` keys `ac` and `optim_cpu_offload`; the
+/// weights' dtype is the model's, see [`Trainer`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Activation checkpointing.
+    pub ac: Checkpointing,
+    /// AdamW's state (moments, f32 master weights, f32 gradient sums) lives in host memory:
+    /// gradients go to the host after the backward pass, the update runs there and the new
+    /// weights come back. The same arithmetic as on the device.
+    pub optim_cpu_offload: bool,
+}
+
+/// One parameter's optimiser state.
+struct Param {
+    /// Its Hugging Face name.
+    name: String,
+    /// The parameter the model computes with.
+    p: Tensor,
+    /// f32 master weights, when the model's are narrower (bf16): the update is applied to them
+    /// and the parameter is their rounding.
+    master: Option<Tensor>,
+    /// First and second moments (f32).
+    m: Tensor,
+    v: Tensor,
+    /// The f32 sum of the gradients of the micro-batches so far, for a narrow parameter when a
+    /// step has several micro-batches (bf16 gradients would lose the small ones).
+    acc: Option<Tensor>,
+}
+
+impl Param {
+    /// The step's gradient in f32 on `device` (`None`: the parameter had none).
+    fn grad32(&self, device: tch::Device) -> Result<Option<Tensor>, tch::TchError> {
+        if let Some(acc) = &self.acc {
+            return Ok(Some(acc.shallow_clone()));
+        }
+        let g = self.p.grad();
+        if !g.defined() {
+            return Ok(None);
+        }
+        Ok(Some(g.f_to_device(device)?.f_to_kind(Kind::Float)?))
+    }
+}
+
 /// AdamW (decoupled weight decay, bias-corrected moments, as `torch.optim.AdamW`), with its
-/// state in plain tensors so checkpoints can hold it.
+/// state in plain tensors so checkpoints can hold it. Its state is f32 whatever the model's
+/// dtype (mixed precision: a bf16 model gets f32 master weights), on the model's device or,
+/// offloaded, in host memory.
 struct AdamW {
-    /// Parameters by HF name, and their first and second moments.
-    params: Vec<(String, Tensor, Tensor, Tensor)>,
+    /// Parameters by HF name, sorted.
+    params: Vec<Param>,
     steps: i64,
+    /// Where the state lives.
+    state_device: tch::Device,
 }
 
 impl AdamW {
-    fn new(model: &Qwen3) -> Self {
+    fn new(model: &Qwen3, offload: bool) -> Self {
         let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let state_device = if offload {
+            tch::Device::Cpu
+        } else {
+            model.vs.device()
+        };
         let params = vars
             .into_iter()
-            .map(|(n, p)| {
-                let m = p.zeros_like().set_requires_grad(false);
-                let v = p.zeros_like().set_requires_grad(false);
-                (n, p, m, v)
+            .map(|(name, p)| {
+                let zeros = || {
+                    Tensor::zeros(p.size(), (Kind::Float, state_device)).set_requires_grad(false)
+                };
+                let master = (p.kind() != Kind::Float).then(|| {
+                    tch::no_grad(|| p.detach().to_device(state_device).to_kind(Kind::Float))
+                });
+                Param {
+                    name,
+                    m: zeros(),
+                    v: zeros(),
+                    master,
+                    acc: None,
+                    p,
+                }
             })
             .collect();
-        Self { params, steps: 0 }
-    }
-
-    fn zero_grad(&mut self) {
-        for (_, p, _, _) in &mut self.params {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
+        Self {
+            params,
+            steps: 0,
+            state_device,
         }
     }
 
-    fn grads(&self) -> impl Iterator<Item = Tensor> + '_ {
-        self.params
-            .iter()
-            .map(|(_, p, _, _)| p.grad())
-            .filter(Tensor::defined)
+    fn zero_grad(&mut self) {
+        for param in &mut self.params {
+            let mut g = param.p.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+            param.acc = None;
+        }
+    }
+
+    /// Moves narrow parameters' gradients into their f32 sums (after each micro-batch's
+    /// backward pass when a step has several) and clears them.
+    fn accumulate(&mut self) -> Result<(), tch::TchError> {
+        let device = self.state_device;
+        tch::no_grad(|| {
+            for param in &mut self.params {
+                if param.master.is_none() {
+                    continue;
+                }
+                let mut g = param.p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let g32 = g.f_to_device(device)?.f_to_kind(Kind::Float)?;
+                match &mut param.acc {
+                    Some(acc) => {
+                        let _ = acc.f_add_(&g32)?;
+                    }
+                    None => param.acc = Some(g32),
+                }
+                let _ = g.f_zero_()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The global L2 norm of the step's gradients (in f32).
+    fn grad_norm(&self) -> Result<f64, tch::TchError> {
+        tch::no_grad(|| {
+            let mut sum = 0.0;
+            for param in &self.params {
+                let g = match &param.acc {
+                    Some(acc) => acc.shallow_clone(),
+                    None => param.p.grad(),
+                };
+                if g.defined() {
+                    sum += g
+                        .f_to_kind(Kind::Float)?
+                        .f_pow_tensor_scalar(2)?
+                        .f_sum(Kind::Float)?
+                        .f_double_value(&[])?;
+                }
+            }
+            Ok(sum.sqrt())
+        })
     }
 
     /// One AdamW update. An error (the device out of memory) stops it part-way: the caller
@@ -225,20 +371,32 @@ impl AdamW {
             1.0 - b1.powi(self.steps as i32),
             1.0 - b2.powi(self.steps as i32),
         );
+        let device = self.state_device;
         tch::no_grad(|| {
-            for (_, p, m, v) in &mut self.params {
-                let g = p.grad();
-                if !g.defined() {
+            for param in &mut self.params {
+                let Some(g) = param.grad32(device)? else {
                     continue;
-                }
+                };
                 let g = g.f_mul_scalar(grad_scale)?;
-                let _ = p.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
+                let (m, v) = (&mut param.m, &mut param.v);
                 let _ = m.f_mul_scalar_(b1)?;
                 let _ = m.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
                 let _ = v.f_mul_scalar_(b2)?;
                 let _ = v.f_add_(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
                 let denom = v.f_div_scalar(c2)?.f_sqrt()?.f_add_scalar(1e-8)?;
-                let _ = p.f_sub_(&m.f_div_scalar(c1)?.f_div(&denom)?.f_mul_scalar(lr)?)?;
+                let update = m.f_div_scalar(c1)?.f_div(&denom)?.f_mul_scalar(lr)?;
+                match &mut param.master {
+                    Some(w) => {
+                        let _ = w.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
+                        let _ = w.f_sub_(&update)?;
+                        let _ = param.p.f_copy_(w)?;
+                    }
+                    None => {
+                        let _ = param.p.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
+                        let _ = param.p.f_sub_(&update.f_to_device(param.p.device())?)?;
+                    }
+                }
+                param.acc = None;
             }
             Ok(())
         })
@@ -247,7 +405,8 @@ impl AdamW {
 
 /// The trainer: a policy, its optimiser and schedule.
 pub struct Trainer {
-    /// The policy being trained (f32 master weights).
+    /// The policy being trained. Its dtype is the compute dtype: f32, or bf16 with f32 master
+    /// weights in the optimiser (mixed precision).
     pub model: Qwen3,
     opt: AdamW,
     optim: OptimConfig,
@@ -265,6 +424,8 @@ pub struct Trainer {
     /// row attend to its group's (exact: the rows' gradients sum into it). The rows of a GRPO
     /// group share their whole prompt, so this removes most of the prompt compute.
     pub share_prefix: bool,
+    /// Activation checkpointing of the policy's layers.
+    pub ac: Checkpointing,
     /// Steps taken.
     pub step: usize,
     total_steps: usize,
@@ -283,7 +444,7 @@ impl Trainer {
         total_steps: usize,
     ) -> Result<Self, TrainError> {
         loss.check().map_err(TrainError::Loss)?;
-        let opt = AdamW::new(&model);
+        let opt = AdamW::new(&model, false);
         let reference = if loss.needs_initial_reference() {
             Some(model.frozen_copy()?)
         } else {
@@ -298,11 +459,29 @@ impl Trainer {
             temperature,
             micro_batch_tokens: micro_batch_tokens.max(1),
             share_prefix: true,
+            ac: Checkpointing::None,
             step: 0,
             total_steps,
             bad_in_a_row: 0,
             max_bad_in_a_row: 5,
         })
+    }
+
+    /// Sets how the trainer spends memory; before the first step (offloading moves the
+    /// optimiser's state to host memory).
+    pub fn with_memory(mut self, memory: MemoryOptions) -> Self {
+        self.ac = memory.ac;
+        if memory.optim_cpu_offload != (self.opt.state_device == tch::Device::Cpu)
+            && self.model.vs.device() != tch::Device::Cpu
+        {
+            self.opt = AdamW::new(&self.model, memory.optim_cpu_offload);
+        }
+        self
+    }
+
+    /// Where the optimiser's state lives.
+    pub fn optimizer_device(&self) -> tch::Device {
+        self.opt.state_device
     }
 
     /// The current weights under their HF names (shallow handles, for the engine to copy).
@@ -321,9 +500,12 @@ impl Trainer {
     pub fn save(&self, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
         self.model.save(dir)?;
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
-        for (name, _, m, v) in &self.opt.params {
-            tensors.push((format!("{name}.exp_avg"), m.shallow_clone()));
-            tensors.push((format!("{name}.exp_avg_sq"), v.shallow_clone()));
+        for p in &self.opt.params {
+            tensors.push((format!("{}.exp_avg", p.name), p.m.shallow_clone()));
+            tensors.push((format!("{}.exp_avg_sq", p.name), p.v.shallow_clone()));
+            if let Some(w) = &p.master {
+                tensors.push((format!("{}.master", p.name), w.shallow_clone()));
+            }
         }
         crate::model::safetensors::write(
             &dir.join("optimizer.safetensors"),
@@ -354,8 +536,28 @@ impl Trainer {
                 .into_iter()
                 .collect();
         tch::no_grad(|| -> Result<(), crate::model::ModelError> {
-            for (name, _, m, v) in &mut self.opt.params {
-                for (suffix, dst) in [("exp_avg", m), ("exp_avg_sq", v)] {
+            for p in &mut self.opt.params {
+                let name = &p.name;
+                // f32 master weights: the checkpoint's when it has them (a mixed-precision
+                // run), else the weights just loaded.
+                if let Some(w) = &mut p.master {
+                    match moments.remove(&format!("{name}.master")) {
+                        Some(src) if src.size() == w.size() => {
+                            w.copy_(&src);
+                            p.p.copy_(&src);
+                        }
+                        Some(src) => {
+                            return Err(malformed(format!(
+                                "{name}.master has shape {:?}",
+                                src.size()
+                            )));
+                        }
+                        None => {
+                            w.copy_(&p.p);
+                        }
+                    }
+                }
+                for (suffix, dst) in [("exp_avg", &mut p.m), ("exp_avg_sq", &mut p.v)] {
                     let key = format!("{name}.{suffix}");
                     let src = moments
                         .remove(&key)
@@ -447,67 +649,6 @@ impl Trainer {
             }
         }
         out
-    }
-
-    /// Final hidden states `[rows, width, hidden]` of a micro-batch's inputs after their shared
-    /// prefixes (before the output projection, which [`ChunkedLogprobs`] runs). The prefixes run
-    /// once, as one batch `[prefixes, longest]`; each row then attends to its own
-    /// prefix's keys and values (the cache's rows picked per row, the padding past its prefix
-    /// hidden by the key mask) and then to its own inputs, which `ids`, `positions` and `key`
-    /// hold from its prefix's end on. The model masks causally by index on the concatenated
-    /// key axis (a row's query `j` sees keys `< longest + j + 1`: every prefix key and its own
-    /// earlier inputs), and positions only feed the rotary embedding, so each row computes
-    /// exactly what it would in full.
-    fn forward_rows(
-        &self,
-        model: &Qwen3,
-        samples: &[Sample],
-        prefixes: &Prefixes,
-        ids: &Tensor,
-        positions: &Tensor,
-        key: &Tensor,
-    ) -> Tensor {
-        if prefixes.heads.is_empty() {
-            return model.forward_hidden(ids, positions, Some(key), None);
-        }
-        let device = ids.device();
-        let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
-        let (mut head, mut head_key) = (Vec::new(), Vec::new());
-        for h in &prefixes.heads {
-            for p in 0..longest {
-                head.push(if p < h.len {
-                    i64::from(samples[h.sample].ids[p])
-                } else {
-                    0
-                });
-                head_key.push(i64::from(p < h.len));
-            }
-        }
-        let shape = [prefixes.heads.len() as i64, longest as i64];
-        let head = Tensor::from_slice(&head).view(shape).to_device(device);
-        let head_key = Tensor::from_slice(&head_key).view(shape).to_device(device);
-        let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
-            .unsqueeze(0)
-            .expand(shape, false);
-        let mut cache = KvCache::new(model.cfg.num_hidden_layers as usize);
-        let _ = model.forward(&head, &head_pos, Some(&head_key), Some(&mut cache));
-        // A row without a prefix picks any cached row and sees none of it.
-        let pick: Vec<i64> = prefixes
-            .of_row
-            .iter()
-            .map(|h| h.map_or(0, |h| h as i64))
-            .collect();
-        let mut past = Vec::with_capacity(pick.len() * longest);
-        for h in &prefixes.of_row {
-            let len = h.map_or(0, |h| prefixes.heads[h].len);
-            past.extend((0..longest).map(|p| i64::from(p < len)));
-        }
-        let past = Tensor::from_slice(&past)
-            .view([pick.len() as i64, longest as i64])
-            .to_device(device);
-        let mut cache = cache.select_rows(&Tensor::from_slice(&pick).to_device(device));
-        let key = Tensor::cat(&[past, key.shallow_clone()], 1);
-        model.forward_hidden(ids, positions, Some(&key), Some(&mut cache))
     }
 
     /// Whether a reference copy of the initial weights is kept (for the KL penalty).
@@ -612,7 +753,9 @@ impl Trainer {
             let (ids, pos, key, tgt) = (int(&ids), int(&pos), int(&key), int(&tgt));
             // Log-probs of the targets a chunk of positions at a time: the micro-batch's
             // `[positions, vocab]` logits never exist at once, forward or backward.
-            let hidden = self.forward_rows(&self.model, samples, &prefixes, &ids, &pos, &key);
+            let pass = RowsPass::new(&self.model, samples, &prefixes, &ids, &pos, &key);
+            let forward = pass.forward(&self.model, self.ac);
+            let hidden = &forward.hidden;
             let width_h = hidden.size()[2];
             let chunked = ChunkedLogprobs::new(
                 &hidden.view([-1, width_h]),
@@ -628,7 +771,7 @@ impl Trainer {
                 .double_value(&[]);
             let reference = match (&self.reference, objective) {
                 (Some(r), Objective::Policy) => Some(tch::no_grad(|| {
-                    let hidden = self.forward_rows(r, samples, &prefixes, &ids, &pos, &key);
+                    let hidden = pass.forward(r, Checkpointing::None).hidden;
                     let d = hidden.size()[2];
                     chunked_logprobs_no_grad(
                         &hidden.view([-1, d]),
@@ -663,6 +806,10 @@ impl Trainer {
             loss_total += loss.double_value(&[]);
             loss.backward();
             chunked.backward_output_weight();
+            forward.backward(&self.model, &pass)?;
+            if batches.len() > 1 {
+                self.opt.accumulate()?;
+            }
             let share = here / trained.max(1) as f64;
             weighted.ratio_mean += ls.ratio_mean * share;
             weighted.clipped_frac += ls.clipped_frac * share;
@@ -672,13 +819,7 @@ impl Trainer {
             stats.entropy += entropy / trained.max(1) as f64;
             weighted.ratio_max = weighted.ratio_max.max(ls.ratio_max);
         }
-        let grad_norm = tch::no_grad(|| {
-            self.opt
-                .grads()
-                .map(|g| g.pow_tensor_scalar(2).sum(Kind::Float).double_value(&[]))
-                .sum::<f64>()
-                .sqrt()
-        });
+        let grad_norm = self.opt.grad_norm()?;
         stats.loss = loss_total;
         stats.grad_norm = grad_norm;
         stats.loss_stats = weighted;
@@ -765,6 +906,244 @@ struct Prefixes {
     heads: Vec<Head>,
     /// Per row of the micro-batch: the prefix it continues from (`None`: it runs in full).
     of_row: Vec<Option<usize>>,
+}
+
+/// Hidden states of a micro-batch between layers: its shared prefixes' (run once, as one batch
+/// `[prefixes, longest]`) and its rows'.
+struct Hidden {
+    head: Option<Tensor>,
+    rows: Tensor,
+}
+
+impl Hidden {
+    /// The same values, cut from any graph.
+    fn detach(&self) -> Self {
+        Self {
+            head: self.head.as_ref().map(Tensor::detach),
+            rows: self.rows.detach(),
+        }
+    }
+
+    /// Copies of the values that gradients flow back to (leaves).
+    fn leaves(&self) -> Self {
+        Self {
+            head: self
+                .head
+                .as_ref()
+                .map(|t| t.detach().set_requires_grad(true)),
+            rows: self.rows.detach().set_requires_grad(true),
+        }
+    }
+
+    /// Gradients of the leaves after a backward pass.
+    fn grads(&self) -> (Option<Tensor>, Tensor) {
+        let head = self.head.as_ref().map(Tensor::grad).filter(Tensor::defined);
+        (head, self.rows.grad())
+    }
+
+    /// `Σ self ⊙ grad` (a scalar): its backward pass sends `grad` into the graph that made
+    /// these values, as autograd would have from the layers above.
+    fn against(&self, head: Option<&Tensor>, rows: &Tensor) -> Tensor {
+        let mut sum = (&self.rows * rows).sum(Kind::Float);
+        if let (Some(h), Some(g)) = (&self.head, head) {
+            sum = sum + (h * g).sum(Kind::Float);
+        }
+        sum
+    }
+}
+
+/// One micro-batch's forward pass through a model, layer by layer: the groups' shared prefixes
+/// run once, as one batch `[prefixes, longest]`; each row then attends to its own prefix's
+/// keys and values (the prefix batch's rows picked per row, the padding past its prefix hidden
+/// by the key mask) and then to its own inputs, which `ids`, `positions` and `key` hold from
+/// its prefix's end on. The model masks causally by index on the concatenated key axis (a
+/// row's query `j` sees keys `< longest + j + 1`: every prefix key and its own earlier inputs),
+/// and positions only feed the rotary embedding, so each row computes exactly what it would in
+/// full. Layer by layer so that layers can be checkpointed ([`Checkpointing`]).
+struct RowsPass {
+    /// The prefixes' ids, their frame, and per row the prefix it continues (a row without one
+    /// picks any and sees none of it).
+    head: Option<(Tensor, Frame, Tensor)>,
+    ids: Tensor,
+    frame: Frame,
+}
+
+impl RowsPass {
+    fn new(
+        model: &Qwen3,
+        samples: &[Sample],
+        prefixes: &Prefixes,
+        ids: &Tensor,
+        positions: &Tensor,
+        key: &Tensor,
+    ) -> Self {
+        if prefixes.heads.is_empty() {
+            return Self {
+                head: None,
+                ids: ids.shallow_clone(),
+                frame: model.frame(positions, Some(key), 0),
+            };
+        }
+        let device = ids.device();
+        let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
+        let (mut head, mut head_key) = (Vec::new(), Vec::new());
+        for h in &prefixes.heads {
+            for p in 0..longest {
+                head.push(if p < h.len {
+                    i64::from(samples[h.sample].ids[p])
+                } else {
+                    0
+                });
+                head_key.push(i64::from(p < h.len));
+            }
+        }
+        let shape = [prefixes.heads.len() as i64, longest as i64];
+        let head = Tensor::from_slice(&head).view(shape).to_device(device);
+        let head_key = Tensor::from_slice(&head_key).view(shape).to_device(device);
+        let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
+            .unsqueeze(0)
+            .expand(shape, false);
+        let pick: Vec<i64> = prefixes
+            .of_row
+            .iter()
+            .map(|h| h.map_or(0, |h| h as i64))
+            .collect();
+        let mut past = Vec::with_capacity(pick.len() * longest);
+        for h in &prefixes.of_row {
+            let len = h.map_or(0, |h| prefixes.heads[h].len);
+            past.extend((0..longest).map(|p| i64::from(p < len)));
+        }
+        let past = Tensor::from_slice(&past)
+            .view([pick.len() as i64, longest as i64])
+            .to_device(device);
+        let key = Tensor::cat(&[past, key.shallow_clone()], 1);
+        Self {
+            head: Some((
+                head,
+                model.frame(&head_pos, Some(&head_key), 0),
+                Tensor::from_slice(&pick).to_device(device),
+            )),
+            ids: ids.shallow_clone(),
+            frame: model.frame(positions, Some(&key), longest as i64),
+        }
+    }
+
+    /// The embeddings: the first layer's input.
+    fn embed(&self, model: &Qwen3) -> Hidden {
+        Hidden {
+            head: self.head.as_ref().map(|(ids, _, _)| model.embed(ids)),
+            rows: model.embed(&self.ids),
+        }
+    }
+
+    /// Layer `i` on `h`.
+    fn layer(&self, model: &Qwen3, i: usize, h: &Hidden) -> Hidden {
+        match (&self.head, &h.head) {
+            (Some((_, frame, pick)), Some(hh)) => {
+                let (head, k, v) = model.layer(i, hh, frame, None);
+                let (k, v) = (k.index_select(0, pick), v.index_select(0, pick));
+                let (rows, _, _) = model.layer(i, &h.rows, &self.frame, Some((&k, &v)));
+                Hidden {
+                    head: Some(head),
+                    rows,
+                }
+            }
+            _ => Hidden {
+                head: None,
+                rows: model.layer(i, &h.rows, &self.frame, None).0,
+            },
+        }
+    }
+
+    /// The rows' final hidden states `[rows, width, hidden]` (after the final norm, before the
+    /// output projection). With checkpointing, the layers it names run without a graph and keep
+    /// only their input; [`Forward::backward`] runs them again.
+    fn forward(&self, model: &Qwen3, ac: Checkpointing) -> Forward {
+        let layers = model.num_layers();
+        if ac == Checkpointing::None {
+            let mut h = self.embed(model);
+            for i in 0..layers {
+                h = self.layer(model, i, &h);
+            }
+            return Forward {
+                hidden: model.final_norm(&h.rows),
+                checkpointed: None,
+            };
+        }
+        let mut saved = Vec::with_capacity(layers);
+        let mut h = tch::no_grad(|| self.embed(model));
+        for i in 0..layers {
+            if ac.recomputes(i) {
+                let next = tch::no_grad(|| self.layer(model, i, &h));
+                saved.push(Saved::Input(h));
+                h = next;
+            } else {
+                let input = h.leaves();
+                let output = self.layer(model, i, &input);
+                h = output.detach();
+                saved.push(Saved::Graph { input, output });
+            }
+        }
+        let top = h.rows.set_requires_grad(true);
+        Forward {
+            hidden: model.final_norm(&top),
+            checkpointed: Some(Checkpointed { top, saved }),
+        }
+    }
+}
+
+/// A layer's part of a checkpointed forward pass.
+enum Saved {
+    /// Its input only: it runs again in the backward pass.
+    Input(Hidden),
+    /// Its input (leaves) and its output with the graph between them.
+    Graph { input: Hidden, output: Hidden },
+}
+
+/// What the backward pass of a checkpointed forward needs.
+struct Checkpointed {
+    /// The last layer's output for the rows (a leaf: the loss's backward pass stops there).
+    top: Tensor,
+    saved: Vec<Saved>,
+}
+
+/// A micro-batch's forward pass ([`RowsPass::forward`]).
+struct Forward {
+    /// The rows' final hidden states.
+    hidden: Tensor,
+    checkpointed: Option<Checkpointed>,
+}
+
+impl Forward {
+    /// After the loss's backward pass: with checkpointing, carries its gradient down through
+    /// the layers (running the checkpointed ones again, one at a time) and into the
+    /// embeddings. Without, the loss's backward pass already did all of it.
+    fn backward(self, model: &Qwen3, pass: &RowsPass) -> Result<(), tch::TchError> {
+        let Some(Checkpointed { top, saved }) = self.checkpointed else {
+            return Ok(());
+        };
+        drop(self.hidden);
+        let mut grad_rows = top.grad();
+        let mut grad_head: Option<Tensor> = None;
+        for (i, layer) in saved.into_iter().enumerate().rev() {
+            let (input, output) = match layer {
+                Saved::Input(h) => {
+                    let input = h.leaves();
+                    let output = pass.layer(model, i, &input);
+                    (input, output)
+                }
+                Saved::Graph { input, output } => (input, output),
+            };
+            output
+                .against(grad_head.as_ref(), &grad_rows)
+                .f_backward()?;
+            (grad_head, grad_rows) = input.grads();
+        }
+        pass.embed(model)
+            .against(grad_head.as_ref(), &grad_rows)
+            .f_backward()?;
+        Ok(())
+    }
 }
 
 /// Per token of each sample, the weight of its loss in the batch's loss under `norm`: on a

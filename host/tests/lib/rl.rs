@@ -560,3 +560,139 @@ fn per_group_shared_prompts_are_exact() {
         }
     }
 }
+
+/// Samples of the per-group test above: four groups sharing prompts of 24..60 tokens, rows of
+/// different lengths.
+fn grouped_samples() -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for (g, &(len, rows)) in [(40, 3), (24, 4), (60, 2), (30, 1)].iter().enumerate() {
+        let prompt = tokens(91 + g as u32, len);
+        for k in 0..rows {
+            let mut ids = prompt.clone();
+            ids.extend(tokens(200 + (g * 10 + k) as u32, 4 + (k * 7) % 13));
+            let n = ids.len();
+            samples.push(Sample {
+                mask: (0..n).map(|i| i >= len).collect(),
+                old_logprobs: (0..n).map(|i| -5.0 - (i % 4) as f32 * 0.4).collect(),
+                ids,
+                advantage: [1.0, -0.5, 0.25, -1.0][(g + k) % 4],
+                group: g,
+                turn_starts: Vec::new(),
+            });
+        }
+    }
+    samples
+}
+
+/// Activation checkpointing (`full`: every layer runs again in the backward pass;
+/// `selective`: every second one) takes the step the plain trainer takes — loss, gradient
+/// norm and updated weights — with shared prefixes, several micro-batches, both objectives and
+/// two steps in a row; with the optimiser's state offloaded as well (on this CPU the host is
+/// the device, so that exercises the option's path, not a transfer).
+#[test]
+fn activation_checkpointing_is_exact() {
+    use rlhost::rl::trainer::{Checkpointing, MemoryOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 13);
+    let samples = grouped_samples();
+    for (budget, objective) in [
+        (4096, Objective::Policy),
+        (100, Objective::Policy),
+        (4096, Objective::Likelihood),
+    ] {
+        let trainer =
+            |memory: MemoryOptions| prefix_trainer(&dir, budget, true).with_memory(memory);
+        let mut plain = trainer(MemoryOptions::default());
+        let mut runs: Vec<(String, Trainer)> = [
+            (Checkpointing::Full, false),
+            (Checkpointing::Selective, false),
+            (Checkpointing::Full, true),
+        ]
+        .into_iter()
+        .map(|(ac, optim_cpu_offload)| {
+            let memory = MemoryOptions {
+                ac,
+                optim_cpu_offload,
+            };
+            (format!("{memory:?}"), trainer(memory))
+        })
+        .collect();
+        for step in 0..2 {
+            let a = plain.step_with(&samples, objective).unwrap();
+            assert!(a.shared_tokens > 0 && a.grad_norm > 0.0);
+            assert_eq!(a.micro_batches > 1, budget == 100);
+            for (what, t) in &mut runs {
+                let b = t.step_with(&samples, objective).unwrap();
+                let what = format!("{what}, {objective:?}, budget {budget}, step {step}");
+                assert_same_step(&what, (&plain, &a), (t, &b));
+            }
+        }
+    }
+}
+
+/// Mixed precision (`trainer.dtype = "bf16"`): bf16 weights and activations, f32 master weights
+/// and moments. Its step follows the f32 step (same loss to bf16's precision, updates pointing
+/// the same way), the bf16 weights are the master weights rounded, gradients of several
+/// micro-batches are summed in f32 (one micro-batch or four: the same step to bf16 rounding),
+/// and a checkpoint resumes it exactly, master weights included.
+#[test]
+fn mixed_precision_follows_f32_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 14);
+    let samples = grouped_samples();
+    let trainer = |kind: Kind, budget: usize| {
+        Trainer::new(
+            Qwen3::load(&dir, Device::Cpu, kind).unwrap(),
+            optim(),
+            LossConfig::default(),
+            0.8,
+            budget,
+            10,
+        )
+        .unwrap()
+    };
+    let before = trainer(Kind::Float, 4096).weights();
+    let mut f32_ = trainer(Kind::Float, 4096);
+    let mut bf16 = trainer(Kind::BFloat16, 4096);
+    let mut split = trainer(Kind::BFloat16, 100);
+    let a = f32_.train_step(&samples).unwrap();
+    let b = bf16.train_step(&samples).unwrap();
+    let c = split.train_step(&samples).unwrap();
+    assert_eq!((b.micro_batches, c.micro_batches), (1, 7));
+    assert!(
+        (a.loss - b.loss).abs() <= 0.02 * a.loss.abs().max(1e-2),
+        "loss f32 {} vs bf16 {}",
+        a.loss,
+        b.loss
+    );
+    assert!((a.grad_norm - b.grad_norm).abs() <= 0.05 * a.grad_norm);
+    assert!((b.grad_norm - c.grad_norm).abs() <= 0.02 * b.grad_norm);
+    // The updates (weights after − before) point the same way: cosine over all parameters.
+    let (wa, wb) = (f32_.weights(), bf16.weights());
+    let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
+    for (name, w0) in &before {
+        let da = &wa[name] - w0;
+        let db = wb[name].to_kind(Kind::Float) - w0;
+        dot += (&da * &db).sum(Kind::Double).double_value(&[]);
+        na += (&da * &da).sum(Kind::Double).double_value(&[]);
+        nb += (&db * &db).sum(Kind::Double).double_value(&[]);
+        assert_eq!(wb[name].kind(), Kind::BFloat16, "{name}");
+    }
+    let cosine = dot / (na.sqrt() * nb.sqrt());
+    assert!(cosine > 0.9, "update cosine f32 vs bf16: {cosine}");
+    // A bf16 checkpoint holds the master weights: resuming continues exactly.
+    bf16.train_step(&samples).unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    bf16.save(&ckpt).unwrap();
+    let mut resumed = trainer(Kind::BFloat16, 4096);
+    resumed.restore(&ckpt).unwrap();
+    let x = bf16.train_step(&samples).unwrap();
+    let y = resumed.train_step(&samples).unwrap();
+    assert_eq!(x.loss, y.loss);
+    let (wx, wy) = (bf16.weights(), resumed.weights());
+    for (name, t) in &wx {
+        assert!(t.equal(&wy[name]), "{name} differs after resuming");
+    }
+}

@@ -389,6 +389,9 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
         .device
         .parse::<crate::device::DeviceSpec>()
         .map_err(|e| refuse("trainer.device", &e.to_string()))?;
+    trainer
+        .precision(tch::Device::Cpu)
+        .map_err(|e| refuse("trainer.dtype", &e.to_string()))?;
     for (key, v) in [
         ("trainer.max_steps", trainer.max_steps),
         ("trainer.data.seq_len", trainer.data.seq_len),

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::rl::loss::LossConfig;
-use crate::rl::trainer::OptimConfig;
+use crate::rl::trainer::{Checkpointing, OptimConfig};
 
 /// The model a section uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, clap::Args)]
@@ -87,6 +87,16 @@ pub struct TrainerConfig {
     pub ckpt: CkptConfig,
     /// Device of the trainer: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`.
     pub device: String,
+    /// Compute dtype of the policy: `auto` (bf16 on CUDA, f32 on CPU), `f32`, or `bf16` (mixed
+    /// precision: bf16 weights, activations and gradients; f32 master weights, AdamW moments,
+    /// gradient sums over micro-batches and log-softmax).
+    pub dtype: String,
+    /// Activation checkpointing of the decoder layers: `none`, `full` (every layer runs again
+    /// in the backward pass) or `selective` (every second layer).
+    pub ac: Checkpointing,
+    /// Keep AdamW's state (moments, f32 master weights) in host memory and run the update
+    /// there; the device holds weights, gradients and activations only.
+    pub optim_cpu_offload: bool,
 }
 
 impl Default for TrainerConfig {
@@ -99,6 +109,24 @@ impl Default for TrainerConfig {
             data: DataConfig::default(),
             ckpt: CkptConfig::default(),
             device: "auto".into(),
+            dtype: "auto".into(),
+            ac: Checkpointing::None,
+            optim_cpu_offload: false,
+        }
+    }
+}
+
+impl TrainerConfig {
+    /// The precision `dtype` names on `device` (`auto`: bf16 on CUDA, f32 on the CPU, where
+    /// training in bf16 is slower than in f32 even with bf16 matrix instructions).
+    pub fn precision(
+        &self,
+        device: tch::Device,
+    ) -> Result<crate::device::Precision, crate::device::DeviceError> {
+        match self.dtype.as_str() {
+            "auto" if device.is_cuda() => Ok(crate::device::Precision::Bf16),
+            "auto" => Ok(crate::device::Precision::F32),
+            other => other.parse(),
         }
     }
 }
