@@ -12,6 +12,7 @@ pub mod sampler;
 pub mod sandbox;
 pub mod serve;
 pub mod train;
+pub mod train_memory;
 
 use std::time::Instant;
 

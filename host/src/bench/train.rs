@@ -132,14 +132,16 @@ pub fn known_peaks_tflops(name: &str) -> Option<(f64, f64)> {
 }
 
 /// Polls a CUDA device's used memory (total − free) every 10 ms until dropped; the peak, MiB.
-struct MemoryPoll {
+/// The driver's used memory of a CUDA device, polled every 10 ms on a thread until finished.
+pub(crate) struct MemoryPoll {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl MemoryPoll {
-    fn start(device: tch::Device) -> Option<Self> {
+    /// Starts polling (`None` off CUDA or without a driver).
+    pub(crate) fn start(device: tch::Device) -> Option<Self> {
         let tch::Device::Cuda(ordinal) = device else {
             return None;
         };
@@ -160,6 +162,11 @@ impl MemoryPoll {
             peak,
             thread: Some(thread),
         })
+    }
+
+    /// The peak so far, bytes.
+    pub(crate) fn peak_bytes(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
     }
 
     fn finish(mut self) -> f64 {

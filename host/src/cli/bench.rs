@@ -37,6 +37,11 @@ enum BenchCommand {
     /// AdamW) against PyTorch training transformers' Qwen3 the same way: seconds per step,
     /// tokens/s, MFU and peak device memory.
     Train(TrainArgs),
+    /// Where a training step's memory goes: one real step at a preset's shape with the memory
+    /// options of `host rl` (dtype, activation checkpointing, optimiser offload), measured by
+    /// part, an accounting model fitted on it and projected to every preset and to 80 GB and
+    /// 141 GB GPUs; with `--baseline`, today's default step in a child process for the ratio.
+    TrainMemory(TrainMemoryArgs),
     /// A decode step's matrix products at a real size by each kernel the engine can run them
     /// with (libtorch's BLAS, oneDNN, the few-rows kernel): time, GB/s, speed-up.
     Products(ProductsArgs),
@@ -157,6 +162,47 @@ struct LogprobsArgs {
     /// Tokens in the row.
     #[arg(long, default_value_t = 4096)]
     seq_len: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where a training step's memory goes, by part, measured on one step and projected to every
+/// preset.
+#[derive(Debug, Args)]
+struct TrainMemoryArgs {
+    /// The model's shape (random weights).
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Where the step runs: `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "auto")]
+    device: crate::device::DeviceSpec,
+    /// Tokens per row.
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Rows in the micro-batch.
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    /// The trainer's compute dtype, as `trainer.dtype`: `auto` (bf16 on CUDA, f32 on the CPU),
+    /// `f32`, `bf16`.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Activation checkpointing, as `trainer.ac`.
+    #[arg(long, value_enum, default_value = "none")]
+    ac: crate::rl::trainer::Checkpointing,
+    /// AdamW's state in host memory, as `trainer.optim_cpu_offload`.
+    #[arg(long)]
+    offload: bool,
+    /// Steps run (the first is measured; each is timed).
+    #[arg(long, default_value_t = 1)]
+    steps: usize,
+    /// The accounting model only, no step (shapes this machine cannot hold).
+    #[arg(long)]
+    model_only: bool,
+    /// Also measure today's default step (f32, no checkpointing, no offload) in a child
+    /// process: the ratio of device peaks and step times.
+    #[arg(long)]
+    baseline: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -341,6 +387,7 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::MathVerify(args) => math_verify(args),
         BenchCommand::Logprobs(a) => logprobs(a),
         BenchCommand::Train(a) => train(a),
+        BenchCommand::TrainMemory(a) => train_memory(a),
         BenchCommand::Products(a) => products(a),
         BenchCommand::Prefill(a) => prefill(a),
         BenchCommand::Sampler(a) => sampler(a),
@@ -487,6 +534,64 @@ fn train(a: TrainArgs) -> anyhow::Result<ExitCode> {
     let progress = stderr_unless(json);
     let report =
         crate::bench::train::run(&options, &progress).context("benchmarking a training step")?;
+    emit(json, &report, report.to_text())
+}
+
+/// `host bench train-memory`.
+fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
+    let TrainMemoryArgs {
+        preset,
+        device,
+        seq_len,
+        micro_batch,
+        dtype,
+        ac,
+        offload,
+        steps,
+        model_only,
+        baseline,
+        json,
+    } = a;
+    let device = device
+        .resolve(crate::device::CudaStatus::probe())
+        .context("--device")?;
+    let precision = match dtype.as_str() {
+        "auto" if device.is_cuda() => crate::device::Precision::Bf16,
+        "auto" => crate::device::Precision::F32,
+        other => other.parse().context("--dtype")?,
+    };
+    anyhow::ensure!(
+        !(baseline && model_only),
+        "--baseline measures a step: it cannot go with --model-only"
+    );
+    // The baseline: this command, as today's default step, in a fresh process (the peak
+    // resident memory of this one would carry its allocations over).
+    let child = baseline.then(|| -> anyhow::Result<std::process::Command> {
+        let mut c = std::process::Command::new(
+            std::env::current_exe().context("locating this binary for --baseline")?,
+        );
+        c.args(["bench", "train-memory", "--json", "--dtype", "f32", "--ac", "none"])
+            .args(["--preset", &preset.to_string(), "--device", &crate::device::name(device)])
+            .args(["--seq-len", &seq_len.to_string()])
+            .args(["--micro-batch", &micro_batch.to_string()])
+            .args(["--steps", &steps.to_string()]);
+        Ok(c)
+    });
+    let child = child.transpose()?;
+    let options = crate::bench::train_memory::TrainMemoryOptions {
+        preset,
+        device,
+        seq_len,
+        micro_batch,
+        precision,
+        ac,
+        offload,
+        steps,
+        model_only,
+    };
+    let progress = stderr_unless(json);
+    let report = crate::bench::train_memory::run(&options, child, &progress)
+        .context("measuring a training step's memory")?;
     emit(json, &report, report.to_text())
 }
 

@@ -62,6 +62,10 @@ pub enum Preset {
     /// Qwen3-0.6B's shape.
     #[value(name = "0.6b")]
     P0_6b,
+    /// Qwen3-1.7B's shape (published config: width 2048, 28 layers, 16 query / 8 key-value
+    /// heads, MLP 6144, tied embeddings).
+    #[value(name = "1.7b")]
+    P1_7b,
     /// Qwen3-4B's shape.
     #[value(name = "4b")]
     P4b,
@@ -75,6 +79,7 @@ impl std::fmt::Display for Preset {
         f.write_str(match self {
             Preset::Tiny => "tiny",
             Preset::P0_6b => "0.6b",
+            Preset::P1_7b => "1.7b",
             Preset::P4b => "4b",
             Preset::P8b => "8b",
         })
@@ -197,6 +202,7 @@ impl Qwen3Config {
                 c
             }
             Preset::P0_6b => base(151_936, 1024, 28, 16, 8, 128, 3072, true, 40_960),
+            Preset::P1_7b => base(151_936, 2048, 28, 16, 8, 128, 6144, true, 40_960),
             Preset::P4b => base(151_936, 2560, 36, 32, 8, 128, 9728, true, 40_960),
             Preset::P8b => base(151_936, 4096, 36, 32, 8, 128, 12_288, false, 40_960),
         };

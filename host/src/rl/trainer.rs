@@ -190,6 +190,7 @@ pub struct StepStats {
     serde::Deserialize,
     serde::Serialize,
     schemars::JsonSchema,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Checkpointing {
@@ -206,7 +207,7 @@ pub enum Checkpointing {
 
 impl Checkpointing {
     /// Whether layer `i` keeps only its input.
-    fn recomputes(self, i: usize) -> bool {
+    pub fn recomputes(self, i: usize) -> bool {
         match self {
             Self::None => false,
             Self::Full => true,
@@ -227,6 +228,20 @@ pub struct MemoryOptions {
     pub optim_cpu_offload: bool,
 }
 
+/// Bytes of a trainer's tensors by part ([`Trainer::state_bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StateBytes {
+    /// The parameters the model computes with.
+    pub weights: u64,
+    /// Their gradients.
+    pub grads: u64,
+    /// AdamW's moments, f32 master weights and gradient sums (where
+    /// [`Trainer::optimizer_device`] says).
+    pub optimizer: u64,
+    /// The frozen reference copy for a KL penalty.
+    pub reference: u64,
+}
+
 /// One parameter's optimiser state.
 struct Param {
     /// Its Hugging Face name.
@@ -242,20 +257,6 @@ struct Param {
     /// The f32 sum of the gradients of the micro-batches so far, for a narrow parameter when a
     /// step has several micro-batches (bf16 gradients would lose the small ones).
     acc: Option<Tensor>,
-}
-
-impl Param {
-    /// The step's gradient in f32 on `device` (`None`: the parameter had none).
-    fn grad32(&self, device: tch::Device) -> Result<Option<Tensor>, tch::TchError> {
-        if let Some(acc) = &self.acc {
-            return Ok(Some(acc.shallow_clone()));
-        }
-        let g = self.p.grad();
-        if !g.defined() {
-            return Ok(None);
-        }
-        Ok(Some(g.f_to_device(device)?.f_to_kind(Kind::Float)?))
-    }
 }
 
 /// AdamW (decoupled weight decay, bias-corrected moments, as `torch.optim.AdamW`), with its
@@ -341,30 +342,35 @@ impl AdamW {
         })
     }
 
-    /// The global L2 norm of the step's gradients (in f32).
+    /// The global L2 norm of the step's gradients (in f32, without an f32 copy of them).
     fn grad_norm(&self) -> Result<f64, tch::TchError> {
         tch::no_grad(|| {
-            let mut sum = 0.0;
+            let mut sum = 0.0f64;
             for param in &self.params {
                 let g = match &param.acc {
                     Some(acc) => acc.shallow_clone(),
                     None => param.p.grad(),
                 };
                 if g.defined() {
-                    sum += g
-                        .f_to_kind(Kind::Float)?
-                        .f_pow_tensor_scalar(2)?
-                        .f_sum(Kind::Float)?
+                    let norm = g
+                        .f_norm_scalaropt_dtype(2.0, Kind::Float)?
                         .f_double_value(&[])?;
+                    sum += norm * norm;
                 }
             }
             Ok(sum.sqrt())
         })
     }
 
-    /// One AdamW update. An error (the device out of memory) stops it part-way: the caller
-    /// stops training rather than go on from partly updated weights.
+    /// One AdamW update (`torch.optim.AdamW`'s arithmetic: `m ← lerp(m, g, 1 − β1)`,
+    /// `v ← β2 v + (1 − β2) g²`, `w ← w (1 − lr λ) − lr / c1 · m / (√v / √c2 + ε)`), in place, a
+    /// block of rows at a time: its temporaries (the f32 gradient, the denominator, the update)
+    /// are blocks, not two copies of the largest parameter (the embedding: 622 M values in
+    /// Qwen3-8B). An error (the device out of memory) stops it part-way: the caller stops
+    /// training rather than go on from partly updated weights.
     fn step(&mut self, lr: f64, cfg: &OptimConfig, grad_scale: f64) -> Result<(), tch::TchError> {
+        /// Values per block of an update.
+        const BLOCK: i64 = 16 << 20;
         self.steps += 1;
         let [b1, b2] = cfg.betas;
         let (c1, c2) = (
@@ -372,29 +378,59 @@ impl AdamW {
             1.0 - b2.powi(self.steps as i32),
         );
         let device = self.state_device;
+        let decay = 1.0 - lr * cfg.weight_decay;
         tch::no_grad(|| {
             for param in &mut self.params {
-                let Some(g) = param.grad32(device)? else {
-                    continue;
+                let grad = match &param.acc {
+                    Some(acc) => acc.shallow_clone(),
+                    None => param.p.grad(),
                 };
-                let g = g.f_mul_scalar(grad_scale)?;
-                let (m, v) = (&mut param.m, &mut param.v);
-                let _ = m.f_mul_scalar_(b1)?;
-                let _ = m.f_add_(&g.f_mul_scalar(1.0 - b1)?)?;
-                let _ = v.f_mul_scalar_(b2)?;
-                let _ = v.f_add_(&g.f_mul(&g)?.f_mul_scalar(1.0 - b2)?)?;
-                let denom = v.f_div_scalar(c2)?.f_sqrt()?.f_add_scalar(1e-8)?;
-                let update = m.f_div_scalar(c1)?.f_div(&denom)?.f_mul_scalar(lr)?;
-                match &mut param.master {
-                    Some(w) => {
-                        let _ = w.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
-                        let _ = w.f_sub_(&update)?;
-                        let _ = param.p.f_copy_(w)?;
+                if !grad.defined() {
+                    continue;
+                }
+                let rows = param.p.size().first().copied().unwrap_or(1).max(1);
+                let per_row = (param.p.numel() as i64 / rows).max(1);
+                let block = (BLOCK / per_row).max(1);
+                let mut start = 0;
+                while start < rows {
+                    let len = block.min(rows - start);
+                    let cut = |t: &Tensor| -> Result<Tensor, tch::TchError> {
+                        match t.dim() {
+                            0 => Ok(t.shallow_clone()),
+                            _ => t.f_narrow(0, start, len),
+                        }
+                    };
+                    let mut g = cut(&grad)?.f_to_device(device)?.f_to_kind(Kind::Float)?;
+                    if grad_scale != 1.0 {
+                        let _ = g.f_mul_scalar_(grad_scale)?;
                     }
-                    None => {
-                        let _ = param.p.f_mul_scalar_(1.0 - lr * cfg.weight_decay)?;
-                        let _ = param.p.f_sub_(&update.f_to_device(param.p.device())?)?;
+                    let (mut m, mut v) = (cut(&param.m)?, cut(&param.v)?);
+                    let _ = m.f_lerp_(&g, 1.0 - b1)?;
+                    let _ = v.f_mul_scalar_(b2)?;
+                    let _ = g.f_mul_(&g.shallow_clone())?;
+                    let _ = g.f_mul_scalar_(1.0 - b2)?;
+                    let _ = v.f_add_(&g)?;
+                    drop(g);
+                    let mut denom = v.f_sqrt()?;
+                    let _ = denom.f_div_scalar_(c2.sqrt())?;
+                    let _ = denom.f_add_scalar_(1e-8)?;
+                    let mut update = m.f_div(&denom)?;
+                    drop(denom);
+                    let _ = update.f_mul_scalar_(-lr / c1)?;
+                    match &param.master {
+                        Some(w) => {
+                            let mut w = cut(w)?;
+                            let _ = w.f_mul_scalar_(decay)?;
+                            let _ = w.f_add_(&update)?;
+                            let _ = cut(&param.p)?.f_copy_(&w)?;
+                        }
+                        None => {
+                            let mut p = cut(&param.p)?;
+                            let _ = p.f_mul_scalar_(decay)?;
+                            let _ = p.f_add_(&update.f_to_device(p.device())?)?;
+                        }
                     }
+                    start += len;
                 }
                 param.acc = None;
             }
@@ -482,6 +518,28 @@ impl Trainer {
     /// Where the optimiser's state lives.
     pub fn optimizer_device(&self) -> tch::Device {
         self.opt.state_device
+    }
+
+    /// Bytes of the trainer's tensors by part, as allocated now (gradients exist after the
+    /// first step).
+    pub fn state_bytes(&self) -> StateBytes {
+        let bytes = |t: &Tensor| match t.defined() {
+            true => (t.numel() * t.kind().elt_size_in_bytes()) as u64,
+            false => 0,
+        };
+        let mut out = StateBytes::default();
+        for p in &self.opt.params {
+            out.weights += bytes(&p.p);
+            out.grads += bytes(&p.p.grad());
+            out.optimizer += bytes(&p.m) + bytes(&p.v);
+            out.optimizer += p.master.as_ref().map_or(0, bytes);
+            out.optimizer += p.acc.as_ref().map_or(0, bytes);
+        }
+        out.reference = self
+            .reference
+            .as_ref()
+            .map_or(0, |r| r.vs.variables().values().map(bytes).sum());
+        out
     }
 
     /// The current weights under their HF names (shallow handles, for the engine to copy).
