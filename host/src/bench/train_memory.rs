@@ -50,6 +50,9 @@ pub struct TrainMemoryOptions {
     pub steps: usize,
     /// Only the accounting model (no step: for shapes this machine cannot hold).
     pub model_only: bool,
+    /// The layer values' scale to use instead of fitting one (from another run: the report then
+    /// sets the model's prediction against the measured peak).
+    pub scale: Option<f64>,
 }
 
 /// Bytes by part.
@@ -61,19 +64,32 @@ pub struct Parts {
     pub grads: u64,
     /// AdamW's moments and f32 master weights.
     pub optimizer: u64,
-    /// What the backward pass keeps of the layers.
+    /// What the backward pass keeps of the layers (all their values, or a checkpointed layer's
+    /// input).
     pub activations: u64,
+    /// One checkpointed layer's values while it runs again (0 without checkpointing).
+    pub recompute: u64,
     /// The attention mask (once per micro-batch).
     pub attention: u64,
-    /// The log-softmax's chunks and the f32 copies of the output weight it uses.
+    /// The log-softmax's chunks and the f32 copies of the output weight it uses (its larger
+    /// phase: forward or the output weight's gradient).
     pub logits: u64,
 }
 
 impl Parts {
-    /// What the device holds: everything but an offloaded optimiser.
+    /// The device's peak: the weights, gradients, the optimiser unless offloaded, the attention
+    /// mask and kept activations, and the larger of the log-softmax's transient and a
+    /// checkpointed layer's rerun (they do not overlap: the layers run again after the loss's
+    /// backward pass). Counts every gradient as allocated at the peak (they are made during
+    /// the backward pass), so it leans high.
     pub fn device(&self, offload: bool) -> u64 {
         let optimizer = if offload { 0 } else { self.optimizer };
-        self.weights + self.grads + optimizer + self.activations + self.attention + self.logits
+        self.weights
+            + self.grads
+            + optimizer
+            + self.attention
+            + self.activations
+            + self.logits.max(self.recompute)
     }
 }
 
@@ -154,9 +170,13 @@ pub struct TrainMemoryReport {
     pub measured: Option<Measured>,
     /// The accounting model's parts for the measured preset, activations at the fitted scale.
     pub model: Parts,
-    /// The fitted scale of the activation model (1.0 when nothing was measured): measured
-    /// activations over the model's count.
+    /// The fitted scale of the layer values (1.0 when nothing was measured): the measured
+    /// device peak over the model's, solved for the one free figure.
     pub activation_scale: f64,
+    /// What the scale was fitted on: `baseline`, `this run`, or nothing.
+    pub fitted_on: String,
+    /// The model's device peak for this run's options.
+    pub predicted_peak: u64,
     /// Every preset under the same options.
     pub projections: Vec<Projection>,
     /// The default step measured in a child process (`--baseline`).
@@ -176,10 +196,10 @@ fn layer_values_per_token(cfg: &Qwen3Config, cuda: bool) -> u64 {
     4 * cfg.hidden_size as u64 + 6 * q + 6 * kv + 5 * cfg.intermediate_size as u64 + repeated
 }
 
-/// The accounting model's parts for `cfg` under `o`'s options, activations times `scale`.
+/// The accounting model's parts for `cfg` under `o`'s options, layer values times `scale`.
 fn model_parts(cfg: &Qwen3Config, o: &TrainMemoryOptions, scale: f64) -> Parts {
     let params = cfg.parameters() as u64;
-    let width = match o.precision {
+    let width: u64 = match o.precision {
         Precision::F32 => 4,
         Precision::Bf16 => 2,
     };
@@ -189,30 +209,52 @@ fn model_parts(cfg: &Qwen3Config, o: &TrainMemoryOptions, scale: f64) -> Parts {
     let recomputed = (0..layers).filter(|&i| o.ac.recomputes(i)).count() as u64;
     let kept = layers as u64 - recomputed;
     let per_layer = layer_values_per_token(cfg, o.device.is_cuda());
-    let values = kept * per_layer
-        + recomputed * cfg.hidden_size as u64
-        + if recomputed > 0 { per_layer } else { 0 };
-    let activations = (tokens as f64 * width as f64 * values as f64 * scale) as u64;
+    let bytes = |values: u64| (tokens as f64 * width as f64 * values as f64 * scale) as u64;
+    let activations =
+        bytes(kept * per_layer) + tokens * width * recomputed * cfg.hidden_size as u64;
+    let recompute = if recomputed > 0 { bytes(per_layer) } else { 0 };
     // The mask [rows, seq, keys] in the compute dtype, and its boolean and scaled temporaries.
     let seq = o.seq_len as u64;
     let attention = o.micro_batch as u64 * seq * seq * (2 * width + 2);
-    // The log-softmax: whole logits (with autograd's copies) up to 64 Mi of them, else chunks
-    // of 32 Mi f32 logits (three alive: logits, probabilities, the gradient's coefficients),
-    // the per-position direction and, for a narrow output weight, its f32 copy and gradient sum.
+    // The log-softmax: whole logits (with autograd's copies) up to 64 Mi of them; else chunks
+    // of 32 Mi f32 logits: three alive in the forward pass with the per-position direction
+    // and, for a narrow output weight, its f32 copy; two in the output weight's gradient, with
+    // the f32 copy and an f32 gradient sum.
     let (vocab, hidden) = (cfg.vocab_size as u64, cfg.hidden_size as u64);
+    let chunk: u64 = (32 << 20) * 4;
+    let copy = if narrow { vocab * hidden * 4 } else { 0 };
     let logits = if tokens * vocab <= 64 << 20 {
         tokens * vocab * (4 * 3 + width)
     } else {
-        3 * (32 << 20) * 4 + tokens * hidden * 4 + if narrow { 2 * vocab * hidden * 4 } else { 0 }
+        (3 * chunk + tokens * hidden * 4 + copy).max(2 * chunk + 2 * copy)
     };
     Parts {
         weights: params * width,
         grads: params * width,
         optimizer: params * if narrow { 12 } else { 8 },
         activations,
+        recompute,
         attention,
         logits,
     }
+}
+
+/// The scale of the layer values at which the model's device peak for `o` is `peak` (the
+/// model grows with it; clamped to 0.1..10).
+fn fit_scale(cfg: &Qwen3Config, o: &TrainMemoryOptions, peak: u64) -> f64 {
+    let at = |s: f64| model_parts(cfg, o, s).device(o.offload);
+    let (mut lo, mut hi) = (0.1, 10.0);
+    if at(lo) >= peak {
+        return lo;
+    }
+    if at(hi) <= peak {
+        return hi;
+    }
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if at(mid) < peak { lo = mid } else { hi = mid }
+    }
+    0.5 * (lo + hi)
 }
 
 /// The process's resident memory now and its peak since the last reset (bytes), from
@@ -221,7 +263,12 @@ fn resident() -> Option<(u64, u64)> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = status.lines().find(|l| l.starts_with(name))?;
-        let kb: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        let kb: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
         Some(kb * 1024)
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
@@ -251,72 +298,83 @@ fn samples(o: &TrainMemoryOptions, cfg: &Qwen3Config) -> Vec<Sample> {
 /// Runs the steps and measures the first.
 fn measure(o: &TrainMemoryOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -> Measured {
     let mut out = Measured::default();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<()> {
-        progress(&format!("the model ({}, random weights)", o.precision));
-        let model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
-        let budget = o.seq_len * o.micro_batch;
-        let mut trainer = Trainer::new(
-            model,
-            OptimConfig::default(),
-            Default::default(),
-            1.0,
-            budget,
-            o.steps,
-        )?
-        .with_memory(MemoryOptions {
-            ac: o.ac,
-            optim_cpu_offload: o.offload,
-        });
-        let samples = samples(o, cfg);
-        let poll = crate::bench::train::MemoryPoll::start(o.device);
-        let before = match o.device {
-            tch::Device::Cuda(n) => crate::cuda::DeviceMemory::open(n)
-                .and_then(|m| m.free_total())
-                .map(|(free, total)| total - free)
-                .ok(),
-            _ => {
-                let now = resident().map(|(rss, _)| rss);
-                anyhow::ensure!(reset_peak(), "cannot reset the peak (/proc/self/clear_refs)");
-                now
-            }
-        };
-        let before = before.context("reading the memory in use")?;
-        for step in 0..o.steps {
-            progress(&format!("step {}/{}", step + 1, o.steps));
-            let t = Instant::now();
-            let stats = trainer.step_with(&samples, Objective::Policy)?;
-            anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
-            out.step_s.push(t.elapsed().as_secs_f64());
-            if step == 0 {
-                let peak = match &poll {
-                    Some(p) => p.peak_bytes(),
-                    None => resident().map(|(_, hwm)| hwm).unwrap_or(0),
-                };
-                let state = trainer.state_bytes();
-                out.weights = state.weights;
-                out.grads = state.grads;
-                out.optimizer = state.optimizer;
-                out.transient = peak.saturating_sub(before + state.grads);
-                if o.device == tch::Device::Cpu {
-                    // The process held more than the trainer before the step (libtorch, the
-                    // binary): the device peak is the trainer's, not the process's.
-                    out.device_peak = state.weights
-                        + state.grads
-                        + if o.offload { 0 } else { state.optimizer }
-                        + out.transient;
-                } else {
-                    out.device_peak = peak;
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<()> {
+            progress(&format!("the model ({}, random weights)", o.precision));
+            let model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
+            let budget = o.seq_len * o.micro_batch;
+            let mut trainer = Trainer::new(
+                model,
+                OptimConfig::default(),
+                Default::default(),
+                1.0,
+                budget,
+                o.steps,
+            )?
+            .with_memory(MemoryOptions {
+                ac: o.ac,
+                optim_cpu_offload: o.offload,
+            });
+            let samples = samples(o, cfg);
+            let poll = crate::bench::train::MemoryPoll::start(o.device);
+            let before = match o.device {
+                tch::Device::Cuda(n) => crate::cuda::DeviceMemory::open(n)
+                    .and_then(|m| m.free_total())
+                    .map(|(free, total)| total - free)
+                    .ok(),
+                _ => {
+                    let now = resident().map(|(rss, _)| rss);
+                    anyhow::ensure!(
+                        reset_peak(),
+                        "cannot reset the peak (/proc/self/clear_refs)"
+                    );
+                    now
+                }
+            };
+            let before = before.context("reading the memory in use")?;
+            for step in 0..o.steps {
+                progress(&format!("step {}/{}", step + 1, o.steps));
+                let t = Instant::now();
+                let stats = trainer.step_with(&samples, Objective::Policy)?;
+                anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
+                out.step_s.push(t.elapsed().as_secs_f64());
+                if step == 0 {
+                    let peak = match &poll {
+                        Some(p) => p.peak_bytes(),
+                        None => resident().map(|(_, hwm)| hwm).unwrap_or(0),
+                    };
+                    let state = trainer.state_bytes();
+                    out.weights = state.weights;
+                    out.grads = state.grads;
+                    out.optimizer = state.optimizer;
+                    out.transient = peak.saturating_sub(before + state.grads);
+                    if o.device == tch::Device::Cpu {
+                        // The process held more than the trainer before the step (libtorch, the
+                        // binary): the device peak is the trainer's, not the process's.
+                        out.device_peak = state.weights
+                            + state.grads
+                            + if o.offload { 0 } else { state.optimizer }
+                            + out.transient;
+                    } else {
+                        out.device_peak = peak;
+                    }
                 }
             }
-        }
-        Ok(())
-    }));
+            Ok(())
+        }));
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => out.error = Some(crate::error_chain(e.as_ref())),
         Err(panic) => {
             let text = crate::chat::panic_message(panic.as_ref());
-            out.error = Some(text.lines().next().unwrap_or_default().chars().take(400).collect());
+            out.error = Some(
+                text.lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(400)
+                    .collect(),
+            );
         }
     }
     out
@@ -368,13 +426,27 @@ pub fn run(
         }
     });
     let measured = (!o.model_only).then(|| measure(o, &cfg, progress));
-    let unscaled = model_parts(&cfg, o, 1.0);
-    let scale = match &measured {
-        Some(m) if m.error.is_none() && unscaled.activations > 0 => {
-            let other = unscaled.attention + unscaled.logits;
-            (m.transient.saturating_sub(other) as f64 / unscaled.activations as f64).max(0.05)
-        }
-        _ => 1.0,
+    // The layer values' scale: fitted on the baseline when there is one (f32 without
+    // checkpointing: activations are most of its peak, and this run's measured peak then checks
+    // the model's prediction), else on this run.
+    let default_options = TrainMemoryOptions {
+        precision: Precision::F32,
+        ac: Checkpointing::None,
+        offload: false,
+        ..o.clone()
+    };
+    let (scale, fitted_on) = match (o.scale, &baseline, &measured) {
+        (Some(given), _, _) => (given, "a given scale (--activation-scale)"),
+        (
+            None,
+            Some(Baseline {
+                device_peak: Some(peak),
+                ..
+            }),
+            _,
+        ) => (fit_scale(&cfg, &default_options, *peak), "baseline"),
+        (None, _, Some(m)) if m.error.is_none() => (fit_scale(&cfg, o, m.device_peak), "this run"),
+        _ => (1.0, "nothing (unfitted)"),
     };
     let model = model_parts(&cfg, o, scale);
     let projections = PRESETS
@@ -418,8 +490,10 @@ pub fn run(
         seq_len: o.seq_len,
         micro_batch: o.micro_batch,
         measured,
+        predicted_peak: model.device(o.offload),
         model,
         activation_scale: scale,
+        fitted_on: fitted_on.to_owned(),
         projections,
         baseline,
     })
@@ -460,7 +534,11 @@ impl TrainMemoryReport {
             self.device,
             self.dtype,
             self.ac,
-            if self.offload { "offloaded to host memory" } else { "on the device" }
+            if self.offload {
+                "offloaded to host memory"
+            } else {
+                "on the device"
+            }
         );
         if let Some(m) = &self.measured {
             match &m.error {
@@ -486,15 +564,18 @@ impl TrainMemoryReport {
         }
         let p = &self.model;
         s += &format!(
-            "model (GiB): weights {}, grads {}, optimizer {}, activations {} (scale {:.2}, fitted \
-             on the measured step), attention {}, logits {}\n",
+            "model (GiB): weights {}, grads {}, optimizer {}, activations {}, rerun layer {}, \
+             attention {}, logits {}; device peak {} (layer values x{:.2}, fitted on {})\n",
             gib(p.weights),
             gib(p.grads),
             gib(p.optimizer),
             gib(p.activations),
-            self.activation_scale,
+            gib(p.recompute),
             gib(p.attention),
-            gib(p.logits)
+            gib(p.logits),
+            gib(self.predicted_peak),
+            self.activation_scale,
+            self.fitted_on,
         );
         if let Some(b) = &self.baseline {
             match (&b.error, b.memory_ratio) {
@@ -504,8 +585,7 @@ impl TrainMemoryReport {
                          this run's peak is {:.2}x of it, its step time {}\n",
                         gib(b.device_peak.unwrap_or(0)),
                         r,
-                        b.time_ratio
-                            .map_or("-".into(), |t| format!("{t:.2}x"))
+                        b.time_ratio.map_or("-".into(), |t| format!("{t:.2}x"))
                     );
                 }
                 (e, _) => {
@@ -517,17 +597,18 @@ impl TrainMemoryReport {
             }
         }
         s += "\nprojected at these options (GiB; a GPU also needs ~2 GiB of context and slack):\n";
-        s += "| preset | weights | grads | optimizer | activations | attention | logits | device | host | 80 GB | 141 GB |\n";
-        s += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+        s += "| preset | weights | grads | optimizer | activations | rerun layer | attention | logits | device | host | 80 GB | 141 GB |\n";
+        s += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for pr in &self.projections {
             let q = &pr.parts;
             s += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 pr.preset,
                 gib(q.weights),
                 gib(q.grads),
                 gib(q.optimizer),
                 gib(q.activations),
+                gib(q.recompute),
                 gib(q.attention),
                 gib(q.logits),
                 gib(pr.device),
@@ -555,6 +636,7 @@ mod tests {
             offload,
             steps: 1,
             model_only: true,
+            scale: None,
         }
     }
 
@@ -565,20 +647,26 @@ mod tests {
     fn the_accounting_adds_up() {
         let cfg = Qwen3Config::preset(Preset::P4b);
         let n = cfg.parameters() as u64;
-        let f32_ = model_parts(&cfg, &options(Precision::F32, Checkpointing::None, false), 1.0);
+        let f32_ = model_parts(
+            &cfg,
+            &options(Precision::F32, Checkpointing::None, false),
+            1.0,
+        );
         assert_eq!(f32_.weights + f32_.grads + f32_.optimizer, 16 * n);
         let o = options(Precision::Bf16, Checkpointing::Full, true);
         let bf16 = model_parts(&cfg, &o, 1.0);
         assert_eq!(bf16.weights + bf16.grads + bf16.optimizer, 16 * n);
         assert_eq!(
             bf16.device(true),
-            4 * n + bf16.activations + bf16.attention + bf16.logits
+            4 * n + bf16.activations + bf16.attention + bf16.logits.max(bf16.recompute)
         );
         let per_layer = layer_values_per_token(&cfg, true);
-        assert_eq!(
-            bf16.activations,
-            8192 * 2 * (36 * cfg.hidden_size as u64 + per_layer)
-        );
+        assert_eq!(bf16.activations, 8192 * 2 * 36 * cfg.hidden_size as u64);
+        assert_eq!(bf16.recompute, 8192 * 2 * per_layer);
+        // Fitting inverts the model.
+        let o = options(Precision::F32, Checkpointing::None, false);
+        let peak = model_parts(&cfg, &o, 1.3).device(false);
+        assert!((fit_scale(&cfg, &o, peak) - 1.3).abs() < 1e-3);
         // Qwen3-4B, 8k tokens, bf16 + full checkpointing + offload: well inside 80 GB.
         assert!(bf16.device(true) < 40_000_000_000, "{bf16:?}");
     }

@@ -200,9 +200,13 @@ struct TrainMemoryArgs {
     #[arg(long)]
     model_only: bool,
     /// Also measure today's default step (f32, no checkpointing, no offload) in a child
-    /// process: the ratio of device peaks and step times.
+    /// process: the ratio of device peaks and step times, and the activation model fitted on it.
     #[arg(long)]
     baseline: bool,
+    /// Scale of the activation model to use instead of fitting it (the figure another run
+    /// printed): the report then sets the model's prediction against this run's measured peak.
+    #[arg(long)]
+    activation_scale: Option<f64>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -550,8 +554,15 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
         steps,
         model_only,
         baseline,
+        activation_scale,
         json,
     } = a;
+    if let Some(s) = activation_scale {
+        anyhow::ensure!(
+            s.is_finite() && s > 0.0,
+            "--activation-scale must be a positive number, not {s}"
+        );
+    }
     let device = device
         .resolve(crate::device::CudaStatus::probe())
         .context("--device")?;
@@ -570,11 +581,24 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
         let mut c = std::process::Command::new(
             std::env::current_exe().context("locating this binary for --baseline")?,
         );
-        c.args(["bench", "train-memory", "--json", "--dtype", "f32", "--ac", "none"])
-            .args(["--preset", &preset.to_string(), "--device", &crate::device::name(device)])
-            .args(["--seq-len", &seq_len.to_string()])
-            .args(["--micro-batch", &micro_batch.to_string()])
-            .args(["--steps", &steps.to_string()]);
+        c.args([
+            "bench",
+            "train-memory",
+            "--json",
+            "--dtype",
+            "f32",
+            "--ac",
+            "none",
+        ])
+        .args([
+            "--preset",
+            &preset.to_string(),
+            "--device",
+            &crate::device::name(device),
+        ])
+        .args(["--seq-len", &seq_len.to_string()])
+        .args(["--micro-batch", &micro_batch.to_string()])
+        .args(["--steps", &steps.to_string()]);
         Ok(c)
     });
     let child = child.transpose()?;
@@ -588,6 +612,7 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
         offload,
         steps,
         model_only,
+        scale: activation_scale,
     };
     let progress = stderr_unless(json);
     let report = crate::bench::train_memory::run(&options, child, &progress)

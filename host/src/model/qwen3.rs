@@ -58,11 +58,12 @@ enum Attend<'a> {
 }
 
 /// What the layers of one forward call share ([`Qwen3::frame`]): rotary factors for its
-/// positions and the additive attention mask.
+/// positions and the additive attention mask, or none when the call is causal and unpadded
+/// (the fused kernels then mask by position: no `[seq, keys]` tensor at all).
 pub struct Frame {
     cos: Tensor,
     sin: Tensor,
-    mask: Tensor,
+    mask: Option<Tensor>,
 }
 
 /// A Qwen3 causal language model.
@@ -550,9 +551,18 @@ impl Qwen3 {
     /// What every layer of a call over `positions` `[batch, seq]` shares, after `past` cached
     /// positions and with `key_mask` `[batch, past + seq]` (1 = a real key): the rotary factors
     /// and the additive attention mask (a query sees keys up to its own index on the key axis,
-    /// less the masked ones).
+    /// less the masked ones). Without a key mask or cached positions the call is plainly causal
+    /// and needs no mask: attention memory stays linear in the sequence length.
     pub fn frame(&self, positions: &Tensor, key_mask: Option<&Tensor>, past: i64) -> Frame {
         let (_, t) = positions.size2().expect("positions are [batch, seq]");
+        if key_mask.is_none() && past == 0 {
+            let (cos, sin) = self.rotary(positions);
+            return Frame {
+                cos,
+                sin,
+                mask: None,
+            };
+        }
         let device = positions.device();
         let total = past + t;
         let q_pos = (Tensor::arange(t, (Kind::Int64, device)) + past).unsqueeze(1);
@@ -567,13 +577,8 @@ impl Qwen3 {
     /// The frame of a call whose hidden keys are `hidden` `[batch or 1, seq, keys]` (true =
     /// hidden from that query).
     fn frame_hiding(&self, positions: &Tensor, hidden: &Tensor) -> Frame {
-        let (b, t) = positions.size2().expect("positions are [batch, seq]");
-        let hd = self.cfg.head_dim;
         let kind = self.embed.kind();
-        // Rotary factors [batch, seq, 1, head_dim], broadcast over heads.
-        let flat = positions.reshape([-1]);
-        let cos = self.rope_cos.index_select(0, &flat).view([b, t, 1, hd]);
-        let sin = self.rope_sin.index_select(0, &flat).view([b, t, 1, hd]);
+        let (cos, sin) = self.rotary(positions);
         // Additive mask [batch, 1, seq, keys]: 0 where a query may look, the dtype's minimum
         // elsewhere (finite, so a fully masked padding row stays finite).
         let min = match kind {
@@ -582,7 +587,21 @@ impl Qwen3 {
             _ => f64::from(f32::MIN),
         };
         let mask = (hidden.to_kind(kind) * min).unsqueeze(1);
-        Frame { cos, sin, mask }
+        Frame {
+            cos,
+            sin,
+            mask: Some(mask),
+        }
+    }
+
+    /// Rotary factors `[batch, seq, 1, head_dim]` (cos, sin) of `positions`, broadcast over heads.
+    fn rotary(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let (b, t) = positions.size2().expect("positions are [batch, seq]");
+        let hd = self.cfg.head_dim;
+        let flat = positions.reshape([-1]);
+        let cos = self.rope_cos.index_select(0, &flat).view([b, t, 1, hd]);
+        let sin = self.rope_sin.index_select(0, &flat).view([b, t, 1, hd]);
+        (cos, sin)
     }
 
     /// Decoder layer `i` on `h` `[batch, seq, hidden]` in `frame`: the hidden states after it,
@@ -656,7 +675,7 @@ impl Qwen3 {
         let q = qk.narrow(2, 0, nh).transpose(1, 2);
         let k = qk.narrow(2, nh, nkv).transpose(1, 2);
         let (k, v) = keys(k, v);
-        let mask = &frame.mask;
+        let mask = frame.mask.as_ref();
         let attn = if t == 1 {
             // Decoding (one query per row): a kv head's group of query heads against it as
             // one batched matrix product over all rows and kv heads (a single batched
@@ -665,11 +684,14 @@ impl Qwen3 {
             let q3 = q.reshape([b * nkv, group, hd]);
             let k3 = k.reshape([b * nkv, keys, hd]);
             let v3 = v.reshape([b * nkv, keys, hd]);
-            let m3 = mask
-                .view([b, 1, 1, keys])
-                .expand([b, nkv, 1, keys], false)
-                .reshape([b * nkv, 1, keys]);
-            let scores = q3.bmm(&k3.transpose(1, 2)) * scale + m3;
+            let mut scores = q3.bmm(&k3.transpose(1, 2)) * scale;
+            if let Some(mask) = mask {
+                scores = scores
+                    + mask
+                        .view([b, 1, 1, keys])
+                        .expand([b, nkv, 1, keys], false)
+                        .reshape([b * nkv, 1, keys]);
+            }
             scores
                 .softmax(-1, Kind::Float)
                 .to_kind(kind)
@@ -818,11 +840,25 @@ mod tests {
                 k0.copy().set_requires_grad(true),
                 v0.copy().set_requires_grad(true),
             );
-            let out = grouped_attention(&q, &k, &v, &mask, 0.25, nh / nkv, repeat);
+            let out = grouped_attention(&q, &k, &v, Some(&mask), 0.25, nh / nkv, repeat);
             out.sum(Kind::Float).backward();
             (out.detach(), k.grad(), v.grad())
         };
         let (a, b_) = (run(false), run(true));
+        // Without a mask the kernels mask causally by position: the same as the explicit
+        // causal mask on unpadded rows.
+        let plain = grouped_attention(&q0, &k0, &v0, None, 0.25, nh / nkv, false);
+        let masked = grouped_attention(
+            &q0,
+            &k0,
+            &v0,
+            Some(&causal.view([1, 1, t, t])),
+            0.25,
+            nh / nkv,
+            false,
+        );
+        let diff = (&plain - &masked).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "causal without a mask: {diff}");
         for (x, y) in [(&a.0, &b_.0), (&a.1, &b_.1), (&a.2, &b_.2)] {
             let diff = (x - y).abs().max().double_value(&[]);
             assert!(diff < 1e-5, "{diff}");

@@ -1036,10 +1036,12 @@ impl RowsPass {
         key: &Tensor,
     ) -> Self {
         if prefixes.heads.is_empty() {
+            // Unpadded rows (one row, or rows of one length) are plainly causal: no mask.
+            let padded = key.numel() > 0 && key.min().int64_value(&[]) == 0;
             return Self {
                 head: None,
                 ids: ids.shallow_clone(),
-                frame: model.frame(positions, Some(key), 0),
+                frame: model.frame(positions, padded.then_some(key), 0),
             };
         }
         let device = ids.device();

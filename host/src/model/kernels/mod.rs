@@ -105,7 +105,7 @@ pub fn product(kernel: ProductKernel, x: &Tensor, w: &Tensor) -> Tensor {
 }
 
 /// Scaled dot-product attention of `q` `[b, heads, t, hd]` over `k`, `v` `[b, heads / group,
-/// keys, hd]` with an additive `mask`, each kv head serving `group` consecutive query heads.
+/// keys, hd]` with an additive `mask` (none: causal), each kv head serving `group` consecutive query heads.
 /// `repeat_kv`: repeat the kv heads to the query heads' count instead of asking libtorch for
 /// grouped attention (`enable_gqa`), which only its math kernel accepts with a mask; the
 /// memory-efficient kernel (CUDA) then runs without materialising the scores. Both give the same
@@ -114,16 +114,19 @@ pub fn grouped_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: &Tensor,
+    mask: Option<&Tensor>,
     scale: f64,
     group: i64,
     repeat_kv: bool,
 ) -> Tensor {
+    // No mask: causal by position (queries and keys the same positions), which every kernel
+    // (flash attention on CUDA too) runs without a mask tensor.
+    let causal = mask.is_none();
     if repeat_kv && group > 1 {
         let k = k.repeat_interleave_self_int(group, 1, None);
         let v = v.repeat_interleave_self_int(group, 1, None);
-        Tensor::scaled_dot_product_attention(q, &k, &v, Some(mask), 0.0, false, scale, false)
+        Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, causal, scale, false)
     } else {
-        Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, scale, group > 1)
+        Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, scale, group > 1)
     }
 }
