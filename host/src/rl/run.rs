@@ -194,9 +194,10 @@ async fn train_envs(
     Ok(out)
 }
 
-/// The trainer of the policy `trainer.model.name` on `trainer.device`, the policy's folder (its
-/// tokenizer goes beside the final model) and the run's step count.
-fn trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)> {
+/// The trainer `host rl` runs: the policy `trainer.model.name` on `trainer.device` in
+/// `trainer.dtype`, with `[trainer]`'s optimiser, loss, micro-batch budget and memory options;
+/// the policy's folder (its tokenizer goes beside the final model) and the run's step count.
+pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)> {
     let device = cfg
         .trainer
         .device
@@ -299,7 +300,7 @@ pub fn run(
             o.async_level
         );
     }
-    let (mut trainer, policy_dir, max_steps) = trainer(&cfg)?;
+    let (mut trainer, policy_dir, max_steps) = build_trainer(&cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -211,7 +211,7 @@ impl Checkpointing {
         match self {
             Self::None => false,
             Self::Full => true,
-            Self::Selective => i % 2 == 0,
+            Self::Selective => i.is_multiple_of(2),
         }
     }
 }
@@ -422,7 +422,7 @@ impl AdamW {
                             let mut w = cut(w)?;
                             let _ = w.f_mul_scalar_(decay)?;
                             let _ = w.f_add_(&update)?;
-                            let _ = cut(&param.p)?.f_copy_(&w)?;
+                            cut(&param.p)?.f_copy_(&w)?;
                         }
                         None => {
                             let mut p = cut(&param.p)?;
@@ -462,6 +462,8 @@ pub struct Trainer {
     pub share_prefix: bool,
     /// Activation checkpointing of the policy's layers.
     pub ac: Checkpointing,
+    /// Whether the optimiser's state was asked into host memory ([`Trainer::with_memory`]).
+    optim_cpu_offload: bool,
     /// Steps taken.
     pub step: usize,
     total_steps: usize,
@@ -496,6 +498,7 @@ impl Trainer {
             micro_batch_tokens: micro_batch_tokens.max(1),
             share_prefix: true,
             ac: Checkpointing::None,
+            optim_cpu_offload: false,
             step: 0,
             total_steps,
             bad_in_a_row: 0,
@@ -507,12 +510,22 @@ impl Trainer {
     /// optimiser's state to host memory).
     pub fn with_memory(mut self, memory: MemoryOptions) -> Self {
         self.ac = memory.ac;
+        self.optim_cpu_offload = memory.optim_cpu_offload;
         if memory.optim_cpu_offload != (self.opt.state_device == tch::Device::Cpu)
             && self.model.vs.device() != tch::Device::Cpu
         {
             self.opt = AdamW::new(&self.model, memory.optim_cpu_offload);
         }
         self
+    }
+
+    /// How the trainer spends memory (what [`Trainer::with_memory`] set). On a CPU trainer the
+    /// optimiser's state is in host memory either way.
+    pub fn memory(&self) -> MemoryOptions {
+        MemoryOptions {
+            ac: self.ac,
+            optim_cpu_offload: self.optim_cpu_offload,
+        }
     }
 
     /// Where the optimiser's state lives.
@@ -1002,11 +1015,11 @@ impl Hidden {
     /// `Σ self ⊙ grad` (a scalar): its backward pass sends `grad` into the graph that made
     /// these values, as autograd would have from the layers above.
     fn against(&self, head: Option<&Tensor>, rows: &Tensor) -> Tensor {
-        let mut sum = (&self.rows * rows).sum(Kind::Float);
-        if let (Some(h), Some(g)) = (&self.head, head) {
-            sum = sum + (h * g).sum(Kind::Float);
+        let sum = (&self.rows * rows).sum(Kind::Float);
+        match (&self.head, head) {
+            (Some(h), Some(g)) => sum + (h * g).sum(Kind::Float),
+            _ => sum,
         }
-        sum
     }
 }
 

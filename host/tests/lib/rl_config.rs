@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 
 use rlhost::device::CudaStatus;
-use rlhost::model::{Preset, Qwen3, Qwen3Config};
+use rlhost::model::{Preset, Qwen3Config};
 use rlhost::rl::config::{self, KeyDoc, RlConfig};
-use rlhost::rl::trainer::{Sample, Trainer};
+use rlhost::rl::trainer::Sample;
 use serde_json::Value;
 use tch::{Device, Kind};
 
@@ -23,6 +23,7 @@ fn special(path: &str) -> Option<&'static str> {
     Some(match path {
         "trainer.model.name" | "orchestrator.model.name" | "inference.model.name" => "/elsewhere",
         "trainer.device" => "cpu",
+        "trainer.dtype" => "bf16",
         "trainer.data.seq_len" => "24",
         "trainer.optim.warmup_steps" => "5",
         "trainer.max_steps" | "orchestrator.max_steps" => "7",
@@ -100,19 +101,12 @@ fn parse(extra: &[String], model: &str) -> Result<RlConfig, String> {
         .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
 }
 
-/// Two optimiser steps of a tiny model on a fixed batch: losses, statistics and a checksum of
-/// the updated weights.
-fn trainer_probe(cfg: &RlConfig, model: &std::path::Path) -> Result<String, String> {
-    let policy = Qwen3::load(model, Device::Cpu, Kind::Float).unwrap();
-    let mut t = Trainer::new(
-        policy,
-        cfg.trainer.optim.clone(),
-        cfg.trainer.loss.clone(),
-        cfg.orchestrator.sampling.temperature,
-        cfg.trainer.data.seq_len * cfg.trainer.data.micro_batch_size,
-        cfg.trainer.max_steps,
-    )
-    .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+/// Two optimiser steps of the trainer `host rl` builds from `cfg` (a tiny model) on a fixed
+/// batch: its compute dtype and memory options, losses, statistics and a checksum of the
+/// updated weights.
+fn trainer_probe(cfg: &RlConfig) -> Result<String, String> {
+    let (mut t, _, _) = rlhost::rl::run::build_trainer(cfg).map_err(|e| format!("{e:#}"))?;
+    let mut out = format!("{:?} weights, {:?}\n", t.model.weight_kind(), t.memory());
     let sample = |seed: u32, len: usize, advantage: f32, group: usize, turns: Vec<usize>| {
         let ids: Vec<u32> = (0..len as u32)
             .map(|i| (i * 37 + seed * 11) % 500)
@@ -136,7 +130,6 @@ fn trainer_probe(cfg: &RlConfig, model: &std::path::Path) -> Result<String, Stri
         sample(3, 23, 0.5, 1, vec![18]),
         sample(4, 14, -0.5, 1, vec![]),
     ];
-    let mut out = String::new();
     for _ in 0..2 {
         let s = t.train_step(&batch).map_err(|e| e.to_string())?;
         out.push_str(&format!("{s:?}\n"));
@@ -185,6 +178,8 @@ fn every_key_is_honoured_or_refused() {
         let probed = k.path.starts_with("trainer.optim.")
             || k.path.starts_with("trainer.loss.")
             || k.path.starts_with("trainer.data.")
+            || ["trainer.dtype", "trainer.ac", "trainer.optim_cpu_offload"]
+                .contains(&k.path.as_str())
             || k.path == "orchestrator.sampling.temperature";
         if probed && k.path != "trainer.optim.lr" {
             // At the default 1e-6, f32 weights cannot show `lr · weight_decay` (below their
@@ -239,8 +234,8 @@ fn every_key_is_honoured_or_refused() {
                 (Err(e), _) => panic!("the default inference settings do not resolve: {e}"),
             }
         } else if probed {
-            let a = trainer_probe(&base, &model).expect("the default trainer steps");
-            match trainer_probe(&cfg, &model) {
+            let a = trainer_probe(&base).expect("the default trainer steps");
+            match trainer_probe(&cfg) {
                 Ok(b) => {
                     assert_ne!(a, b, "{}: two training steps did not change", k.path);
                     "changes training".to_string()
@@ -269,6 +264,9 @@ fn every_key_is_honoured_or_refused() {
         "inference.max_queue",
         "inference.enable_auto_tool_choice",
         "trainer.loss.kl_coef",
+        "trainer.dtype",
+        "trainer.ac",
+        "trainer.optim_cpu_offload",
     ] {
         assert!(
             outcome[k].starts_with("changes") || outcome[k].contains("refused when resolved"),
