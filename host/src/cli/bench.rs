@@ -563,9 +563,14 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
             "--activation-scale must be a positive number, not {s}"
         );
     }
-    let device = device
-        .resolve(crate::device::CudaStatus::probe())
-        .context("--device")?;
+    // The accounting model alone needs no device: `--device cuda` then means CUDA's kernels
+    // (the repeated kv heads), wherever this runs.
+    let device = match (model_only, device) {
+        (true, crate::device::DeviceSpec::Cuda(n)) => tch::Device::Cuda(n),
+        _ => device
+            .resolve(crate::device::CudaStatus::probe())
+            .context("--device")?,
+    };
     let precision = match dtype.as_str() {
         "auto" if device.is_cuda() => crate::device::Precision::Bf16,
         "auto" => crate::device::Precision::F32,
