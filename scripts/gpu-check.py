@@ -462,9 +462,11 @@ def train_4b(c):
         goal(c, "mfu_06b", r06["mfu"])
 
 
-# The activation model's scale fitted on the CPU (0.6B shape, f32 baseline at 2,048 tokens; see
-# docs/benchmarks.md): on the GPU the model's 4B prediction made with it is checked by a real step.
-CPU_ACTIVATION_SCALE = 0.8665
+# The activation model's scale fitted on the first GPU report's 4B f32 step (NVIDIA H200, 2026-11-27:
+# 2,048 tokens, 88,205 MiB at the peak, 527 before; docs/gpu.md): with it the model's prediction for
+# the 4B bf16 step with checkpointing is checked against a real one. (On the CPU, where malloc's
+# mappings leave no allocator slack, the same fit gives 0.54: docs/benchmarks.md.)
+ACTIVATION_SCALE = 0.94
 
 
 def bench_train_memory(c, *args, timeout=240):
@@ -489,7 +491,7 @@ def train_memory(c):
     runs = []
     for offload in (False, True):
         args = ["--preset", "4b", "--seq-len", 8192, "--dtype", "bf16", "--ac", "full",
-                "--activation-scale", CPU_ACTIVATION_SCALE] + (["--offload"] if offload else [])
+                "--activation-scale", ACTIVATION_SCALE] + (["--offload"] if offload else [])
         r = bench_train_memory(c, *args, timeout=200)
         runs.append(r)
         c.figure("runs", runs)
@@ -499,7 +501,7 @@ def train_memory(c):
             c.checked(what + ": the step ran", False, m["error"])
             continue
         peak, predicted = m["device_peak"], r["predicted_peak"]
-        c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the CPU-fitted model predicted "
+        c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the model (scale fitted on the earlier GPU run) predicted "
               f"{predicted / 2**30:.1f} GiB; step {fmt(m.get('step_s'))} s")
         c.checked(what + ": fits 80 GB", peak + (2 << 30) <= 80e9, f"{peak / 2**30:.1f} GiB")
         c.checked(what + ": the model's prediction within 25% of the measured peak",
@@ -682,7 +684,7 @@ def main():
     c.step("train-4b", "a training step at the 4B shape: tokens/s, MFU, peak memory", lambda: train_4b(c), 240)
     c.step("grpo-0.6b", "GRPO steps at the 0.6B shape", lambda: grpo_06b(c), 300, gpu_only=True)
     c.step("train-memory", "a 4B training step at 8,192 tokens in bf16 with checkpointing, with and without "
-           "optimizer offload: peak memory against the CPU-fitted model", lambda: train_memory(c), 420)
+           "optimizer offload: peak memory against the fitted model", lambda: train_memory(c), 420)
     c.write()
     s = c.report["summary"]
     c.say(f"gpu-check: {s['passed']} passed, {s['failed']} failed, {s['not_run']} not run; {c.out}/gpu-report.md")

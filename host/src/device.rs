@@ -297,6 +297,17 @@ impl Precision {
         }
     }
 
+    /// The compute precision a trainer's `dtype` names on `device` (`trainer.dtype`, `host sft
+    /// --dtype`): `auto` is bf16 on CUDA and f32 on the CPU, where training in bf16 is slower
+    /// than in f32 even with bf16 matrix instructions (libtorch converts around each product).
+    pub fn for_training(dtype: &str, device: tch::Device) -> Result<Self, DeviceError> {
+        match dtype {
+            "auto" if device.is_cuda() => Ok(Self::Bf16),
+            "auto" => Ok(Self::F32),
+            other => other.parse(),
+        }
+    }
+
     /// The libtorch element kind of weights at this precision (`Float` or `BFloat16`).
     pub fn kind(self) -> tch::Kind {
         match self {

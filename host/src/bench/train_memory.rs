@@ -214,9 +214,13 @@ fn model_parts(cfg: &Qwen3Config, o: &TrainMemoryOptions, scale: f64) -> Parts {
     let activations =
         bytes(kept * per_layer) + tokens * width * recomputed * cfg.hidden_size as u64;
     let recompute = if recomputed > 0 { bytes(per_layer) } else { 0 };
-    // The mask [rows, seq, keys] in the compute dtype, and its boolean and scaled temporaries.
+    // The mask [rows, seq, keys] in the compute dtype, and its boolean and scaled temporaries;
+    // none for one unpadded row (the kernels mask causally by position).
     let seq = o.seq_len as u64;
-    let attention = o.micro_batch as u64 * seq * seq * (2 * width + 2);
+    let attention = match o.micro_batch {
+        1 => 0,
+        rows => rows as u64 * seq * seq * (2 * width + 2),
+    };
     // The log-softmax: whole logits (with autograd's copies) up to 64 Mi of them; else chunks
     // of 32 Mi f32 logits: three alive in the forward pass with the per-position direction
     // and, for a narrow output weight, its f32 copy; two in the output weight's gradient, with

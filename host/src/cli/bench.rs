@@ -571,11 +571,7 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
             .resolve(crate::device::CudaStatus::probe())
             .context("--device")?,
     };
-    let precision = match dtype.as_str() {
-        "auto" if device.is_cuda() => crate::device::Precision::Bf16,
-        "auto" => crate::device::Precision::F32,
-        other => other.parse().context("--dtype")?,
-    };
+    let precision = crate::device::Precision::for_training(&dtype, device).context("--dtype")?;
     anyhow::ensure!(
         !(baseline && model_only),
         "--baseline measures a step: it cannot go with --model-only"

@@ -65,6 +65,16 @@ pub struct SftArgs {
     #[arg(long, default_value = "auto")]
     #[serde(serialize_with = "super::as_text")]
     device: crate::device::DeviceSpec,
+    /// Compute dtype, as `host rl`'s `trainer.dtype`: `auto` (bf16 on CUDA, f32 on the CPU),
+    /// `f32`, or `bf16` (f32 master weights and AdamW moments).
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Activation checkpointing of the decoder layers, as `trainer.ac`.
+    #[arg(long, value_enum, default_value = "none")]
+    ac: crate::rl::trainer::Checkpointing,
+    /// AdamW's state in host memory, as `trainer.optim_cpu_offload`.
+    #[arg(long)]
+    optim_cpu_offload: bool,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
     #[command(flatten)]
@@ -117,7 +127,8 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         a.data.display(),
         convs.len()
     );
-    let model = Qwen3::load(&dir, device, tch::Kind::Float)?;
+    let precision = crate::device::Precision::for_training(&a.dtype, device).context("--dtype")?;
+    let model = Qwen3::load(&dir, device, precision.kind())?;
     let optim = OptimConfig {
         lr: a.lr,
         warmup_steps: a.warmup,
@@ -131,7 +142,11 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         1.0,
         a.max_len * 8,
         a.steps,
-    )?;
+    )?
+    .with_memory(crate::rl::trainer::MemoryOptions {
+        ac: a.ac,
+        optim_cpu_offload: a.optim_cpu_offload,
+    });
     // A merged sample holds one more turn per turn start.
     let turns: usize = samples.iter().map(|s| 1 + s.turn_starts.len()).sum();
     println!(

@@ -131,6 +131,49 @@ fn teacher_traces_warm_start_a_tiny_model() {
     assert_eq!(metric(&after, "num_tool_calls"), 1.0, "{after}");
     assert_eq!(metric(&after, "num_turns"), 2.0, "{after}");
     assert_eq!(after["tool_parse_failures"], 0);
+    // The trainer's memory options: checkpointing and offload take the same steps (the same
+    // printed losses); a dtype the trainer does not have is refused by its flag.
+    let losses = |extra: &[&str], out: &str| -> Vec<String> {
+        let stdout = common::run_ok(
+            common::host(&home)
+                .args(["sft", "--steps", "4", "--batch-size", "8", "--lr", "3e-3"])
+                .args(extra)
+                .arg("--data")
+                .arg(traces.join("arith/results.jsonl"))
+                .arg("-m")
+                .arg(&base)
+                .arg("--out")
+                .arg(tmp.path().join(out)),
+        );
+        let lines: Vec<String> = stdout
+            .lines()
+            .filter(|l| l.starts_with("sft: step "))
+            // "loss X lr Y (T s)": the loss and the rate, not the time.
+            .map(|l| l.split(" (").next().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(lines.len(), 4, "{stdout}");
+        lines
+    };
+    let plain = losses(&["--dtype", "f32"], "plain");
+    let lean = losses(
+        &["--dtype", "f32", "--ac", "full", "--optim-cpu-offload"],
+        "lean",
+    );
+    assert_eq!(plain, lean);
+    let out = common::run(
+        common::host(&home)
+            .args(["sft", "--dtype", "f16", "--data"])
+            .arg(traces.join("arith/results.jsonl"))
+            .arg("-m")
+            .arg(&base)
+            .arg("--out")
+            .arg(tmp.path().join("f16")),
+    );
+    let (_, stderr) = common::texts(&out);
+    assert!(
+        !out.status.success() && stderr.contains("--dtype"),
+        "{stderr}"
+    );
 }
 
 /// `arith-teacher.py --tool-rate`: the teacher uses the tool on about that share of the

@@ -117,16 +117,11 @@ impl Default for TrainerConfig {
 }
 
 impl TrainerConfig {
-    /// The precision `dtype` names on `device` (`auto`: bf16 on CUDA, f32 on the CPU, where
-    /// training in bf16 is slower than in f32 even with bf16 matrix instructions).
+    /// The precision `dtype` names on `device` ([`crate::device::Precision::for_training`]).
     pub fn precision(
         &self,
         device: tch::Device,
     ) -> Result<crate::device::Precision, crate::device::DeviceError> {
-        match self.dtype.as_str() {
-            "auto" if device.is_cuda() => Ok(crate::device::Precision::Bf16),
-            "auto" => Ok(crate::device::Precision::F32),
-            other => other.parse(),
-        }
+        crate::device::Precision::for_training(&self.dtype, device)
     }
 }
