@@ -157,7 +157,8 @@ impl Worker {
     pub(super) fn new(model: Qwen3, info: Arc<EngineInfo>) -> Self {
         let cfg = &info.config;
         let threads = ThreadTuner::new(cfg.threads, model.vs.device());
-        let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256);
+        let cache = SlotCache::new(&model, cfg.max_batch_size as i64 + 1, 256)
+            .with_limit(cfg.max_model_len as i64);
         let prefix = cfg.prefix_caching.then(|| {
             let bytes = cache.bytes() as usize / (cfg.max_batch_size + 1) / 256;
             let tokens = cfg

@@ -71,7 +71,12 @@ pub struct SlotCache {
     pub(super) v: Vec<Tensor>,
     slots: i64,
     capacity: i64,
+    /// Most positions a slot grows to.
+    limit: Option<i64>,
 }
+
+/// Slots grow by multiples of this many positions.
+pub const GROWTH_BLOCK: i64 = 256;
 
 impl SlotCache {
     /// A cache of `slots` sequences of up to `capacity` positions for `model`.
@@ -85,6 +90,7 @@ impl SlotCache {
             v: (0..n).map(|_| Tensor::zeros(shape, opts)).collect(),
             slots,
             capacity,
+            limit: None,
         }
     }
 
@@ -98,15 +104,32 @@ impl SlotCache {
         self.capacity
     }
 
-    /// Grows every slot to hold at least `positions` (doubling), keeping the contents.
+    /// Caps growth at `limit` positions a slot (the engine's `max_model_len`).
+    pub fn with_limit(mut self, limit: i64) -> Self {
+        self.limit = Some(limit.max(1));
+        self
+    }
+
+    /// The capacity a slot grows to for `positions`: a quarter more than now at least (so a
+    /// sequence growing a position at a time copies each position a bounded number of times),
+    /// rounded up to [`GROWTH_BLOCK`] positions and capped at the limit. Doubling, which this
+    /// replaces, could leave half of every slot unused at a long context.
+    fn grown_capacity(&self, positions: i64) -> i64 {
+        let want = positions.max(self.capacity + self.capacity / 4);
+        let rounded = (want + GROWTH_BLOCK - 1) / GROWTH_BLOCK * GROWTH_BLOCK;
+        match self.limit {
+            Some(limit) => rounded.min(limit).max(positions),
+            None => rounded,
+        }
+    }
+
+    /// Grows every slot to hold at least `positions` ([`SlotCache::grown_capacity`]), keeping
+    /// the contents.
     pub fn reserve(&mut self, positions: i64) {
         if positions <= self.capacity {
             return;
         }
-        let mut cap = self.capacity.max(16);
-        while cap < positions {
-            cap *= 2;
-        }
+        let cap = self.grown_capacity(positions);
         for t in self.k.iter_mut().chain(self.v.iter_mut()) {
             let mut shape = t.size();
             shape[2] = cap;
@@ -143,5 +166,33 @@ impl SlotCache {
             .chain(self.v.iter())
             .map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Preset, Qwen3Config};
+    use tch::{Device, Kind};
+
+    /// Slots grow by a quarter at least, in blocks of 256 positions, up to the limit, and keep
+    /// what they hold.
+    #[test]
+    fn slots_grow_by_a_quarter_in_blocks_up_to_the_limit() {
+        let model = Qwen3::new(Qwen3Config::preset(Preset::Tiny), Device::Cpu, Kind::Float, 0)
+            .unwrap();
+        let mut cache = SlotCache::new(&model, 2, 16).with_limit(1000);
+        let _ = cache.k[0].narrow(2, 5, 1).fill_(3.0);
+        let mut seen = Vec::new();
+        for positions in [17, 256, 257, 600, 900, 1000] {
+            cache.reserve(positions);
+            seen.push(cache.capacity());
+        }
+        assert_eq!(seen, [256, 256, 512, 768, 1000, 1000]);
+        assert_eq!(cache.k[0].narrow(2, 5, 1).mean(Kind::Float).double_value(&[]), 3.0);
+        assert_eq!(cache.k[0].size()[2], 1000);
+        // Past the limit, what is asked for (the engine refuses longer sequences first).
+        cache.reserve(1001);
+        assert_eq!(cache.capacity(), 1001);
     }
 }
