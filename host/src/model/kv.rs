@@ -179,8 +179,13 @@ mod tests {
     /// what they hold.
     #[test]
     fn slots_grow_by_a_quarter_in_blocks_up_to_the_limit() {
-        let model = Qwen3::new(Qwen3Config::preset(Preset::Tiny), Device::Cpu, Kind::Float, 0)
-            .unwrap();
+        let model = Qwen3::new(
+            Qwen3Config::preset(Preset::Tiny),
+            Device::Cpu,
+            Kind::Float,
+            0,
+        )
+        .unwrap();
         let mut cache = SlotCache::new(&model, 2, 16).with_limit(1000);
         let _ = cache.k[0].narrow(2, 5, 1).fill_(3.0);
         let mut seen = Vec::new();
@@ -189,7 +194,13 @@ mod tests {
             seen.push(cache.capacity());
         }
         assert_eq!(seen, [256, 256, 512, 768, 1000, 1000]);
-        assert_eq!(cache.k[0].narrow(2, 5, 1).mean(Kind::Float).double_value(&[]), 3.0);
+        assert_eq!(
+            cache.k[0]
+                .narrow(2, 5, 1)
+                .mean(Kind::Float)
+                .double_value(&[]),
+            3.0
+        );
         assert_eq!(cache.k[0].size()[2], 1000);
         // Past the limit, what is asked for (the engine refuses longer sequences first).
         cache.reserve(1001);
