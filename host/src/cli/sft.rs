@@ -75,6 +75,10 @@ pub struct SftArgs {
     /// AdamW's state in host memory, as `trainer.optim_cpu_offload`.
     #[arg(long)]
     optim_cpu_offload: bool,
+    /// Packed micro-batches (whole conversations end to end, no padding), as
+    /// `trainer.data.packing`.
+    #[arg(long)]
+    packing: bool,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
     #[command(flatten)]
@@ -147,6 +151,7 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         ac: a.ac,
         optim_cpu_offload: a.optim_cpu_offload,
     });
+    trainer.packing = a.packing;
     // A merged sample holds one more turn per turn start.
     let turns: usize = samples.iter().map(|s| 1 + s.turn_starts.len()).sum();
     println!(

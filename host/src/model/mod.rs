@@ -19,7 +19,7 @@ pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
 pub use kernels::ProductKernel;
 pub use kv::{KvCache, SlotCache};
-pub use qwen3::{Frame, Qwen3};
+pub use qwen3::{Frame, Packed, Qwen3};
 pub use tokenizer::Tokenizer;
 
 /// Errors of the model layer.

@@ -64,6 +64,21 @@ pub struct Frame {
     cos: Tensor,
     sin: Tensor,
     mask: Option<Tensor>,
+    /// A packed row's sequences ([`Qwen3::packed_frame`]), each with its own mask when it
+    /// continues a prefix; empty for an ordinary call.
+    packed: Vec<(Packed, Option<Tensor>)>,
+}
+
+/// One sequence of a packed row ([`Qwen3::packed_frame`]): its queries attend to its own
+/// earlier tokens and, when it continues one, to a prefix computed in another batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packed {
+    /// Its first index in the row.
+    pub start: i64,
+    /// Its length (> 0).
+    pub len: i64,
+    /// The prefix it continues: its row in the prefixes' batch and its length.
+    pub past: Option<(i64, i64)>,
 }
 
 /// A Qwen3 causal language model.
@@ -561,6 +576,7 @@ impl Qwen3 {
                 cos,
                 sin,
                 mask: None,
+                packed: Vec::new(),
             };
         }
         let device = positions.device();
@@ -577,21 +593,66 @@ impl Qwen3 {
     /// The frame of a call whose hidden keys are `hidden` `[batch or 1, seq, keys]` (true =
     /// hidden from that query).
     fn frame_hiding(&self, positions: &Tensor, hidden: &Tensor) -> Frame {
-        let kind = self.embed.kind();
         let (cos, sin) = self.rotary(positions);
-        // Additive mask [batch, 1, seq, keys]: 0 where a query may look, the dtype's minimum
-        // elsewhere (finite, so a fully masked padding row stays finite).
+        let mask = self.additive_mask(hidden);
+        Frame {
+            cos,
+            sin,
+            mask: Some(mask),
+            packed: Vec::new(),
+        }
+    }
+
+    /// The frame of a packed row (`positions` `[1, seq]`, each sequence's own positions) that
+    /// lays `sequences` end to end: each attends only within itself, causally, and to the
+    /// prefix it continues ([`Qwen3::packed_layer`]). Attention runs per sequence: its memory
+    /// is that of the sequences, not `[seq, seq]`; only a sequence that continues a prefix has
+    /// a mask, `[len, prefix + len]`. The sequences cover the row in order.
+    pub fn packed_frame(&self, positions: &Tensor, sequences: &[Packed]) -> Frame {
+        let (b, t) = positions.size2().expect("positions are [batch, seq]");
+        assert_eq!(b, 1, "a packed row is one row");
+        let mut next = 0;
+        for s in sequences {
+            assert!(
+                s.start == next && s.len > 0,
+                "packed sequences cover the row in order"
+            );
+            next += s.len;
+        }
+        assert_eq!(next, t, "packed sequences cover the row");
+        let device = positions.device();
+        let packed = sequences
+            .iter()
+            .map(|s| {
+                let mask = s.past.map(|(_, past)| {
+                    let q_pos = (Tensor::arange(s.len, (Kind::Int64, device)) + past).unsqueeze(1);
+                    let k_pos = Tensor::arange(past + s.len, (Kind::Int64, device)).unsqueeze(0);
+                    let hidden = k_pos.gt_tensor(&q_pos).unsqueeze(0);
+                    self.additive_mask(&hidden)
+                });
+                (*s, mask)
+            })
+            .collect();
+        let (cos, sin) = self.rotary(positions);
+        Frame {
+            cos,
+            sin,
+            mask: None,
+            packed,
+        }
+    }
+
+    /// The additive mask `[batch, 1, seq, keys]` of `hidden` `[batch, seq, keys]`: 0 where a
+    /// query may look, the dtype's minimum elsewhere (finite, so a fully masked padding row
+    /// stays finite).
+    fn additive_mask(&self, hidden: &Tensor) -> Tensor {
+        let kind = self.embed.kind();
         let min = match kind {
             Kind::BFloat16 => -3.389_531_4e38,
             Kind::Half => -65_504.0,
             _ => f64::from(f32::MIN),
         };
-        let mask = (hidden.to_kind(kind) * min).unsqueeze(1);
-        Frame {
-            cos,
-            sin,
-            mask: Some(mask),
-        }
+        (hidden.to_kind(kind) * min).unsqueeze(1)
     }
 
     /// Rotary factors `[batch, seq, 1, head_dim]` (cos, sin) of `positions`, broadcast over heads.
@@ -617,7 +678,7 @@ impl Qwen3 {
         past: Option<(&Tensor, &Tensor)>,
     ) -> (Tensor, Tensor, Tensor) {
         let mut kept = None;
-        let h = self.layer_with(i, h, frame, |k, v| {
+        let h = self.layer_with(i, h, frame, None, |k, v| {
             let (k, v) = match past {
                 Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
                 None => (k, v),
@@ -629,7 +690,26 @@ impl Qwen3 {
         (h, k, v)
     }
 
-    /// Layer `i` on `h`; `keys` turns this call's keys and values into those attention reads.
+    /// Decoder layer `i` on a packed row `h` `[1, seq, hidden]` in a [`Qwen3::packed_frame`]:
+    /// each sequence attends to itself and to the keys and values of the prefix it continues,
+    /// a row of `past` (`[prefixes, kv_heads, keys, head_dim]`, as [`Qwen3::layer`] returns
+    /// them for the prefixes' batch).
+    pub fn packed_layer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        frame: &Frame,
+        past: Option<(&Tensor, &Tensor)>,
+    ) -> Tensor {
+        assert!(
+            !frame.packed.is_empty(),
+            "a packed row needs a packed frame"
+        );
+        self.layer_with(i, h, frame, past, |k, v| (k, v))
+    }
+
+    /// Layer `i` on `h`; `keys` turns this call's keys and values into those attention reads;
+    /// a packed frame's sequences read their prefixes from `prefixes`.
     // Residual sums stay out of place (`h = h + x`): `+=` would modify in place a tensor the
     // backward pass of the norm still needs.
     #[allow(clippy::assign_op_pattern)]
@@ -638,6 +718,7 @@ impl Qwen3 {
         i: usize,
         h: &Tensor,
         frame: &Frame,
+        prefixes: Option<(&Tensor, &Tensor)>,
         keys: impl FnOnce(Tensor, Tensor) -> (Tensor, Tensor),
     ) -> Tensor {
         let (b, t) = (h.size()[0], h.size()[1]);
@@ -676,7 +757,32 @@ impl Qwen3 {
         let k = qk.narrow(2, nh, nkv).transpose(1, 2);
         let (k, v) = keys(k, v);
         let mask = frame.mask.as_ref();
-        let attn = if t == 1 {
+        let attn = if !frame.packed.is_empty() {
+            // A packed row: each sequence on its own (with its prefix's keys first).
+            let cuda = q.device().is_cuda();
+            let parts: Vec<Tensor> = frame
+                .packed
+                .iter()
+                .map(|(s, mask)| {
+                    let own = |x: &Tensor| x.narrow(2, s.start, s.len);
+                    let (k, v) = match (s.past, prefixes) {
+                        (Some((row, len)), Some((pk, pv))) => {
+                            let past = |x: &Tensor| x.narrow(0, row, 1).narrow(2, 0, len);
+                            (
+                                Tensor::cat(&[past(pk), own(&k)], 2),
+                                Tensor::cat(&[past(pv), own(&v)], 2),
+                            )
+                        }
+                        (Some(_), None) => panic!("a packed sequence continues a prefix: pass it"),
+                        (None, _) => (own(&k), own(&v)),
+                    };
+                    grouped_attention(&own(&q), &k, &v, mask.as_ref(), scale, group, cuda)
+                })
+                .collect();
+            Tensor::cat(&parts, 2)
+                .transpose(1, 2)
+                .reshape([b, t, nh * hd])
+        } else if t == 1 {
             // Decoding (one query per row): a kv head's group of query heads against it as
             // one batched matrix product over all rows and kv heads (a single batched
             // BLAS call); the fused kernel would make one small call per head and row.
@@ -743,7 +849,7 @@ impl Qwen3 {
         };
         for i in 0..self.layers.len() {
             h = match &mut attend {
-                Attend::Fresh(_) => self.layer_with(i, &h, &frame, |k, v| (k, v)),
+                Attend::Fresh(_) => self.layer_with(i, &h, &frame, None, |k, v| (k, v)),
                 Attend::Concat(c, _) => {
                     let past = c.layers[i].take();
                     let (h, k, v) = self.layer(i, &h, &frame, past.as_ref().map(|(k, v)| (k, v)));
@@ -752,7 +858,7 @@ impl Qwen3 {
                 }
                 Attend::Slots(c, first, key_len) => {
                     let rows = slot_rows.as_ref().expect("slot rows");
-                    self.layer_with(i, &h, &frame, |k, v| {
+                    self.layer_with(i, &h, &frame, None, |k, v| {
                         // Advanced indices on dims 0 and 2: values are [batch, seq, kv, hd].
                         let put = |slab: &mut Tensor, x: &Tensor| {
                             let _ = slab.index_put_(

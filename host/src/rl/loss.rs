@@ -379,13 +379,14 @@ pub fn policy_loss(
     )
 }
 
-/// The tensors of one loss evaluation, each `[rows, width]` but the advantages (`[rows]`).
+/// The tensors of one loss evaluation, each `[rows, width]` but the advantages (`[rows]`, or
+/// `[rows, width]` when a row packs several samples).
 pub struct LossInputs<'a> {
     /// The policy's log-probs of the sampled tokens (with gradient).
     pub logprobs: &'a Tensor,
     /// The sampler's log-probs of the same tokens.
     pub old_logprobs: &'a Tensor,
-    /// One advantage per row.
+    /// One advantage per row, or per token.
     pub advantages: &'a Tensor,
     /// 1 on trained tokens.
     pub mask: &'a Tensor,
@@ -408,7 +409,10 @@ pub fn weighted_policy_loss(cfg: &LossConfig, x: &LossInputs<'_>) -> (Tensor, Lo
     let mask = x.mask.to_kind(Kind::Float);
     let logp = x.logprobs;
     let old = x.old_logprobs.to_kind(Kind::Float);
-    let adv = x.advantages.to_kind(Kind::Float).unsqueeze(-1);
+    let adv = match x.advantages.dim() {
+        1 => x.advantages.to_kind(Kind::Float).unsqueeze(-1),
+        _ => x.advantages.to_kind(Kind::Float),
+    };
     let log_ratio = logp - &old;
     let ratio = log_ratio.exp();
     let ratio_d = ratio.detach();

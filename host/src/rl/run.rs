@@ -226,7 +226,7 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
             cfg.orchestrator.max_steps
         );
     }
-    let trainer = Trainer::new(
+    let mut trainer = Trainer::new(
         policy,
         cfg.trainer.optim.clone(),
         cfg.trainer.loss.clone(),
@@ -238,6 +238,7 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
         ac: cfg.trainer.ac,
         optim_cpu_offload: cfg.trainer.optim_cpu_offload,
     });
+    trainer.packing = cfg.trainer.data.packing;
     Ok((trainer, policy_dir, max_steps))
 }
 

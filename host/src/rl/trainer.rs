@@ -25,7 +25,7 @@ use tch::{Kind, Tensor};
 use super::loss::{
     LossConfig, LossConfigError, LossInputs, LossStats, NormType, weighted_policy_loss,
 };
-use crate::model::{Frame, Qwen3};
+use crate::model::{Frame, Packed, Qwen3};
 use crate::rl::logprobs::{ChunkedLogprobs, chunked_logprobs_no_grad};
 
 /// Learning-rate schedule.
@@ -460,6 +460,11 @@ pub struct Trainer {
     /// row attend to its group's (exact: the rows' gradients sum into it). The rows of a GRPO
     /// group share their whole prompt, so this removes most of the prompt compute.
     pub share_prefix: bool,
+    /// Micro-batches are packed rows ([`Packed`]): whole samples end to end in one row of at
+    /// most `micro_batch_tokens` computed tokens, each attending only to itself (and its
+    /// group's shared prompt), with no padding. Otherwise one padded row per sample. The
+    /// objective is the same either way.
+    pub packing: bool,
     /// Activation checkpointing of the policy's layers.
     pub ac: Checkpointing,
     /// Whether the optimiser's state was asked into host memory ([`Trainer::with_memory`]).
@@ -497,6 +502,7 @@ impl Trainer {
             temperature,
             micro_batch_tokens: micro_batch_tokens.max(1),
             share_prefix: true,
+            packing: false,
             ac: Checkpointing::None,
             optim_cpu_offload: false,
             step: 0,
@@ -768,63 +774,45 @@ impl Trainer {
             Objective::Likelihood => NormType::Token,
         };
         let weights = token_weights(samples, norm);
-        let batches = pack(samples, self.micro_batch_tokens);
+        let batches = match self.packing {
+            true => pack_sequences(samples, self.micro_batch_tokens, self.share_prefix),
+            false => pack(samples, self.micro_batch_tokens),
+        };
         stats.micro_batches = batches.len();
         let mut loss_total = 0.0;
         let mut weighted = LossStats::default();
         for rows in &batches {
             let prefixes = self.prefixes(samples, rows);
-            let start = |r: usize| prefixes.of_row[r].map_or(0, |h| prefixes.heads[h].len);
-            let width = (0..rows.len())
-                .map(|r| samples[rows[r]].ids.len() - 1 - start(r))
-                .max()
-                .unwrap_or(0);
             let shared: usize = prefixes.heads.iter().map(|h| h.len * (h.rows - 1)).sum();
             stats.shared_tokens += shared;
             stats.computed_tokens +=
                 rows.iter().map(|&i| samples[i].ids.len()).sum::<usize>() - shared;
-            let cells = rows.len() * width;
-            let (mut ids, mut tgt, mut pos, mut key) = (
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-            );
-            let (mut mask, mut old, mut weight, mut segment) = (
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-                Vec::with_capacity(cells),
-            );
-            let mut adv = Vec::with_capacity(rows.len());
-            // Each turn of each row is a sequence of its own (GSPO's ratio, per-turn norms).
-            let mut sequences = 0i64;
-            for (r, &i) in rows.iter().enumerate() {
-                let s = &samples[i];
-                let n = s.ids.len() - 1;
-                let first = sequences;
-                sequences += s.turn_starts.len() as i64 + 1;
-                for p in start(r)..start(r) + width {
-                    let turn = s.turn_starts.iter().filter(|&&t| t <= p + 1).count() as i64;
-                    segment.push(first + turn);
-                    let real = p < n;
-                    ids.push(if real { i64::from(s.ids[p]) } else { 0 });
-                    tgt.push(if real { i64::from(s.ids[p + 1]) } else { 0 });
-                    pos.push(if real { p as i64 } else { 0 });
-                    key.push(i64::from(real));
-                    mask.push(if real && s.mask[p + 1] { 1f32 } else { 0.0 });
-                    old.push(if real { s.old_logprobs[p + 1] } else { 0.0 });
-                    weight.push(if real { weights[i][p + 1] } else { 0.0 });
-                }
-                adv.push(s.advantage);
-            }
-            let shape = [rows.len() as i64, width as i64];
+            let batch = if self.packing {
+                Batch::packed(samples, rows, &prefixes, &weights)
+            } else {
+                Batch::padded(samples, rows, &prefixes, &weights)
+            };
+            let shape = batch.shape;
             let int = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
             let float = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
-            let (ids, pos, key, tgt) = (int(&ids), int(&pos), int(&key), int(&tgt));
+            let (ids, pos, tgt) = (int(&batch.ids), int(&batch.pos), int(&batch.tgt));
+            let key = matches!(batch.layout, Layout::Padded(_)).then(|| int(&batch.key));
+            let pass = RowsPass::new(
+                &self.model,
+                samples,
+                &prefixes,
+                &ids,
+                &pos,
+                &batch.layout,
+                key.as_ref(),
+            );
+            let (mask, old, weight, segment) = (batch.mask, batch.old, batch.weight, batch.segment);
+            let adv = match &batch.layout {
+                Layout::Packed(_) => float(&batch.adv),
+                _ => Tensor::from_slice(&batch.adv).to_device(device),
+            };
             // Log-probs of the targets a chunk of positions at a time: the micro-batch's
             // `[positions, vocab]` logits never exist at once, forward or backward.
-            let pass = RowsPass::new(&self.model, samples, &prefixes, &ids, &pos, &key);
             let forward = pass.forward(&self.model, self.ac);
             let hidden = &forward.hidden;
             let width_h = hidden.size()[2];
@@ -863,7 +851,7 @@ impl Trainer {
                     &LossInputs {
                         logprobs: &logp,
                         old_logprobs: &float(&old),
-                        advantages: &Tensor::from_slice(&adv).to_device(device),
+                        advantages: &adv,
                         mask: &mask,
                         weights: &weight,
                         segments: Some(&segments),
@@ -961,6 +949,170 @@ fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
     out
 }
 
+/// Packs sample indices into micro-batches of packed rows ([`Trainer::packing`]): whole
+/// samples, groups together and longest first, while the tokens a micro-batch computes stay
+/// within `budget` (a group's shared prompt counts once when `share` and it is long enough;
+/// for the whole group it is no longer than for any part of it, so the count is an upper
+/// bound). A sample longer than the budget has a micro-batch of its own.
+fn pack_sequences(samples: &[Sample], budget: usize, share: bool) -> Vec<Vec<usize>> {
+    let len = |i: usize| samples[i].ids.len();
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, s) in samples.iter().enumerate() {
+        groups.entry(s.group).or_default().push(i);
+    }
+    let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
+    for g in &mut groups {
+        g.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(len(g[0])));
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cost = 0;
+    for g in groups {
+        let shared = if share { shared_prefix(samples, &g) } else { 0 };
+        let mut first = true;
+        for i in g {
+            let here = if first { len(i) } else { len(i) - shared };
+            if !cur.is_empty() && cost + here > budget {
+                out.push(std::mem::take(&mut cur));
+                cost = 0;
+                first = true;
+            }
+            let here = if first { len(i) } else { len(i) - shared };
+            cost += here;
+            first = false;
+            cur.push(i);
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// How a micro-batch lays its rows out.
+enum Layout {
+    /// One sample per row, right-padded to the longest (`true`: some row is padded).
+    Padded(bool),
+    /// Every sample end to end in one row, each attending only to itself and its prefix.
+    Packed(Vec<Packed>),
+}
+
+/// A micro-batch's inputs, targets and per-token loss terms, laid out as `shape` (host side).
+struct Batch {
+    shape: [i64; 2],
+    layout: Layout,
+    ids: Vec<i64>,
+    tgt: Vec<i64>,
+    pos: Vec<i64>,
+    /// 1 on a real input, 0 on padding.
+    key: Vec<i64>,
+    mask: Vec<f32>,
+    old: Vec<f32>,
+    weight: Vec<f32>,
+    /// Per token, its sequence (each turn of each sample is one, for GSPO and per-turn norms).
+    segment: Vec<i64>,
+    /// One advantage per row (padded) or per token (packed).
+    adv: Vec<f32>,
+}
+
+impl Batch {
+    fn with_capacity(cells: usize, layout: Layout, shape: [i64; 2]) -> Self {
+        Self {
+            shape,
+            layout,
+            ids: Vec::with_capacity(cells),
+            tgt: Vec::with_capacity(cells),
+            pos: Vec::with_capacity(cells),
+            key: Vec::with_capacity(cells),
+            mask: Vec::with_capacity(cells),
+            old: Vec::with_capacity(cells),
+            weight: Vec::with_capacity(cells),
+            segment: Vec::with_capacity(cells),
+            adv: Vec::new(),
+        }
+    }
+
+    /// Pushes input `p` of sample `s` (`weights` its token weights; `first` its first
+    /// sequence's index), or padding past its end.
+    fn push(&mut self, s: &Sample, weights: &[f32], p: usize, first: i64) {
+        let turn = s.turn_starts.iter().filter(|&&t| t <= p + 1).count() as i64;
+        self.segment.push(first + turn);
+        let real = p < s.ids.len() - 1;
+        self.ids.push(if real { i64::from(s.ids[p]) } else { 0 });
+        self.tgt
+            .push(if real { i64::from(s.ids[p + 1]) } else { 0 });
+        self.pos.push(if real { p as i64 } else { 0 });
+        self.key.push(i64::from(real));
+        self.mask
+            .push(if real && s.mask[p + 1] { 1.0 } else { 0.0 });
+        self.old
+            .push(if real { s.old_logprobs[p + 1] } else { 0.0 });
+        self.weight.push(if real { weights[p + 1] } else { 0.0 });
+    }
+
+    /// One row per sample, each from its prefix's end, right-padded to the longest.
+    fn padded(
+        samples: &[Sample],
+        rows: &[usize],
+        prefixes: &Prefixes,
+        weights: &[Vec<f32>],
+    ) -> Self {
+        let start = |r: usize| prefixes.start(r);
+        let width = (0..rows.len())
+            .map(|r| samples[rows[r]].ids.len() - 1 - start(r))
+            .max()
+            .unwrap_or(0);
+        let padded = (0..rows.len()).any(|r| samples[rows[r]].ids.len() - 1 - start(r) < width);
+        let shape = [rows.len() as i64, width as i64];
+        let mut out = Self::with_capacity(rows.len() * width, Layout::Padded(padded), shape);
+        let mut sequences = 0i64;
+        for (r, &i) in rows.iter().enumerate() {
+            let s = &samples[i];
+            let first = sequences;
+            sequences += s.turn_starts.len() as i64 + 1;
+            for p in start(r)..start(r) + width {
+                out.push(s, &weights[i], p, first);
+            }
+            out.adv.push(s.advantage);
+        }
+        out
+    }
+
+    /// Every sample from its prefix's end, end to end in one row without padding.
+    fn packed(
+        samples: &[Sample],
+        rows: &[usize],
+        prefixes: &Prefixes,
+        weights: &[Vec<f32>],
+    ) -> Self {
+        let start = |r: usize| prefixes.start(r);
+        let cells: usize = (0..rows.len())
+            .map(|r| samples[rows[r]].ids.len() - 1 - start(r))
+            .sum();
+        let mut out = Self::with_capacity(cells, Layout::Packed(Vec::new()), [1, cells as i64]);
+        let mut sequences = 0i64;
+        let mut packed = Vec::with_capacity(rows.len());
+        for (r, &i) in rows.iter().enumerate() {
+            let s = &samples[i];
+            let first = sequences;
+            sequences += s.turn_starts.len() as i64 + 1;
+            let n = s.ids.len() - 1;
+            packed.push(Packed {
+                start: out.ids.len() as i64,
+                len: (n - start(r)) as i64,
+                past: prefixes.of_row[r].map(|h| (h as i64, prefixes.heads[h].len as i64)),
+            });
+            for p in start(r)..n {
+                out.push(s, &weights[i], p, first);
+                out.adv.push(s.advantage);
+            }
+        }
+        out.layout = Layout::Packed(packed);
+        out
+    }
+}
+
 /// A prompt prefix that rows of one group share, run once.
 struct Head {
     /// A sample whose ids start with it.
@@ -977,6 +1129,13 @@ struct Prefixes {
     heads: Vec<Head>,
     /// Per row of the micro-batch: the prefix it continues from (`None`: it runs in full).
     of_row: Vec<Option<usize>>,
+}
+
+impl Prefixes {
+    /// Where row `r`'s own inputs start: its prefix's length.
+    fn start(&self, r: usize) -> usize {
+        self.of_row[r].map_or(0, |h| self.heads[h].len)
+    }
 }
 
 /// Hidden states of a micro-batch between layers: its shared prefixes' (run once, as one batch
@@ -1032,11 +1191,14 @@ impl Hidden {
 /// and positions only feed the rotary embedding, so each row computes exactly what it would in
 /// full. Layer by layer so that layers can be checkpointed ([`Checkpointing`]).
 struct RowsPass {
-    /// The prefixes' ids, their frame, and per row the prefix it continues (a row without one
-    /// picks any and sees none of it).
-    head: Option<(Tensor, Frame, Tensor)>,
+    /// The prefixes' ids and their frame, and per row the prefix it continues (a row without
+    /// one picks any and sees none of it); no picks for a packed row, whose sequences name
+    /// their prefixes in its frame.
+    head: Option<(Tensor, Frame, Option<Tensor>)>,
     ids: Tensor,
     frame: Frame,
+    /// The rows are one packed row.
+    packed: bool,
 }
 
 impl RowsPass {
@@ -1046,61 +1208,66 @@ impl RowsPass {
         prefixes: &Prefixes,
         ids: &Tensor,
         positions: &Tensor,
-        key: &Tensor,
+        layout: &Layout,
+        key: Option<&Tensor>,
     ) -> Self {
-        if prefixes.heads.is_empty() {
-            // Unpadded rows (one row, or rows of one length) are plainly causal: no mask.
-            let padded = key.numel() > 0 && key.min().int64_value(&[]) == 0;
-            return Self {
-                head: None,
-                ids: ids.shallow_clone(),
-                frame: model.frame(positions, padded.then_some(key), 0),
-            };
-        }
         let device = ids.device();
         let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
-        let (mut head, mut head_key) = (Vec::new(), Vec::new());
-        for h in &prefixes.heads {
-            for p in 0..longest {
-                head.push(if p < h.len {
-                    i64::from(samples[h.sample].ids[p])
-                } else {
-                    0
-                });
-                head_key.push(i64::from(p < h.len));
+        let head = (!prefixes.heads.is_empty()).then(|| {
+            let (mut head, mut head_key) = (Vec::new(), Vec::new());
+            for h in &prefixes.heads {
+                for p in 0..longest {
+                    head.push(if p < h.len {
+                        i64::from(samples[h.sample].ids[p])
+                    } else {
+                        0
+                    });
+                    head_key.push(i64::from(p < h.len));
+                }
             }
-        }
-        let shape = [prefixes.heads.len() as i64, longest as i64];
-        let head = Tensor::from_slice(&head).view(shape).to_device(device);
-        let head_key = Tensor::from_slice(&head_key).view(shape).to_device(device);
-        let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
-            .unsqueeze(0)
-            .expand(shape, false);
-        let pick: Vec<i64> = prefixes
-            .of_row
-            .iter()
-            .map(|h| h.map_or(0, |h| h as i64))
-            .collect();
-        let mut past = Vec::with_capacity(pick.len() * longest);
-        for h in &prefixes.of_row {
-            let len = h.map_or(0, |h| prefixes.heads[h].len);
-            past.extend((0..longest).map(|p| i64::from(p < len)));
-        }
-        let past = Tensor::from_slice(&past)
-            .view([pick.len() as i64, longest as i64])
-            .to_device(device);
-        let key = Tensor::cat(&[past, key.shallow_clone()], 1);
+            let shape = [prefixes.heads.len() as i64, longest as i64];
+            let head = Tensor::from_slice(&head).view(shape).to_device(device);
+            let head_key = Tensor::from_slice(&head_key).view(shape).to_device(device);
+            let head_pos = Tensor::arange(longest as i64, (Kind::Int64, device))
+                .unsqueeze(0)
+                .expand(shape, false);
+            (head, model.frame(&head_pos, Some(&head_key), 0))
+        });
+        let (frame, pick) = match layout {
+            Layout::Packed(sequences) => (model.packed_frame(positions, sequences), None),
+            // Unpadded rows (one row, or rows of one length) are plainly causal: no mask.
+            Layout::Padded(padded) if head.is_none() => {
+                (model.frame(positions, key.filter(|_| *padded), 0), None)
+            }
+            Layout::Padded(_) => {
+                let pick: Vec<i64> = prefixes
+                    .of_row
+                    .iter()
+                    .map(|h| h.map_or(0, |h| h as i64))
+                    .collect();
+                let mut past = Vec::with_capacity(pick.len() * longest);
+                for r in 0..prefixes.of_row.len() {
+                    let len = prefixes.start(r);
+                    past.extend((0..longest).map(|p| i64::from(p < len)));
+                }
+                let past = Tensor::from_slice(&past)
+                    .view([pick.len() as i64, longest as i64])
+                    .to_device(device);
+                let key = key.expect("a padded micro-batch has a key mask");
+                let key = Tensor::cat(&[&past, key], 1);
+                (
+                    model.frame(positions, Some(&key), longest as i64),
+                    Some(Tensor::from_slice(&pick).to_device(device)),
+                )
+            }
+        };
         Self {
-            head: Some((
-                head,
-                model.frame(&head_pos, Some(&head_key), 0),
-                Tensor::from_slice(&pick).to_device(device),
-            )),
+            head: head.map(|(ids, frame)| (ids, frame, pick)),
             ids: ids.shallow_clone(),
-            frame: model.frame(positions, Some(&key), longest as i64),
+            frame,
+            packed: matches!(layout, Layout::Packed(_)),
         }
     }
-
     /// The embeddings: the first layer's input.
     fn embed(&self, model: &Qwen3) -> Hidden {
         Hidden {
@@ -1114,13 +1281,22 @@ impl RowsPass {
         match (&self.head, &h.head) {
             (Some((_, frame, pick)), Some(hh)) => {
                 let (head, k, v) = model.layer(i, hh, frame, None);
-                let (k, v) = (k.index_select(0, pick), v.index_select(0, pick));
-                let (rows, _, _) = model.layer(i, &h.rows, &self.frame, Some((&k, &v)));
+                let rows = match pick {
+                    Some(pick) => {
+                        let (k, v) = (k.index_select(0, pick), v.index_select(0, pick));
+                        model.layer(i, &h.rows, &self.frame, Some((&k, &v))).0
+                    }
+                    None => model.packed_layer(i, &h.rows, &self.frame, Some((&k, &v))),
+                };
                 Hidden {
                     head: Some(head),
                     rows,
                 }
             }
+            _ if self.packed => Hidden {
+                head: None,
+                rows: model.packed_layer(i, &h.rows, &self.frame, None),
+            },
             _ => Hidden {
                 head: None,
                 rows: model.layer(i, &h.rows, &self.frame, None).0,
@@ -1323,6 +1499,31 @@ mod tests {
             })
             .collect();
         assert_eq!(pack(&one, 60), [vec![1, 4], vec![3, 5, 2], vec![0]]);
+    }
+
+    /// Packed micro-batches count the tokens they compute: a group's shared prompt once (29
+    /// inputs before group 0's first trained target), every other token of every sample; a
+    /// sample over the budget has one of its own.
+    #[test]
+    fn packing_sequences_counts_computed_tokens() {
+        let samples = vec![
+            sample(25, 1, 5, vec![]),
+            sample(40, 0, 30, vec![]),
+            sample(20, 1, 5, vec![]),
+            sample(36, 0, 30, vec![]),
+        ];
+        // 40 + (36 - 29) = 47, then group 1's 25 + 20 = 45.
+        assert_eq!(pack_sequences(&samples, 60, true), [vec![1, 3], vec![0, 2]]);
+        assert_eq!(
+            pack_sequences(&samples, 60, false),
+            [vec![1], vec![3], vec![0, 2]]
+        );
+        assert_eq!(
+            pack_sequences(&samples, 30, false),
+            [vec![1], vec![3], vec![0], vec![2]]
+        );
+        // Padded, the same budget holds rows × longest: 40 × 2 does not fit 60.
+        assert_eq!(pack(&samples, 60), [vec![1], vec![3], vec![0, 2]]);
     }
 
     /// Token normalisation weighs every trained token alike; sequence normalisation weighs a

@@ -131,8 +131,8 @@ fn teacher_traces_warm_start_a_tiny_model() {
     assert_eq!(metric(&after, "num_tool_calls"), 1.0, "{after}");
     assert_eq!(metric(&after, "num_turns"), 2.0, "{after}");
     assert_eq!(after["tool_parse_failures"], 0);
-    // The trainer's memory options: checkpointing and offload take the same steps (the same
-    // printed losses); a dtype the trainer does not have is refused by its flag.
+    // The trainer's memory options: checkpointing, offload and packing take the same steps
+    // (the same printed losses); a dtype the trainer does not have is refused by its flag.
     let losses = |extra: &[&str], out: &str| -> Vec<String> {
         let stdout = common::run_ok(
             common::host(&home)
@@ -156,7 +156,14 @@ fn teacher_traces_warm_start_a_tiny_model() {
     };
     let plain = losses(&["--dtype", "f32"], "plain");
     let lean = losses(
-        &["--dtype", "f32", "--ac", "full", "--optim-cpu-offload"],
+        &[
+            "--dtype",
+            "f32",
+            "--ac",
+            "full",
+            "--optim-cpu-offload",
+            "--packing",
+        ],
         "lean",
     );
     assert_eq!(plain, lean);

@@ -631,6 +631,107 @@ fn activation_checkpointing_is_exact() {
     }
 }
 
+/// Packed micro-batches (`trainer.data.packing`: whole samples end to end in one row, each
+/// attending only to itself and its group's prompt) take the step padded rows take — loss,
+/// gradient norm, updated weights — with and without shared prompts, with a merged multi-turn
+/// sample (its turns separate sequences under GSPO's sequence ratio and sequence
+/// normalisation), with checkpointing, with a budget that splits groups, and for two steps.
+/// Packing fills micro-batches by computed tokens, so the small budget needs fewer of them
+/// (and splits fewer groups, so more prompt is shared).
+#[test]
+fn packed_training_is_exact() {
+    use rlhost::rl::loss::LossKind;
+    use rlhost::rl::trainer::{Checkpointing, MemoryOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 14);
+    let mut samples = grouped_samples();
+    let (_, mut merged) = rollout_samples(2, 0.75);
+    merged.group = 9;
+    samples.push(merged);
+    let gspo = LossConfig {
+        kind: LossKind::Gspo,
+        norm_type: NormType::Sequence,
+        ..LossConfig::default()
+    };
+    let cases = [
+        (
+            "token",
+            LossConfig::default(),
+            Objective::Policy,
+            4096,
+            true,
+            Checkpointing::None,
+        ),
+        (
+            "gspo",
+            gspo.clone(),
+            Objective::Policy,
+            4096,
+            true,
+            Checkpointing::None,
+        ),
+        (
+            "unshared",
+            LossConfig::default(),
+            Objective::Policy,
+            4096,
+            false,
+            Checkpointing::None,
+        ),
+        (
+            "sft",
+            LossConfig::default(),
+            Objective::Likelihood,
+            4096,
+            true,
+            Checkpointing::None,
+        ),
+        (
+            "split",
+            gspo,
+            Objective::Policy,
+            120,
+            true,
+            Checkpointing::Full,
+        ),
+    ];
+    for (what, loss, objective, budget, share, ac) in cases {
+        let trainer = |packing: bool| {
+            let mut t = load_trainer_with(&dir, optim(), loss.clone(), 0.8, budget).with_memory(
+                MemoryOptions {
+                    ac,
+                    optim_cpu_offload: false,
+                },
+            );
+            t.share_prefix = share;
+            t.packing = packing;
+            t
+        };
+        let (mut padded, mut packed) = (trainer(false), trainer(true));
+        for step in 0..2 {
+            let a = padded.step_with(&samples, objective).unwrap();
+            let b = packed.step_with(&samples, objective).unwrap();
+            let what = format!("{what}, step {step}");
+            assert_same_step(&what, (&padded, &a), (&packed, &b));
+            assert_eq!(share, b.shared_tokens > 0, "{what}");
+            if budget == 4096 {
+                assert_eq!((a.micro_batches, b.micro_batches), (1, 1), "{what}");
+                assert_eq!(a.computed_tokens, b.computed_tokens, "{what}");
+            } else {
+                // Fuller micro-batches keep more of each group together: more shared.
+                assert!(b.computed_tokens < a.computed_tokens, "{what}");
+                assert!(
+                    b.micro_batches < a.micro_batches && b.micro_batches > 1,
+                    "{what}: {} packed micro-batches, {} padded",
+                    b.micro_batches,
+                    a.micro_batches
+                );
+            }
+        }
+    }
+}
+
 /// Mixed precision (`trainer.dtype = "bf16"`): bf16 weights and activations, f32 master weights
 /// and moments. Its step follows the f32 step (same loss to bf16's precision, updates pointing
 /// the same way), the bf16 weights are the master weights rounded, gradients of several

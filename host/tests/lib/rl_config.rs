@@ -106,7 +106,12 @@ fn parse(extra: &[String], model: &str) -> Result<RlConfig, String> {
 /// updated weights.
 fn trainer_probe(cfg: &RlConfig) -> Result<String, String> {
     let (mut t, _, _) = rlhost::rl::run::build_trainer(cfg).map_err(|e| format!("{e:#}"))?;
-    let mut out = format!("{:?} weights, {:?}\n", t.model.weight_kind(), t.memory());
+    let mut out = format!(
+        "{:?} weights, {:?}, packing {}\n",
+        t.model.weight_kind(),
+        t.memory(),
+        t.packing
+    );
     let sample = |seed: u32, len: usize, advantage: f32, group: usize, turns: Vec<usize>| {
         let ids: Vec<u32> = (0..len as u32)
             .map(|i| (i * 37 + seed * 11) % 500)
@@ -267,6 +272,7 @@ fn every_key_is_honoured_or_refused() {
         "trainer.dtype",
         "trainer.ac",
         "trainer.optim_cpu_offload",
+        "trainer.data.packing",
     ] {
         assert!(
             outcome[k].starts_with("changes") || outcome[k].contains("refused when resolved"),

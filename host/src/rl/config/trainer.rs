@@ -37,8 +37,14 @@ pub struct DataConfig {
     /// Longest training sample in tokens (prompt + completion); longer turns are left out.
     pub seq_len: usize,
     /// Samples of `seq_len` per micro-batch: a micro-batch holds at most
-    /// `seq_len × micro_batch_size` padded tokens.
+    /// `seq_len × micro_batch_size` tokens (padded ones included unless `packing`).
     pub micro_batch_size: usize,
+    /// Pack micro-batches: whole samples end to end in one row of at most
+    /// `seq_len × micro_batch_size` tokens (a group's shared prompt counted once), each
+    /// attending only to itself and its prompt (per-sequence attention), no padding. The loss,
+    /// gradients and update are those of unpacked training. false: one right-padded row per
+    /// sample.
+    pub packing: bool,
 }
 
 impl Default for DataConfig {
@@ -46,6 +52,7 @@ impl Default for DataConfig {
         Self {
             seq_len: 12_288,
             micro_batch_size: 1,
+            packing: false,
         }
     }
 }
