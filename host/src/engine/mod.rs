@@ -28,7 +28,7 @@ mod worker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Instant;
 
@@ -59,7 +59,7 @@ pub enum EngineError {
 }
 
 /// Limits of an engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Most sequences decoded together (KV-cache slots).
     pub max_batch_size: usize,
@@ -73,6 +73,12 @@ pub struct EngineConfig {
     /// Budget of the prefix cache in tokens; `None` sizes it from the memory of the device the
     /// engine runs on ([`default_kv_cache_tokens`]).
     pub kv_cache_tokens: Option<usize>,
+    /// Share of the device's memory the prefix cache may take when `kv_cache_tokens` is unset
+    /// (of the free memory at start on CUDA, of the machine's memory on the CPU).
+    pub kv_cache_fraction: f64,
+    /// [`Engine::sleep`] may release the KV slots and the prefix cache (vLLM's sleep mode,
+    /// level 1): for a trainer sharing the device. Off, sleeping is refused.
+    pub sleep_mode: bool,
     /// Tokens per prefix-cache block.
     pub block_size: usize,
     /// Most prompt tokens prefilled per scheduler step (vLLM's `max_num_batched_tokens`): new
@@ -96,6 +102,8 @@ impl Default for EngineConfig {
             max_queue: 1024,
             prefix_caching: true,
             kv_cache_tokens: None,
+            kv_cache_fraction: DEFAULT_KV_CACHE_FRACTION,
+            sleep_mode: false,
             block_size: 16,
             max_num_batched_tokens: 2048,
             threads: None,
@@ -103,17 +111,25 @@ impl Default for EngineConfig {
     }
 }
 
-/// The prefix cache's default budget, in tokens of `bytes_per_token` (keys and values of every
-/// layer for one position). On the CPU: an eighth of the machine's memory, at most 4 GiB (the
-/// default KV space of vLLM's CPU backend). On a CUDA device: an eighth of the device memory free
-/// when the engine starts (its weights already loaded), read from the driver, not the host's
-/// memory, leaving the rest to the decode slots, activations and a trainer sharing the GPU (vLLM
-/// takes 90% of the device; pass `kv_cache_tokens` to do the same). The pool grows on demand, so
-/// a budget that is never filled costs nothing.
-pub fn default_kv_cache_tokens(bytes_per_token: usize, device: tch::Device) -> usize {
+/// The prefix cache's default share of the device's memory ([`EngineConfig::kv_cache_fraction`]).
+pub const DEFAULT_KV_CACHE_FRACTION: f64 = 0.125;
+
+/// The prefix cache's budget, in tokens of `bytes_per_token` (keys and values of every layer
+/// for one position), when it is given as a `fraction` of memory (default an eighth). On the
+/// CPU: that share of the machine's memory, at most 4 GiB (the default KV space of vLLM's CPU
+/// backend). On a CUDA device: that share of the device memory free when the engine starts
+/// (its weights already loaded), read from the driver, not the host's memory, leaving the rest
+/// to the decode slots, activations and a trainer sharing the GPU (vLLM takes 90% of the
+/// device). The pool grows on demand, so a budget that is never filled costs nothing.
+pub fn default_kv_cache_tokens(
+    bytes_per_token: usize,
+    device: tch::Device,
+    fraction: f64,
+) -> usize {
+    let share = |bytes: u64| (bytes as f64 * fraction.clamp(0.0, 1.0)) as u64;
     let bytes = match device {
         tch::Device::Cuda(n) => match crate::cuda::free_memory(n) {
-            Ok((free, _)) => free / 8,
+            Ok((free, _)) => share(free),
             Err(e) => {
                 tracing::warn!(
                     "the prefix cache cannot size itself from cuda:{n}'s memory ({e}): 1 GiB"
@@ -130,7 +146,7 @@ pub fn default_kv_cache_tokens(bytes_per_token: usize, device: tch::Device) -> u
                         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 })
                 .map_or(8 << 30, |kb| kb * 1024);
-            (total / 8).min(4 << 30)
+            share(total).min(4 << 30)
         }
     };
     (bytes / bytes_per_token.max(1) as u64) as usize
@@ -339,7 +355,25 @@ enum Command {
         oneshot::Sender<Result<u64, String>>,
     ),
     ResetPrefixCache(oneshot::Sender<()>),
+    Sleep(oneshot::Sender<Released>),
+    WakeUp(oneshot::Sender<()>),
     Shutdown,
+}
+
+/// What an engine released going to sleep ([`Engine::sleep`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Released {
+    /// Bytes of the decode slots' keys and values.
+    pub slot_bytes: u64,
+    /// Bytes of the prefix cache's block pool.
+    pub prefix_bytes: u64,
+}
+
+impl Released {
+    /// Both parts.
+    pub fn total(&self) -> u64 {
+        self.slot_bytes + self.prefix_bytes
+    }
 }
 
 struct Pending {
@@ -400,6 +434,7 @@ pub struct EngineInfo {
     prompt_computed: AtomicU64,
     cache_blocks: AtomicUsize,
     cache_max_blocks: AtomicUsize,
+    sleeping: AtomicBool,
     metrics: EngineMetrics,
     /// The token table of grammar-constrained decoding, built by the first request that needs it.
     grammar: OnceLock<Result<Arc<GrammarTokens>, GrammarError>>,
@@ -449,6 +484,11 @@ impl EngineInfo {
     /// Requests admitted and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Whether the engine sleeps ([`Engine::sleep`]): its KV memory released, requests queued.
+    pub fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::SeqCst)
     }
 
     /// The engine's Prometheus metrics (vLLM's names; [`EngineMetrics::render`] writes them
@@ -564,6 +604,7 @@ impl Engine {
             prompt_computed: AtomicU64::new(0),
             cache_blocks: AtomicUsize::new(0),
             cache_max_blocks: AtomicUsize::new(0),
+            sleeping: AtomicBool::new(false),
             metrics,
             grammar: OnceLock::new(),
         });
@@ -688,6 +729,35 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::ResetPrefixCache(reply))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Releases the engine's KV memory for a trainer sharing its device (vLLM's sleep mode,
+    /// level 1; needs [`EngineConfig::sleep_mode`]): once the running requests have finished,
+    /// the decode slots and the prefix cache's pool are freed (the cached prefixes are
+    /// forgotten) and new requests wait, queued, until [`Engine::wake_up`]. The weights stay.
+    /// Returns what was freed; sleeping again frees nothing more. In this process the freed
+    /// memory returns to libtorch's allocator, where the trainer's tensors take it.
+    pub async fn sleep(&self) -> Result<Released, EngineError> {
+        if !self.info.config.sleep_mode {
+            return Err(EngineError::Invalid(
+                "sleep mode is off: start the engine with --enable-sleep-mode".into(),
+            ));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Sleep(reply))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Ends a sleep ([`Engine::sleep`]): queued requests start, and the slots and the prefix
+    /// cache grow again as they need. Awake, it does nothing.
+    pub async fn wake_up(&self) -> Result<(), EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::WakeUp(reply))
             .map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
     }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 use tokio::sync::mpsc as tmpsc;
+use tokio::sync::oneshot;
 
 use super::detok::TextState;
 use super::grammar::{GrammarError, SequenceGrammar};
@@ -21,7 +22,7 @@ use super::sampling::{self, Rng, SamplingParams};
 use super::scheduler::{self, Admission};
 use super::threads::ThreadTuner;
 use super::{
-    Command, EngineInfo, Event, FinishReason, Pending, StopCause, default_kv_cache_tokens,
+    Command, EngineInfo, Event, FinishReason, Pending, Released, StopCause, default_kv_cache_tokens,
 };
 use crate::model::{Qwen3, SlotCache};
 
@@ -151,6 +152,16 @@ pub(super) struct Worker {
     partial: Option<Partial>,
     logged: (Instant, u64),
     threads: ThreadTuner,
+    sleep: Sleep,
+}
+
+/// The engine's sleep ([`super::Engine::sleep`]).
+enum Sleep {
+    Awake,
+    /// Asked to sleep: nothing new starts; once the running requests finish, the memory goes
+    /// and these hear what was freed.
+    Draining(Vec<oneshot::Sender<Released>>),
+    Asleep,
 }
 
 impl Worker {
@@ -161,9 +172,9 @@ impl Worker {
             .with_limit(cfg.max_model_len as i64);
         let prefix = cfg.prefix_caching.then(|| {
             let bytes = cache.bytes() as usize / (cfg.max_batch_size + 1) / 256;
-            let tokens = cfg
-                .kv_cache_tokens
-                .unwrap_or_else(|| default_kv_cache_tokens(bytes, model.vs.device()));
+            let tokens = cfg.kv_cache_tokens.unwrap_or_else(|| {
+                default_kv_cache_tokens(bytes, model.vs.device(), cfg.kv_cache_fraction)
+            });
             PrefixCache::new(&model, cfg.block_size, tokens)
         });
         if let Some(p) = &prefix {
@@ -180,6 +191,7 @@ impl Worker {
             partial: None,
             logged: (Instant::now(), 0),
             threads,
+            sleep: Sleep::Awake,
         }
     }
 
@@ -190,8 +202,11 @@ impl Worker {
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         let _guard = tch::no_grad_guard();
         loop {
-            // Block only when there is nothing to do.
-            let idle = self.running.is_empty() && self.waiting.is_empty() && self.partial.is_none();
+            // Block only when there is nothing to do (asleep, waiting requests wait).
+            let busy = !self.running.is_empty() || self.partial.is_some();
+            let admitting = matches!(self.sleep, Sleep::Awake) && !self.waiting.is_empty();
+            let draining = matches!(self.sleep, Sleep::Draining(_));
+            let idle = !busy && !admitting && !draining;
             let mut next = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
@@ -210,6 +225,25 @@ impl Worker {
                         self.reset_prefix();
                         let _ = reply.send(());
                     }
+                    Command::Sleep(reply) => match &mut self.sleep {
+                        Sleep::Awake => self.sleep = Sleep::Draining(vec![reply]),
+                        Sleep::Draining(replies) => replies.push(reply),
+                        Sleep::Asleep => {
+                            let _ = reply.send(Released::default());
+                        }
+                    },
+                    Command::WakeUp(reply) => {
+                        // A drain not finished yet ends: its callers hear nothing was freed.
+                        if let Sleep::Draining(replies) =
+                            std::mem::replace(&mut self.sleep, Sleep::Awake)
+                        {
+                            for r in replies {
+                                let _ = r.send(Released::default());
+                            }
+                        }
+                        self.info.sleeping.store(false, Ordering::SeqCst);
+                        let _ = reply.send(());
+                    }
                     Command::Shutdown => {
                         self.abort_all();
                         return;
@@ -217,7 +251,15 @@ impl Worker {
                 }
                 next = rx.try_recv().ok();
             }
-            self.admit();
+            if matches!(self.sleep, Sleep::Draining(_))
+                && self.running.is_empty()
+                && self.partial.is_none()
+            {
+                self.fall_asleep();
+            }
+            if matches!(self.sleep, Sleep::Awake) {
+                self.admit();
+            }
             if !self.running.is_empty() {
                 self.decode_step();
             }
@@ -266,6 +308,30 @@ impl Worker {
             job.kv_version = version;
         }
         Ok(version)
+    }
+
+    /// Frees the slots and the prefix cache's pool (nothing runs) and answers the callers.
+    fn fall_asleep(&mut self) {
+        let mut released = Released {
+            slot_bytes: self.cache.release() as u64,
+            prefix_bytes: 0,
+        };
+        if let Some(p) = self.prefix.as_mut() {
+            released.prefix_bytes = p.release() as u64;
+            self.info.cache_blocks.store(0, Ordering::Relaxed);
+            self.info.metrics.kv_cache_usage.set(0.0);
+        }
+        self.info.sleeping.store(true, Ordering::SeqCst);
+        tracing::debug!(
+            "engine asleep: {:.1} MiB of slots and {:.1} MiB of prefix cache freed",
+            released.slot_bytes as f64 / (1 << 20) as f64,
+            released.prefix_bytes as f64 / (1 << 20) as f64
+        );
+        if let Sleep::Draining(replies) = std::mem::replace(&mut self.sleep, Sleep::Asleep) {
+            for r in replies {
+                let _ = r.send(released);
+            }
+        }
     }
 
     fn reset_prefix(&mut self) {

@@ -140,6 +140,20 @@ impl SlotCache {
         self.capacity = cap;
     }
 
+    /// Frees every slot's storage (an engine going to sleep, its memory lent to a trainer):
+    /// the slots hold no positions until [`SlotCache::reserve`] grows them again. Returns the
+    /// bytes freed. Whatever the slots held is gone.
+    pub fn release(&mut self) -> i64 {
+        let freed = self.bytes();
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut shape = t.size();
+            shape[2] = 0;
+            *t = Tensor::zeros(&shape, (t.kind(), t.device()));
+        }
+        self.capacity = 0;
+        freed
+    }
+
     /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt).
     pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
         if from == to || len == 0 {
@@ -205,5 +219,12 @@ mod tests {
         // Past the limit, what is asked for (the engine refuses longer sequences first).
         cache.reserve(1001);
         assert_eq!(cache.capacity(), 1001);
+        // Released, the slots hold nothing and grow again from nothing.
+        let held = cache.bytes();
+        assert_eq!(cache.release(), held);
+        assert_eq!((cache.bytes(), cache.capacity()), (0, 0));
+        cache.reserve(10);
+        assert_eq!(cache.capacity(), 256);
+        assert_eq!(cache.k[0].size()[2], 256);
     }
 }

@@ -66,6 +66,9 @@ pub struct StepLine {
     pub rollout_tokens_per_s: f64,
     /// Seconds handing the new weights to the engine or servers.
     pub sync_s: f64,
+    /// Bytes of KV memory the colocated engine released for the training step
+    /// (`inference.enable_sleep_mode`; 0 without it).
+    pub engine_released_bytes: u64,
     /// Seconds of evaluation after this step (0 without one).
     pub eval_s: f64,
     /// Rollouts dropped because weights more than `max_off_policy_steps` versions older than
@@ -149,6 +152,8 @@ pub struct Phases {
     pub train_s: f64,
     /// Handing the weights over.
     pub sync_s: f64,
+    /// KV memory the engine released for the step (sleep mode).
+    pub released_bytes: u64,
 }
 
 impl StepLine {
@@ -189,6 +194,7 @@ impl StepLine {
             tokens_per_s: stats.tokens as f64 / phases.train_s.max(1e-9),
             rollout_tokens_per_s: batch.generated_tokens as f64 / batch.seconds.max(1e-9),
             sync_s: phases.sync_s,
+            engine_released_bytes: phases.released_bytes,
             eval_s: eval.as_ref().map_or(0.0, |e| e.seconds),
             stale_dropped: batch.stale_dropped,
             by_env: batch.by_env.clone(),

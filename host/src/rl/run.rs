@@ -346,11 +346,28 @@ pub fn run(
     let mut lines = Vec::new();
     for step in start..max_steps {
         let batch = orchestrator.next_batch(&rt, step, version)?;
+        // Sleep mode: the colocated engine lends its KV memory to the training step (nothing
+        // generates meanwhile: async_level is 0) and takes it back with the new weights.
+        let sleeper = match &sink {
+            WeightSink::Engine(engine) if cfg.inference.enable_sleep_mode => Some(engine),
+            _ => None,
+        };
+        let released = match sleeper {
+            Some(engine) => rt
+                .block_on(engine.sleep())
+                .context("putting the engine to sleep for the training step")?
+                .total(),
+            None => 0,
+        };
         let t = Instant::now();
         let stats = trainer.train_step(&batch.samples)?;
         let train_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         version = sink.publish(&rt, &trainer, step + 1)?;
+        if let Some(engine) = sleeper {
+            rt.block_on(engine.wake_up())
+                .context("waking the engine after the training step")?;
+        }
         let sync_s = t.elapsed().as_secs_f64();
         orchestrator.weights_published(step + 1, version);
         let eval = match evals.due_after(step + 1, max_steps) {
@@ -360,7 +377,16 @@ pub fn run(
             ),
             false => None,
         };
-        let line = StepLine::new(&batch, &stats, Phases { train_s, sync_s }, eval);
+        let line = StepLine::new(
+            &batch,
+            &stats,
+            Phases {
+                train_s,
+                sync_s,
+                released_bytes: released,
+            },
+            eval,
+        );
         metrics::append(&log, &line)?;
         if let Some(p) = &port {
             p.set_step(line.step as u64, &crate::monitor::scalars(&line));

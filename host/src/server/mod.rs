@@ -1,7 +1,8 @@
 //! `host inference`'s HTTP layer (axum) over the chat pipeline ([`crate::chat`]): the router,
 //! the middleware that gives every error OpenAI's JSON body, the admin routes (`GET /health`,
 //! `GET /v1/models`, `POST /update_weights {"model_path": …}` for trainers,
-//! `POST /reset_prefix_cache`, `GET /metrics` in Prometheus' format with vLLM's metric names:
+//! `POST /reset_prefix_cache`, vLLM's sleep mode (`POST /sleep?level=1`, `POST /wake_up`,
+//! `GET /is_sleeping`), `GET /metrics` in Prometheus' format with vLLM's metric names:
 //! [`crate::engine::metrics`]), and one server-sent-events writer (`sse.rs`) for every dialect.
 //!
 //! The dialects: OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` (the pipeline's
@@ -69,6 +70,9 @@ pub fn router_for(state: Arc<Pipeline>) -> Router {
         .route("/v1/messages", anthropic::route())
         .route("/update_weights", post(update_weights))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/sleep", post(sleep))
+        .route("/wake_up", post(wake_up))
+        .route("/is_sleeping", get(is_sleeping))
         .route(
             "/metrics",
             get(|State(st): State<Arc<AppState>>| async move {
@@ -79,7 +83,7 @@ pub fn router_for(state: Arc<Pipeline>) -> Router {
             error(ApiError {
                 status: 404,
                 kind: "not_found_error",
-                message: "no such route; see /v1/chat/completions, /v1/chat/completions/tokens, /v1/completions, /inference/v1/generate, /v1/responses, /v1/messages, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache".into(),
+                message: "no such route; see /v1/chat/completions, /v1/chat/completions/tokens, /v1/completions, /inference/v1/generate, /v1/responses, /v1/messages, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache, /sleep, /wake_up, /is_sleeping".into(),
                 param: None,
             })
         })
@@ -381,6 +385,77 @@ async fn update_weights(State(st): State<Arc<AppState>>, body: Bytes) -> Respons
         .into_response(),
         Err(e) => error(engine_error(e, "model_path")),
     }
+}
+
+/// The query of `POST /sleep`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SleepQuery {
+    /// vLLM's sleep level: 1 releases the KV cache (and would offload the weights); 2 would
+    /// discard the weights too. Only 1 is served: the weights stay on the device.
+    level: Option<u32>,
+}
+
+/// What `POST /sleep` freed.
+#[derive(Debug, Serialize)]
+struct SleepResponse {
+    status: &'static str,
+    /// Bytes of the decode slots and of the prefix cache released.
+    released_bytes: u64,
+    slot_bytes: u64,
+    prefix_bytes: u64,
+}
+
+/// `POST /sleep?level=1` (vLLM's sleep mode, `--enable-sleep-mode`): once running requests
+/// finish, the KV slots and the prefix cache are released; new requests wait for
+/// `POST /wake_up`. The weights stay where they are (vLLM's level 1 offloads them to the host:
+/// refused rather than pretended, as is level 2).
+async fn sleep(
+    State(st): State<Arc<AppState>>,
+    query: Result<axum::extract::Query<SleepQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let query = match query {
+        Ok(q) => q.0,
+        Err(e) => return error(ApiError::bad(None, format!("/sleep: {e}"))),
+    };
+    if let Some(level) = query.level.filter(|&l| l != 1) {
+        return error(ApiError::bad(
+            Some("level".into()),
+            format!(
+                "sleep level {level} is not served: level 1 releases the KV cache (the weights stay)"
+            ),
+        ));
+    }
+    match st.engine().sleep().await {
+        Ok(r) => axum::Json(SleepResponse {
+            status: "ok",
+            released_bytes: r.total(),
+            slot_bytes: r.slot_bytes,
+            prefix_bytes: r.prefix_bytes,
+        })
+        .into_response(),
+        Err(e) => error(engine_error(e, "")),
+    }
+}
+
+/// `POST /wake_up`: ends a sleep; queued requests start.
+async fn wake_up(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine().wake_up().await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error(engine_error(e, "")),
+    }
+}
+
+/// `GET /is_sleeping` → `{"is_sleeping": bool}`.
+async fn is_sleeping(State(st): State<Arc<AppState>>) -> Response {
+    #[derive(Serialize)]
+    struct IsSleeping {
+        is_sleeping: bool,
+    }
+    axum::Json(IsSleeping {
+        is_sleeping: st.engine().info().is_sleeping(),
+    })
+    .into_response()
 }
 
 /// `POST /reset_prefix_cache` (vLLM's route): forgets every cached prefix.

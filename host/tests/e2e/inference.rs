@@ -1054,3 +1054,78 @@ fn stalled_connections_are_closed_and_normal_clients_still_served() {
         assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
     }
 }
+
+/// vLLM's sleep-mode routes on a real server: without `--enable-sleep-mode` `POST /sleep` is a
+/// 400 naming the flag; with it, `/sleep` reports the KV bytes it freed, `/is_sleeping` says
+/// so, a chat request made meanwhile waits until `/wake_up` and then answers what it answered
+/// before the sleep, and a sleep level the server does not serve is a 400 naming `level`.
+#[test]
+fn sleep_mode_routes_release_kv_memory_and_hold_requests() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::tiny_model(tmp.path(), 4);
+    let rt = rt();
+    let client = reqwest::Client::new();
+    let call = |server: &common::InferenceServer, method: &str, route: &str| -> (u16, String) {
+        let url = format!("{}{route}", server.url.trim_end_matches("/v1"));
+        let req = match method {
+            "GET" => client.get(url),
+            _ => client.post(url),
+        };
+        rt.block_on(async {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    let plain = common::InferenceServer::start(tmp.path(), &["--served-model-name", "tiny"]);
+    let (status, text) = call(&plain, "POST", "/sleep");
+    assert!(
+        status == 400 && text.contains("--enable-sleep-mode"),
+        "{status} {text}"
+    );
+    drop(plain);
+    let server = common::InferenceServer::start(
+        tmp.path(),
+        &["--served-model-name", "tiny", "--enable-sleep-mode"],
+    );
+    let chat = format!("{}/chat/completions", server.url);
+    let body = json!({"model": "tiny", "max_tokens": 12, "temperature": 0,
+                      "messages": [{"role": "user", "content": "the same words, a long prompt to cache in blocks"}]});
+    let (status, before) = rt.block_on(post(&client, &chat, &body));
+    assert_eq!(status, 200, "{before}");
+    let (status, text) = call(&server, "POST", "/sleep?level=2");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\"param\":\"level\""), "{text}");
+    let (status, text) = call(&server, "POST", "/sleep");
+    assert_eq!(status, 200, "{text}");
+    let freed: Value = serde_json::from_str(&text).unwrap();
+    assert!(freed["slot_bytes"].as_u64().unwrap() > 0, "{freed}");
+    assert!(freed["prefix_bytes"].as_u64().unwrap() > 0, "{freed}");
+    let (_, text) = call(&server, "GET", "/is_sleeping");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["is_sleeping"],
+        true
+    );
+    let waiting = rt.spawn({
+        let (client, chat, body) = (client.clone(), chat.clone(), body.clone());
+        async move { post(&client, &chat, &body).await }
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        !waiting.is_finished(),
+        "a request was answered during the sleep"
+    );
+    let (status, text) = call(&server, "POST", "/wake_up");
+    assert_eq!(status, 200, "{text}");
+    let (status, after) = rt.block_on(waiting).unwrap();
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(
+        after["choices"][0]["message"], before["choices"][0]["message"],
+        "the same answer after the sleep"
+    );
+    assert_eq!(after["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, text) = call(&server, "GET", "/is_sleeping");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["is_sleeping"],
+        false
+    );
+}

@@ -235,6 +235,34 @@ fn rollouts_older_than_max_off_policy_steps_are_redone() {
     assert!(stdout.contains("| stale "), "{stdout}");
 }
 
+/// `inference.enable_sleep_mode` with `async_level = 0`: the colocated engine releases its KV
+/// slots and prefix cache for every training step (each line reports the bytes) and takes them
+/// back for the next batch, which still trains on policy. With generation ahead of the trainer
+/// (`async_level` > 0) the option is refused, naming both keys.
+#[test]
+fn sleep_mode_lends_the_engine_memory_to_each_training_step() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 6);
+    let run_dir = tmp.path().join("sleep");
+    let mut args = rl_args(&model, &run_dir, 3);
+    args.extend(["--inference.enable-sleep-mode", "true"].map(String::from));
+    let refused = common::run_err(common::host(&home).args(&args));
+    assert!(
+        refused.contains("inference.enable_sleep_mode") && refused.contains("async_level"),
+        "{refused}"
+    );
+    args.extend(["--orchestrator.async-level", "0"].map(String::from));
+    let out = common::run(common::host(&home).args(&args));
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines = metric_lines(&run_dir);
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        assert!(l["engine_released_bytes"].as_u64().unwrap() > 0, "{l}");
+        assert_eq!(l["policy_lag"], 0, "{l}");
+        assert_eq!(l["samples"], 8, "{l}");
+    }
+}
+
 #[test]
 fn steps_checkpoints_and_resume_after_a_kill() {
     let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 2);

@@ -875,3 +875,69 @@ fn metrics_count_chunked_prefills_shared_prompts_cancels_and_shutdown() {
         10.0
     );
 }
+
+// ---- Sleep mode ----
+
+/// Sleep mode (`EngineConfig::sleep_mode`, vLLM's level 1): asked to sleep while a request
+/// runs, the engine lets it finish, then frees its decode slots and prefix cache (both
+/// measured non-empty before); requests made while it sleeps wait, untouched, and run after
+/// `wake_up` with the same greedy tokens as before the sleep (their prefix recomputed, then
+/// cached again). Without sleep mode, sleeping is refused by name.
+#[test]
+fn sleep_releases_kv_memory_and_queues_requests_until_woken() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny(tmp.path(), 21);
+    let rt = rt();
+    let off = engine(tmp.path(), EngineConfig::default());
+    match rt.block_on(off.sleep()) {
+        Err(EngineError::Invalid(m)) => assert!(m.contains("--enable-sleep-mode"), "{m}"),
+        other => panic!("sleep without sleep mode: {other:?}"),
+    }
+    off.shutdown();
+    let e = engine(
+        tmp.path(),
+        EngineConfig {
+            sleep_mode: true,
+            kv_cache_tokens: Some(4096),
+            ..EngineConfig::default()
+        },
+    );
+    let p = prompt(3, 40);
+    let first = rt.block_on(e.generate(p.clone(), greedy(8), 1)).unwrap();
+    let mut long = e.submit(prompt(4, 20), greedy(300), 1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let released = rt.block_on(e.sleep()).unwrap();
+    // The running request finished before the memory went.
+    let done = rt
+        .block_on(rlhost::engine::collect(&mut long, 1, 20))
+        .unwrap();
+    assert_eq!(done[0].finish_reason, FinishReason::Length);
+    assert_eq!(done[0].token_ids.len(), 300);
+    assert!(
+        released.slot_bytes > 0 && released.prefix_bytes > 0,
+        "{released:?}"
+    );
+    assert!(e.info().is_sleeping());
+    assert_eq!(
+        rt.block_on(e.sleep()).unwrap(),
+        rlhost::engine::Released::default(),
+        "a second sleep frees nothing more"
+    );
+    let mut waiting = e.submit(p.clone(), greedy(8), 1).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        waiting.try_recv().is_err(),
+        "a request ran during the sleep"
+    );
+    rt.block_on(e.wake_up()).unwrap();
+    assert!(!e.info().is_sleeping());
+    let after = rt
+        .block_on(rlhost::engine::collect(&mut waiting, 1, p.len()))
+        .unwrap();
+    assert_same(&first[0], &after[0], "after the sleep");
+    assert_eq!(after[0].cached_tokens, 0, "the prefix cache was released");
+    let again = rt.block_on(e.generate(p, greedy(8), 1)).unwrap();
+    assert!(again[0].cached_tokens > 0, "the prefix cache fills again");
+    assert_same(&first[0], &again[0], "cached again");
+    e.shutdown();
+}

@@ -191,6 +191,10 @@ fn every_key_is_honoured_or_refused() {
             // precision, as in PyTorch's AdamW): probe at a rate where every key shows.
             base_args.extend(["--trainer.optim.lr".into(), "0.01".into()]);
         }
+        if k.path == "inference.enable_sleep_mode" {
+            // Sleeping through training steps needs no generation during them.
+            base_args.extend(["--orchestrator.async-level".into(), "0".into()]);
+        }
         if k.path == "trainer.data.micro_batch_size" {
             // Micro-batches of 24 tokens: one more sample per micro-batch shows.
             base_args.extend(["--trainer.data.seq_len".into(), "24".into()]);
@@ -273,6 +277,8 @@ fn every_key_is_honoured_or_refused() {
         "trainer.ac",
         "trainer.optim_cpu_offload",
         "trainer.data.packing",
+        "inference.enable_sleep_mode",
+        "inference.kv_cache_fraction",
     ] {
         assert!(
             outcome[k].starts_with("changes") || outcome[k].contains("refused when resolved"),

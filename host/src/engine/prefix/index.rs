@@ -104,6 +104,14 @@ impl BlockIndex {
         }
     }
 
+    /// Forgets every entry and every id (the pool's memory is freed with it): the next claims
+    /// start from id 0 and the pool grows again.
+    pub fn release(&mut self) {
+        self.clear();
+        self.blocks.clear();
+        self.free.clear();
+    }
+
     fn find(&self, parent: u32, tokens: &[u32]) -> Option<u32> {
         let ids = self.index.get(&key_hash(parent, tokens))?;
         ids.iter().copied().find(|&id| {

@@ -87,6 +87,13 @@ impl PrefixCache {
         self.index.clear();
     }
 
+    /// Forgets every entry and frees the pool's memory (an engine going to sleep); it grows
+    /// again as blocks are stored. Returns the bytes freed.
+    pub fn release(&mut self) -> i64 {
+        self.index.release();
+        self.pool.release()
+    }
+
     /// The longest chain of cached blocks that `tokens[..limit]` starts with (marked as just
     /// used).
     pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> Vec<u32> {

@@ -43,6 +43,17 @@ impl BlockPool {
         }
     }
 
+    /// Frees every layer's pool (nothing allocated, as new); returns the bytes freed.
+    pub fn release(&mut self) -> i64 {
+        let [kv, bs, hd] = self.shape;
+        let mut freed = 0;
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            freed += t.numel() as i64 * t.kind().elt_size_in_bytes() as i64;
+            *t = Tensor::zeros([0, kv, bs, hd], (self.kind, self.device));
+        }
+        freed
+    }
+
     fn blocks(&self) -> i64 {
         self.k.first().map_or(0, |t| t.size()[0])
     }

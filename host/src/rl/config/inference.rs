@@ -69,6 +69,19 @@ pub struct InferConfig {
     /// the model's key-and-value bytes per token).
     #[arg(long, value_name = "TOKENS")]
     pub kv_cache_tokens: Option<usize>,
+    /// Share of memory the prefix cache may take when `kv_cache_tokens` is unset: of the
+    /// device's free memory at start on CUDA, of the machine's memory on the CPU (at most 4 GiB
+    /// there). Lower it when a trainer shares the device.
+    #[arg(long, value_name = "FRACTION", default_value_t = crate::engine::DEFAULT_KV_CACHE_FRACTION)]
+    pub kv_cache_fraction: f64,
+    /// Sleep mode (vLLM's `--enable-sleep-mode`, level 1): the engine can release its KV slots
+    /// and prefix cache for a trainer sharing the device and take them back after. In `host
+    /// rl` the colocated engine then sleeps through every training step (which needs
+    /// `orchestrator.async_level = 0`: otherwise it generates during the step); `host
+    /// inference` serves `POST /sleep`, `POST /wake_up` and `GET /is_sleeping`.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub enable_sleep_mode: bool,
     /// Tokens per prefix-cache block: prefixes are reused in whole blocks.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -96,6 +109,8 @@ impl Default for InferConfig {
             threads: None,
             enable_prefix_caching: true,
             kv_cache_tokens: None,
+            kv_cache_fraction: crate::engine::DEFAULT_KV_CACHE_FRACTION,
+            enable_sleep_mode: false,
             block_size: 16,
             max_num_batched_tokens: 2048,
         }
@@ -162,6 +177,9 @@ impl InferConfig {
                 return Err(bad(key, "must be at least 1"));
             }
         }
+        if !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
+            return Err(bad("kv_cache_fraction", "must be in (0, 1]"));
+        }
         self.device
             .parse::<DeviceSpec>()
             .map_err(InferConfigError::Device)?;
@@ -194,6 +212,8 @@ impl InferConfig {
             threads,
             enable_prefix_caching,
             kv_cache_tokens,
+            kv_cache_fraction,
+            enable_sleep_mode,
             block_size,
             max_num_batched_tokens,
         } = self;
@@ -229,6 +249,8 @@ impl InferConfig {
                 max_queue: *max_queue,
                 prefix_caching: *enable_prefix_caching,
                 kv_cache_tokens: *kv_cache_tokens,
+                kv_cache_fraction: *kv_cache_fraction,
+                sleep_mode: *enable_sleep_mode,
                 block_size: *block_size,
                 max_num_batched_tokens: *max_num_batched_tokens,
                 threads: *threads,

@@ -527,6 +527,8 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             threads,
             enable_prefix_caching,
             kv_cache_tokens,
+            kv_cache_fraction,
+            enable_sleep_mode,
             block_size,
             max_num_batched_tokens,
         } = a;
@@ -559,6 +561,14 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             *enable_prefix_caching != b.enable_prefix_caching,
         );
         note("kv_cache_tokens", *kv_cache_tokens != b.kv_cache_tokens);
+        note(
+            "kv_cache_fraction",
+            *kv_cache_fraction != b.kv_cache_fraction,
+        );
+        note(
+            "enable_sleep_mode",
+            *enable_sleep_mode != b.enable_sleep_mode,
+        );
         note("block_size", *block_size != b.block_size);
         note(
             "max_num_batched_tokens",
@@ -614,6 +624,17 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
                 "orchestrator.client.weight_sync",
                 "picks how remote servers load weights, but orchestrator.client.base_urls is \
                  empty: the colocated engine takes the trainer's tensors in memory",
+            ));
+        }
+        if infer.enable_sleep_mode && orch.async_level > 0 {
+            return Err(refuse(
+                "inference.enable_sleep_mode",
+                &format!(
+                    "puts the engine to sleep through each training step, but \
+                     orchestrator.async_level = {} has it generate the next batches during the \
+                     step: set orchestrator.async_level = 0 with it",
+                    orch.async_level
+                ),
             ));
         }
         for key in ["host", "port"] {
