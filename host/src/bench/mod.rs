@@ -41,6 +41,28 @@ fn rss() -> (f64, f64) {
 }
 
 /// Runs `f`, returning its result, seconds and peak memory above the resident size at the start.
+/// Runs one side of a benchmark, turning a panic into its error: libtorch's panicking ops (the
+/// forward's) report running out of device memory by panicking, and that is the side's
+/// result, not the benchmark's end. An error is its chain; a panic its first line (at most 400
+/// characters).
+pub(crate) fn side_result(f: impl FnOnce() -> anyhow::Result<()>) -> Option<String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(crate::error_chain(e.as_ref())),
+        Err(panic) => {
+            let text = crate::chat::panic_message(panic.as_ref());
+            Some(
+                text.lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(400)
+                    .collect(),
+            )
+        }
+    }
+}
+
 pub(crate) fn measured<R>(f: impl FnOnce() -> R) -> anyhow::Result<(R, Cost)> {
     // Free memory the allocator keeps goes back to the system first, so what the work
     // allocates shows in the resident size even where it reuses freed space.

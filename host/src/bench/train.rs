@@ -198,63 +198,41 @@ pub fn rows(batch: usize, seq_len: usize, vocab: usize) -> Vec<Vec<u32>> {
 fn rlhost_side(o: &TrainBenchOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -> TrainSide {
     let poll = MemoryPoll::start(o.device);
     let mut side = TrainSide::default();
-    // libtorch's panicking ops (the forward's) report running out of device memory by panicking:
-    // caught, it is this side's result, not the benchmark's end.
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<()> {
-            progress("rlhost: the model (f32, random weights)");
-            let model = Qwen3::new(cfg.clone(), o.device, Kind::Float, 0)?;
-            let budget = o.micro_batch_tokens.unwrap_or(o.seq_len);
-            let mut trainer = Trainer::new(
-                model,
-                OptimConfig::default(),
-                Default::default(),
-                1.0,
-                budget,
-                o.steps + 1,
-            )?;
-            let samples: Vec<Sample> = rows(o.batch, o.seq_len, cfg.vocab_size as usize)
-                .into_iter()
-                .enumerate()
-                .map(|(group, ids)| Sample {
-                    mask: (0..ids.len()).map(|i| i > 0).collect(),
-                    old_logprobs: vec![0.0; ids.len()],
-                    ids,
-                    advantage: 1.0,
-                    group,
-                    turn_starts: Vec::new(),
-                })
-                .collect();
-            for step in 0..=o.steps {
-                progress(&format!("rlhost: step {step}/{}", o.steps));
-                let t = Instant::now();
-                let stats = trainer.step_with(&samples, Objective::Likelihood)?;
-                anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
-                if step > 0 {
-                    side.step_s.push(t.elapsed().as_secs_f64());
-                }
+    side.error = super::side_result(|| {
+        progress("rlhost: the model (f32, random weights)");
+        let model = Qwen3::new(cfg.clone(), o.device, Kind::Float, 0)?;
+        let budget = o.micro_batch_tokens.unwrap_or(o.seq_len);
+        let mut trainer = Trainer::new(
+            model,
+            OptimConfig::default(),
+            Default::default(),
+            1.0,
+            budget,
+            o.steps + 1,
+        )?;
+        let samples: Vec<Sample> = rows(o.batch, o.seq_len, cfg.vocab_size as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(group, ids)| Sample {
+                mask: (0..ids.len()).map(|i| i > 0).collect(),
+                old_logprobs: vec![0.0; ids.len()],
+                ids,
+                advantage: 1.0,
+                group,
+                turn_starts: Vec::new(),
+            })
+            .collect();
+        for step in 0..=o.steps {
+            progress(&format!("rlhost: step {step}/{}", o.steps));
+            let t = Instant::now();
+            let stats = trainer.step_with(&samples, Objective::Likelihood)?;
+            anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
+            if step > 0 {
+                side.step_s.push(t.elapsed().as_secs_f64());
             }
-            Ok(())
-        }));
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => side.error = Some(crate::error_chain(e.as_ref())),
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            side.error = Some(
-                text.lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(400)
-                    .collect(),
-            );
         }
-    }
+        Ok(())
+    });
     side.peak_memory_mib = poll.map(MemoryPoll::finish);
     side
 }

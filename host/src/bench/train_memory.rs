@@ -326,88 +326,72 @@ fn samples(o: &TrainMemoryOptions, cfg: &Qwen3Config) -> Vec<Sample> {
 /// Runs the steps and measures the first.
 fn measure(o: &TrainMemoryOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -> Measured {
     let mut out = Measured::default();
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<()> {
-            if o.device == tch::Device::Cpu && !map_large_blocks() {
-                tracing::warn!("could not set malloc's mmap threshold: freed heap blocks count");
-            }
-            progress(&format!("the model ({}, random weights)", o.precision));
-            let model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
-            let budget = o.seq_len * o.micro_batch;
-            let mut trainer = Trainer::new(
-                model,
-                OptimConfig::default(),
-                Default::default(),
-                1.0,
-                budget,
-                o.steps,
-            )?
-            .with_memory(MemoryOptions {
-                ac: o.ac,
-                optim_cpu_offload: o.offload,
-            });
-            let samples = samples(o, cfg);
-            let poll = crate::bench::train::MemoryPoll::start(o.device);
-            let before = match o.device {
-                tch::Device::Cuda(n) => crate::cuda::DeviceMemory::open(n)
-                    .and_then(|m| m.free_total())
-                    .map(|(free, total)| total - free)
-                    .ok(),
-                _ => {
-                    let now = resident().map(|(rss, _)| rss);
-                    anyhow::ensure!(
-                        reset_peak(),
-                        "cannot reset the peak (/proc/self/clear_refs)"
-                    );
-                    now
-                }
-            };
-            let before = before.context("reading the memory in use")?;
-            for step in 0..o.steps {
-                progress(&format!("step {}/{}", step + 1, o.steps));
-                let t = Instant::now();
-                let stats = trainer.step_with(&samples, Objective::Policy)?;
-                anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
-                out.step_s.push(t.elapsed().as_secs_f64());
-                if step == 0 {
-                    let peak = match &poll {
-                        Some(p) => p.peak_bytes(),
-                        None => resident().map(|(_, hwm)| hwm).unwrap_or(0),
-                    };
-                    let state = trainer.state_bytes();
-                    out.weights = state.weights;
-                    out.grads = state.grads;
-                    out.optimizer = state.optimizer;
-                    out.transient = peak.saturating_sub(before + state.grads);
-                    if o.device == tch::Device::Cpu {
-                        // The process held more than the trainer before the step (libtorch, the
-                        // binary): the device peak is the trainer's, not the process's.
-                        out.device_peak = state.weights
-                            + state.grads
-                            + if o.offload { 0 } else { state.optimizer }
-                            + out.transient;
-                    } else {
-                        out.device_peak = peak;
-                    }
-                }
-            }
-            Ok(())
-        }));
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => out.error = Some(crate::error_chain(e.as_ref())),
-        Err(panic) => {
-            let text = crate::chat::panic_message(panic.as_ref());
-            out.error = Some(
-                text.lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(400)
-                    .collect(),
-            );
+    out.error = super::side_result(|| {
+        if o.device == tch::Device::Cpu && !map_large_blocks() {
+            tracing::warn!("could not set malloc's mmap threshold: freed heap blocks count");
         }
-    }
+        progress(&format!("the model ({}, random weights)", o.precision));
+        let model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
+        let budget = o.seq_len * o.micro_batch;
+        let mut trainer = Trainer::new(
+            model,
+            OptimConfig::default(),
+            Default::default(),
+            1.0,
+            budget,
+            o.steps,
+        )?
+        .with_memory(MemoryOptions {
+            ac: o.ac,
+            optim_cpu_offload: o.offload,
+        });
+        let samples = samples(o, cfg);
+        let poll = crate::bench::train::MemoryPoll::start(o.device);
+        let before = match o.device {
+            tch::Device::Cuda(n) => crate::cuda::DeviceMemory::open(n)
+                .and_then(|m| m.free_total())
+                .map(|(free, total)| total - free)
+                .ok(),
+            _ => {
+                let now = resident().map(|(rss, _)| rss);
+                anyhow::ensure!(
+                    reset_peak(),
+                    "cannot reset the peak (/proc/self/clear_refs)"
+                );
+                now
+            }
+        };
+        let before = before.context("reading the memory in use")?;
+        for step in 0..o.steps {
+            progress(&format!("step {}/{}", step + 1, o.steps));
+            let t = Instant::now();
+            let stats = trainer.step_with(&samples, Objective::Policy)?;
+            anyhow::ensure!(stats.loss.is_finite(), "step {step}: loss {}", stats.loss);
+            out.step_s.push(t.elapsed().as_secs_f64());
+            if step == 0 {
+                let peak = match &poll {
+                    Some(p) => p.peak_bytes(),
+                    None => resident().map(|(_, hwm)| hwm).unwrap_or(0),
+                };
+                let state = trainer.state_bytes();
+                out.weights = state.weights;
+                out.grads = state.grads;
+                out.optimizer = state.optimizer;
+                out.transient = peak.saturating_sub(before + state.grads);
+                if o.device == tch::Device::Cpu {
+                    // The process held more than the trainer before the step (libtorch, the
+                    // binary): the device peak is the trainer's, not the process's.
+                    out.device_peak = state.weights
+                        + state.grads
+                        + if o.offload { 0 } else { state.optimizer }
+                        + out.transient;
+                } else {
+                    out.device_peak = peak;
+                }
+            }
+        }
+        Ok(())
+    });
     out
 }
 

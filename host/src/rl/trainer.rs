@@ -235,11 +235,8 @@ pub struct StateBytes {
     pub weights: u64,
     /// Their gradients.
     pub grads: u64,
-    /// AdamW's moments, f32 master weights and gradient sums (where
-    /// [`Trainer::optimizer_device`] says).
+    /// AdamW's moments, f32 master weights and gradient sums (in host memory when offloaded).
     pub optimizer: u64,
-    /// The frozen reference copy for a KL penalty.
-    pub reference: u64,
 }
 
 /// One parameter's optimiser state.
@@ -534,11 +531,6 @@ impl Trainer {
         }
     }
 
-    /// Where the optimiser's state lives.
-    pub fn optimizer_device(&self) -> tch::Device {
-        self.opt.state_device
-    }
-
     /// Bytes of the trainer's tensors by part, as allocated now (gradients exist after the
     /// first step).
     pub fn state_bytes(&self) -> StateBytes {
@@ -554,10 +546,6 @@ impl Trainer {
             out.optimizer += p.master.as_ref().map_or(0, bytes);
             out.optimizer += p.acc.as_ref().map_or(0, bytes);
         }
-        out.reference = self
-            .reference
-            .as_ref()
-            .map_or(0, |r| r.vs.variables().values().map(bytes).sum());
         out
     }
 

@@ -1003,6 +1003,79 @@ fn bench_train_measures_both_sides() {
     assert!(v["ratio"].as_f64().unwrap() > 0.0);
 }
 
+/// `host bench train-memory` on the tiny shape: a real f32 step with checkpointing and the
+/// optimiser offloaded, its parts measured (weights, gradients, two f32 moments: the model's
+/// parameter bytes, counted), a device peak below today's default step measured in a child
+/// process, and the accounting model projected to the real presets (their published parameter
+/// counts, every part growing with the size); bf16 halves the weights and `--model-only`
+/// projects without a step.
+#[test]
+fn bench_train_memory_measures_parts_and_projects_presets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str]| -> Value {
+        let stdout = common::run_ok(
+            common::host(tmp.path())
+                .args([
+                    "bench",
+                    "train-memory",
+                    "--preset",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                ])
+                .args(["--seq-len", "128", "--json"])
+                .args(extra),
+        );
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let v = bench(&["--dtype", "f32", "--ac", "full", "--offload", "--baseline"]);
+    let m = &v["measured"];
+    assert_eq!(m["error"], Value::Null, "{v:#}");
+    let params = Qwen3::new(
+        Qwen3Config::preset(Preset::Tiny),
+        Device::Cpu,
+        Kind::Float,
+        0,
+    )
+    .unwrap()
+    .vs
+    .variables()
+    .values()
+    .map(|t| t.numel() as u64)
+    .sum::<u64>();
+    let weights = m["weights"].as_u64().unwrap();
+    assert_eq!(weights, params * 4);
+    assert_eq!(m["grads"].as_u64().unwrap(), weights);
+    assert_eq!(m["optimizer"].as_u64().unwrap(), 2 * weights);
+    let peak = m["device_peak"].as_u64().unwrap();
+    assert!(peak > 2 * weights, "{v:#}");
+    let base = &v["baseline"];
+    assert_eq!(base["error"], Value::Null, "{v:#}");
+    assert!(base["device_peak"].as_u64().unwrap() > peak, "{v:#}");
+    let presets: Vec<(&str, u64)> = v["projections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["preset"].as_str().unwrap(),
+                p["parameters"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = presets.iter().map(|p| p.0).collect();
+    assert_eq!(names, ["0.6b", "1.7b", "4b", "8b"]);
+    // Qwen3-4B and -8B as published: 4.02 B and 8.19 B parameters.
+    assert_eq!(presets[2].1 / 10_000_000, 402);
+    assert_eq!(presets[3].1 / 10_000_000, 819);
+    assert!(presets.windows(2).all(|w| w[0].1 < w[1].1));
+    let bf16 = bench(&["--dtype", "bf16"]);
+    assert_eq!(bf16["measured"]["weights"].as_u64().unwrap(), params * 2);
+    let only = bench(&["--model-only"]);
+    assert_eq!(only["measured"], Value::Null, "{only:#}");
+    assert_eq!(only["projections"].as_array().unwrap().len(), 4);
+}
+
 /// Issue 18: connections that never finish their headers or bodies are closed at their deadlines,
 /// at most `--max-connections` are open at once, and a normal client still gets served.
 #[test]

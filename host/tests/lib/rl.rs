@@ -507,28 +507,8 @@ fn per_group_shared_prompts_are_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 12);
-    // (prompt length, rows): every prompt starts with the same 10 tokens, then its own.
-    let groups = [(40, 3), (24, 4), (60, 2), (30, 1)];
-    let head = tokens(90, 10);
-    let mut samples = Vec::new();
-    for (g, &(len, rows)) in groups.iter().enumerate() {
-        let mut prompt = head.clone();
-        prompt.extend(tokens(91 + g as u32, len - head.len()));
-        for k in 0..rows {
-            let mut ids = prompt.clone();
-            // Rows differ from their first generated token on.
-            ids.extend(tokens(200 + (g * 10 + k) as u32, 4 + (k * 7) % 13));
-            let n = ids.len();
-            samples.push(Sample {
-                mask: (0..n).map(|i| i >= len).collect(),
-                old_logprobs: (0..n).map(|i| -5.0 - (i % 4) as f32 * 0.4).collect(),
-                ids,
-                advantage: [1.0, -0.5, 0.25, -1.0][(g + k) % 4],
-                group: g,
-                turn_starts: Vec::new(),
-            });
-        }
-    }
+    // Every prompt starts with the same 10 tokens, then its own.
+    let mut samples = grouped_samples(&tokens(90, 10));
     // Rows of different groups interleaved: packing gathers them.
     samples.sort_by_key(|s| (s.ids.len() * 7919) % 31);
     let total: usize = samples.iter().map(|s| s.ids.len()).sum();
@@ -561,12 +541,13 @@ fn per_group_shared_prompts_are_exact() {
     }
 }
 
-/// Samples of the per-group test above: four groups sharing prompts of 24..60 tokens, rows of
-/// different lengths.
-fn grouped_samples() -> Vec<Sample> {
+/// Four groups (rows 3, 4, 2, 1) whose rows share prompts of 40, 24, 60 and 30 tokens (each
+/// starting with `head`), rows of different lengths.
+fn grouped_samples(head: &[u32]) -> Vec<Sample> {
     let mut samples = Vec::new();
     for (g, &(len, rows)) in [(40, 3), (24, 4), (60, 2), (30, 1)].iter().enumerate() {
-        let prompt = tokens(91 + g as u32, len);
+        let mut prompt = head.to_vec();
+        prompt.extend(tokens(91 + g as u32, len - head.len()));
         for k in 0..rows {
             let mut ids = prompt.clone();
             ids.extend(tokens(200 + (g * 10 + k) as u32, 4 + (k * 7) % 13));
@@ -595,7 +576,7 @@ fn activation_checkpointing_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 13);
-    let samples = grouped_samples();
+    let samples = grouped_samples(&[]);
     for (budget, objective) in [
         (4096, Objective::Policy),
         (100, Objective::Policy),
@@ -645,7 +626,7 @@ fn packed_training_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 14);
-    let mut samples = grouped_samples();
+    let mut samples = grouped_samples(&[]);
     let (_, mut merged) = rollout_samples(2, 0.75);
     merged.group = 9;
     samples.push(merged);
@@ -742,7 +723,7 @@ fn mixed_precision_follows_f32_and_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 14);
-    let samples = grouped_samples();
+    let samples = grouped_samples(&[]);
     let trainer = |kind: Kind, budget: usize| {
         Trainer::new(
             Qwen3::load(&dir, Device::Cpu, kind).unwrap(),
