@@ -97,6 +97,9 @@ pub struct StepLine {
     /// Tokens the trainer's forward passes covered, after merging turns and running each
     /// group's shared prompt once.
     pub train_tokens_computed: usize,
+    /// Padding positions the trainer ran besides (0 with `trainer.data.packing` but for
+    /// shared prompts of different lengths).
+    pub train_tokens_padding: usize,
     /// Prompt tokens the step's rollouts sent to the engine (every turn's prompt in full).
     pub prefill_tokens: u64,
     /// Of those, the tokens the engine computed: the rest came from its prefix cache.
@@ -204,6 +207,7 @@ impl StepLine {
             unmerged_rollouts: batch.unmerged_rollouts,
             sample_tokens: batch.sample_tokens,
             train_tokens_computed: stats.computed_tokens,
+            train_tokens_padding: stats.padding_tokens,
             prefill_tokens: batch.records.iter().map(|r| r.prompt_tokens).sum(),
             prefill_computed: batch
                 .records

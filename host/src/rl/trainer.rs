@@ -172,6 +172,9 @@ pub struct StepStats {
     pub shared_tokens: usize,
     /// Tokens the forward passes covered: every sample's tokens, less `shared_tokens`.
     pub computed_tokens: usize,
+    /// Padding positions the forward passes ran besides (rows right-padded to a micro-batch's
+    /// longest, shared prefixes to the longest of theirs): what packing saves.
+    pub padding_tokens: usize,
     /// The weights were not updated: a non-finite loss or gradient, or no trained tokens.
     pub skipped: bool,
 }
@@ -781,6 +784,13 @@ impl Trainer {
                 Batch::padded(samples, rows, &prefixes, &weights)
             };
             let shape = batch.shape;
+            let longest = prefixes.heads.iter().map(|h| h.len).max().unwrap_or(0);
+            stats.padding_tokens += batch.key.iter().filter(|&&k| k == 0).count()
+                + prefixes
+                    .heads
+                    .iter()
+                    .map(|h| longest - h.len)
+                    .sum::<usize>();
             let int = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
             let float = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
             let (ids, pos, tgt) = (int(&batch.ids), int(&batch.pos), int(&batch.tgt));

@@ -696,6 +696,11 @@ fn packed_training_is_exact() {
             let what = format!("{what}, step {step}");
             assert_same_step(&what, (&padded, &a), (&packed, &b));
             assert_eq!(share, b.shared_tokens > 0, "{what}");
+            // Packed rows have no padding (shared prompts of different lengths still do).
+            assert!(b.padding_tokens < a.padding_tokens, "{what}");
+            if !share {
+                assert_eq!(b.padding_tokens, 0, "{what}");
+            }
             if budget == 4096 {
                 assert_eq!((a.micro_batches, b.micro_batches), (1, 1), "{what}");
                 assert_eq!(a.computed_tokens, b.computed_tokens, "{what}");
