@@ -342,10 +342,16 @@ def install_arith(c):
                timeout=60)
 
 
-def grpo(c, model, steps, batch, rollouts, dtype, out, timeout):
+# The memory options of a colocated run (issue 39): packed micro-batches, checkpointing, and the
+# engine asleep through each training step (which needs generation not to run ahead).
+LEAN = ("--trainer.data.packing", "true", "--trainer.ac", "full", "--inference.enable-sleep-mode", "true",
+        "--orchestrator.async-level", 0)
+
+
+def grpo(c, model, steps, batch, rollouts, dtype, out, timeout, extra=()):
     """GRPO steps with the engine and the trainer both in `dtype` (f32: mismatch_kl is rounding)."""
     install_arith(c)
-    c.host("rl", "--plugin", "arith", "--model.name", model, "--output-dir", out,
+    c.host("rl", "--plugin", "arith", "--model.name", model, "--output-dir", out, *extra,
            "--trainer.max-steps", steps, "--orchestrator.max-steps", steps,
            "--orchestrator.batch-size", batch, "--orchestrator.rollouts-per-example", rollouts,
            "--inference.device", c.device, "--trainer.device", c.device, "--inference.dtype", dtype,
@@ -354,7 +360,7 @@ def grpo(c, model, steps, batch, rollouts, dtype, out, timeout):
            "--orchestrator.env[0].args", '{max_turns = 1, tools = "none"}', timeout=timeout)
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
     keep = ("step", "reward", "groups", "solve_all", "solve_none", "loss", "mismatch_kl", "grad_norm", "rollout_s", "train_s", "sync_s", "tokens_per_s",
-            "rollout_tokens_per_s")
+            "rollout_tokens_per_s", "train_tokens_computed", "train_tokens_padding", "engine_released_bytes")
     c.figure("steps", [{k: r.get(k) for k in keep} for r in rows])
     c.checked(f"{steps} GRPO steps on {c.device}", len(rows) == steps, len(rows))
     c.checked("finite losses", all(math.isfinite(r.get("loss", math.nan)) for r in rows),
@@ -369,6 +375,10 @@ def grpo(c, model, steps, batch, rollouts, dtype, out, timeout):
         c.say("  note: no group had reward variance (an untrained model): every advantage, so the policy "
               "gradient, was zero; sft exercised the backward pass")
         c.cur["note"] = "no group had reward variance: zero policy gradient (untrained model)"
+    if "--inference.enable-sleep-mode" in extra:
+        c.checked("the engine released its KV memory for every training step (sleep mode)",
+                  all((r.get("engine_released_bytes") or 0) > 0 for r in rows),
+                  [r.get("engine_released_bytes") for r in rows])
     kls = [r.get("mismatch_kl", math.nan) for r in rows]
     bound = 1e-3 if dtype == "f32" else 5e-2
     c.checked(f"mismatch_kl (engine {dtype} vs trainer {dtype}) finite and < {bound:g}",
@@ -509,7 +519,7 @@ def train_memory(c):
 
 
 def grpo_06b(c):
-    grpo(c, model_06b(c), 2, 8, 4, "bf16", os.path.join(c.work, "rl-06b"), 300)
+    grpo(c, model_06b(c), 2, 8, 4, "bf16", os.path.join(c.work, "rl-06b"), 300, extra=LEAN)
 
 
 def goal(c, key, value):
@@ -682,7 +692,8 @@ def main():
     c.step("rl", "host rl --plugin arith, 3 GRPO steps, trainer and engine on one device", lambda: rl(c), 240)
     c.step("speed", "engine vs transformers generate, 0.6B shape", lambda: speed(c), 300)
     c.step("train-4b", "a training step at the 4B shape: tokens/s, MFU, peak memory", lambda: train_4b(c), 240)
-    c.step("grpo-0.6b", "GRPO steps at the 0.6B shape", lambda: grpo_06b(c), 300, gpu_only=True)
+    c.step("grpo-0.6b", "GRPO steps at the 0.6B shape, packed, checkpointed, the engine asleep while the "
+           "trainer steps", lambda: grpo_06b(c), 300, gpu_only=True)
     c.step("train-memory", "a 4B training step at 8,192 tokens in bf16 with checkpointing, with and without "
            "optimizer offload: peak memory against the fitted model", lambda: train_memory(c), 420)
     c.write()
