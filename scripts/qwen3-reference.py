@@ -2,7 +2,12 @@
 """Hugging Face transformers as the reference for rlhost's Qwen3 (parity tests).
 
   create  --out DIR --seed N [--untied]      a tiny random Qwen3ForCausalLM, save_pretrained
-  run     --model DIR --inputs FILE --out F  logits, greedy continuation and log-probs
+  create-lora --model DIR --out DIR --seed N --rank R --alpha A --targets q_proj,...
+                                             a PEFT LoRA adapter on it, A and B random (B not
+                                             zero, unlike a fresh one), save_pretrained
+  run     --model DIR --inputs FILE --out F [--adapter DIR]
+                                             logits, greedy continuation and log-probs (with a
+                                             PEFT adapter loaded by peft's PeftModel)
   tokenize --model DIR --inputs FILE --out F AutoTokenizer: ids, decodings, chat renders
 
 `tokenize` inputs are JSON {"texts": [...], "conversations": [{"messages", "tools", "kwargs"}]};
@@ -38,10 +43,24 @@ def create(args):
     model.save_pretrained(args.out, safe_serialization=True)
 
 
+def create_lora(args):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(args.seed)
+    model = Qwen3ForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    cfg = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=args.targets.split(","),
+                     init_lora_weights=False, task_type="CAUSAL_LM")
+    get_peft_model(model, cfg).save_pretrained(args.out)
+
+
 def run(args):
     with open(args.inputs) as f:
         inp = json.load(f)
     model = Qwen3ForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter)
     model.eval()
     out = {}
     with torch.no_grad():
@@ -91,16 +110,24 @@ def main():
     c.add_argument("--out", required=True)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--untied", action="store_true")
+    cl = sub.add_parser("create-lora")
+    cl.add_argument("--model", required=True)
+    cl.add_argument("--out", required=True)
+    cl.add_argument("--seed", type=int, default=0)
+    cl.add_argument("--rank", type=int, default=4)
+    cl.add_argument("--alpha", type=float, default=8.0)
+    cl.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
     r = sub.add_parser("run")
     r.add_argument("--model", required=True)
     r.add_argument("--inputs", required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--adapter")
     t = sub.add_parser("tokenize")
     t.add_argument("--model", required=True)
     t.add_argument("--inputs", required=True)
     t.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"create": create, "run": run, "tokenize": tokenize}[args.cmd](args)
+    {"create": create, "create-lora": create_lora, "run": run, "tokenize": tokenize}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ else
   "$PYTHON" -m venv "$tmp"
   "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   (cd "$ROOT/scripts" && "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ")
-  "$tmp/bin/python" -c 'import torch, transformers, tokenizers, safetensors, math_verify, openai, anthropic, tensorboard, mlflow, prometheus_client; print("reference packages import: torch", torch.__version__, "transformers", transformers.__version__)'
+  "$tmp/bin/python" -c 'import torch, transformers, tokenizers, safetensors, math_verify, openai, anthropic, tensorboard, mlflow, prometheus_client, peft; print("reference packages import: torch", torch.__version__, "transformers", transformers.__version__)'
   if [ "$NAME" = bench ]; then "$tmp/bin/python" -c 'import trl; print("trl", trl.__version__)'; fi
   touch "$tmp/.complete"
   # venvs record their own path in scripts: build in place under the final name.

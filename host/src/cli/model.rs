@@ -79,6 +79,20 @@ enum ModelCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Fold a LoRA adapter (a PEFT folder: adapter_config.json + adapter_model.safetensors)
+    /// into its base model and write a plain model folder (the base's tokenizer and configs
+    /// copied): the outputs of base + adapter, for servers without LoRA.
+    MergeLora {
+        /// The base model folder the adapter was trained on.
+        #[arg(long)]
+        base: PathBuf,
+        /// The adapter's PEFT folder.
+        #[arg(long)]
+        adapter: PathBuf,
+        /// The folder to write (created; must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print a model folder's architecture, parameter count and dtype.
     Info {
         /// A model folder (config.json + safetensors) or a Hugging Face id (`Qwen/Qwen3-8B`),
@@ -157,6 +171,34 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
             untie(&model, &out)?;
             Ok(ExitCode::SUCCESS)
         }
+        ModelCommand::MergeLora { base, adapter, out } => {
+            let mut m = Qwen3::load(&base, tch::Device::Cpu, tch::Kind::Float)
+                .with_context(|| format!("loading --base {}", base.display()))?;
+            let lora =
+                crate::model::Lora::load_peft(&adapter, &m.cfg, tch::Device::Cpu, tch::Kind::Float)
+                    .with_context(|| format!("loading --adapter {}", adapter.display()))?;
+            let summary = format!(
+                "rank {}, alpha {}, on {}",
+                lora.config().rank,
+                lora.config().alpha,
+                lora.config()
+                    .target_modules
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            m.set_lora(Some(lora));
+            m.merge_lora();
+            rewrite(&base, &out, |tmp| Ok(m.save(tmp)?))?;
+            println!(
+                "wrote {}: {} with the adapter {} ({summary}) merged in",
+                out.display(),
+                base.display(),
+                adapter.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         ModelCommand::Info { model, check } => {
             let dir = crate::model::hub::resolve(&model)?;
             let cfg = Qwen3Config::load(&dir)?;
@@ -211,16 +253,37 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `host model untie`: `model` copied to `out` with an untied output layer; the other files
-/// (tokenizer, chat template, generation config) copied as they are. Written beside `out` and
-/// renamed into place, so a failure leaves no half folder.
+/// `host model untie`: `model` copied to `out` with an untied output layer.
 fn untie(model: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
-    if out.exists() {
-        anyhow::bail!("{} exists; choose another --out", out.display());
-    }
     let cfg = Qwen3Config::load(model)?;
     let m = Qwen3::load(model, tch::Device::Cpu, tch::Kind::Float)
         .with_context(|| format!("loading {}", model.display()))?;
+    rewrite(model, out, |tmp| Ok(m.save_untied(tmp)?))?;
+    println!(
+        "wrote {} with an untied output layer ({}; the same outputs as {})",
+        out.display(),
+        if cfg.tie_word_embeddings {
+            "lm_head.weight copied from the embedding"
+        } else {
+            "it was untied already"
+        },
+        model.display()
+    );
+    Ok(())
+}
+
+/// Writes `out` (which must not exist) as a copy of the model folder `model` whose weights and
+/// `config.json` `weights` writes; the other files (tokenizer, chat template, generation
+/// config) are copied as they are. Written beside `out` and renamed into place, so a failure
+/// leaves no half folder.
+fn rewrite(
+    model: &std::path::Path,
+    out: &std::path::Path,
+    weights: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if out.exists() {
+        anyhow::bail!("{} exists; choose another --out", out.display());
+    }
     let name = out
         .file_name()
         .with_context(|| format!("--out {} has no folder name", out.display()))?;
@@ -242,24 +305,12 @@ fn untie(model: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
             std::fs::copy(entry.path(), tmp.join(&*file))
                 .with_context(|| format!("copying {}", entry.path().display()))?;
         }
-        m.save_untied(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        weights(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, out).with_context(|| format!("renaming to {}", out.display()))?;
         Ok(())
     })();
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    written?;
-    println!(
-        "wrote {} with an untied output layer ({}; the same outputs as {})",
-        out.display(),
-        if cfg.tie_word_embeddings {
-            "lm_head.weight copied from the embedding"
-        } else {
-            "it was untied already"
-        },
-        model.display()
-    );
-    Ok(())
+    written
 }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod hub;
 pub mod kernels;
 pub mod kv;
+pub mod lora;
 pub mod qwen3;
 pub mod reasoning;
 pub mod safetensors;
@@ -19,6 +20,7 @@ pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
 pub use kernels::ProductKernel;
 pub use kv::{KvCache, SlotCache};
+pub use lora::{Lora, LoraConfig, LoraTarget};
 pub use qwen3::{Frame, Packed, Qwen3};
 pub use tokenizer::Tokenizer;
 

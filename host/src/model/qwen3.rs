@@ -24,6 +24,7 @@ use super::kernels::{
     product,
 };
 use super::kv::{KvCache, SlotCache};
+use super::lora::{Lora, LoraTarget};
 use super::{ModelError, Qwen3Config, safetensors};
 
 struct Layer {
@@ -98,6 +99,8 @@ pub struct Qwen3 {
     /// Set by [`Qwen3::use_small_product_kernels`]: f32 products of few rows on the CPU run
     /// through the kernel [`Qwen3::product_kernel`] picks.
     small_products: bool,
+    /// LoRA adapters added to the projections they name ([`Qwen3::set_lora`]).
+    lora: Option<Lora>,
 }
 
 impl Qwen3 {
@@ -214,6 +217,7 @@ impl Qwen3 {
             rope_sin,
             rope_rot,
             small_products: false,
+            lora: None,
             vs,
             cfg,
         })
@@ -306,6 +310,55 @@ impl Qwen3 {
             ProductKernel::OneDnn
         } else {
             ProductKernel::Blas
+        }
+    }
+
+    /// Adds LoRA adapters to the projections they name (`None` removes them): every forward
+    /// mode then computes `x Wᵀ + s · x Aᵀ Bᵀ` there, the base weights untouched.
+    pub fn set_lora(&mut self, lora: Option<Lora>) {
+        self.lora = lora;
+    }
+
+    /// The adapters, if any.
+    pub fn lora(&self) -> Option<&Lora> {
+        self.lora.as_ref()
+    }
+
+    /// Folds the adapters into the base weights (`W ← W + s · B A`, in the weights' dtype) and
+    /// drops them: the model then computes what it computed with them, as a plain model that
+    /// [`Qwen3::save`] writes (`host model merge-lora`).
+    pub fn merge_lora(&mut self) {
+        let Some(lora) = self.lora.take() else {
+            return;
+        };
+        tch::no_grad(|| {
+            for (i, l) in self.layers.iter().enumerate() {
+                for target in LoraTarget::ALL {
+                    let w = match target {
+                        LoraTarget::QProj => &l.q,
+                        LoraTarget::KProj => &l.k,
+                        LoraTarget::VProj => &l.v,
+                        LoraTarget::OProj => &l.o,
+                        LoraTarget::GateProj => &l.gate,
+                        LoraTarget::UpProj => &l.up,
+                        LoraTarget::DownProj => &l.down,
+                    };
+                    let merged = lora.merged(i, target, w);
+                    w.shallow_clone().copy_(&merged);
+                }
+            }
+        });
+    }
+
+    /// `y` plus layer `i`'s adapter on `target` applied to `x` (its input), if it has one.
+    fn adapted(&self, i: usize, target: LoraTarget, x: &Tensor, y: Tensor) -> Tensor {
+        match self
+            .lora
+            .as_ref()
+            .and_then(|lora| lora.delta(i, target, x, grad_enabled()))
+        {
+            Some(d) => y + d,
+            None => y,
         }
     }
 
@@ -747,6 +800,9 @@ impl Qwen3 {
                 self.project(&x, &l.v),
             ),
         };
+        let q = self.adapted(i, LoraTarget::QProj, &x, q);
+        let k = self.adapted(i, LoraTarget::KProj, &x, k);
+        let v = self.adapted(i, LoraTarget::VProj, &x, v);
         let q = self.rms_norm(&q.reshape([b, t, nh, hd]), &l.q_norm);
         let k = self.rms_norm(&k.reshape([b, t, nkv, hd]), &l.k_norm);
         let v = v.reshape([b, t, nkv, hd]).transpose(1, 2);
@@ -812,7 +868,7 @@ impl Qwen3 {
                 .transpose(1, 2)
                 .reshape([b, t, nh * hd])
         };
-        let h = h + self.project(&attn, &l.o);
+        let h = h + self.adapted(i, LoraTarget::OProj, &attn, self.project(&attn, &l.o));
         let x = self.rms_norm(&h, &l.post_norm);
         let (gate, up) = match &l.gate_up {
             Some(w) => {
@@ -822,7 +878,10 @@ impl Qwen3 {
             }
             None => (self.project(&x, &l.gate), self.project(&x, &l.up)),
         };
-        let mlp = self.project(&(gate.silu() * up), &l.down);
+        let gate = self.adapted(i, LoraTarget::GateProj, &x, gate);
+        let up = self.adapted(i, LoraTarget::UpProj, &x, up);
+        let act = gate.silu() * up;
+        let mlp = self.adapted(i, LoraTarget::DownProj, &act, self.project(&act, &l.down));
         h + mlp
     }
 

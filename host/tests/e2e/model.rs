@@ -331,3 +331,79 @@ fn untie_copies_a_model_with_the_same_outputs() {
     assert!(err.contains("exists"), "{err}");
     assert_eq!(std::fs::read(out.join("config.json")).unwrap(), before);
 }
+
+/// `host model merge-lora`: a PEFT adapter (all seven projections, B not zero) folded into its
+/// base gives a plain folder (tokenizer copied, no adapter files) whose logits are base +
+/// adapter's; an adapter of another shape, or an existing `--out`, is refused by name and
+/// nothing is written.
+#[test]
+fn merge_lora_writes_a_plain_model_with_the_adapters_outputs() {
+    use rlhost::model::{Lora, LoraConfig, LoraTarget, Qwen3, Qwen3Config};
+    use tch::{Device, Kind, Tensor};
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("tiny");
+    init_tiny(home.path(), &dir);
+    let cfg = Qwen3Config::load(&dir).unwrap();
+    let lora = Lora::new(
+        &cfg,
+        LoraConfig {
+            rank: 4,
+            target_modules: LoraTarget::ALL.to_vec(),
+            ..LoraConfig::default()
+        },
+        Device::Cpu,
+        Kind::Float,
+        2,
+    )
+    .unwrap();
+    tch::no_grad(|| {
+        for t in lora.tensors().values() {
+            t.shallow_clone().copy_(&(t.randn_like() * 0.2));
+        }
+    });
+    let adapter = home.path().join("adapter");
+    lora.save_peft(&adapter, dir.to_str().unwrap(), None)
+        .unwrap();
+    let out = home.path().join("merged");
+    let merge = |adapter: &Path, out: &Path| {
+        let mut cmd = host(home.path());
+        cmd.args(["model", "merge-lora", "--base"])
+            .arg(&dir)
+            .arg("--adapter")
+            .arg(adapter)
+            .arg("--out")
+            .arg(out);
+        cmd
+    };
+    let stdout = common::run_ok(&mut merge(&adapter, &out));
+    assert!(stdout.contains("rank 4"), "{stdout}");
+    assert!(out.join("tokenizer.json").is_file());
+    assert!(!out.join("adapter_config.json").exists());
+    let ids = Tensor::from_slice(&[5i64, 77, 300, 12, 9]).unsqueeze(0);
+    let pos = Tensor::arange(5, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+    let mut adapted = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let base_logits = tch::no_grad(|| adapted.forward(&ids, &pos, None, None));
+    adapted.set_lora(Some(lora));
+    let want = tch::no_grad(|| adapted.forward(&ids, &pos, None, None));
+    let merged = Qwen3::load(&out, Device::Cpu, Kind::Float).unwrap();
+    let got = tch::no_grad(|| merged.forward(&ids, &pos, None, None));
+    let d = (&want - &got).abs().max().double_value(&[]);
+    assert!(d <= 1e-5, "merged vs base + adapter: {d}");
+    assert!(
+        (&want - &base_logits).abs().max().double_value(&[]) > 1e-3,
+        "the adapter matters"
+    );
+    // Refusals: an existing --out, an adapter for another shape.
+    let err = run_err(&mut merge(&adapter, &out));
+    assert!(err.contains("exists"), "{err}");
+    let other = home.path().join("other-adapter");
+    let mut wide = cfg.clone();
+    wide.hidden_size *= 2;
+    Lora::new(&wide, LoraConfig::default(), Device::Cpu, Kind::Float, 1)
+        .unwrap()
+        .save_peft(&other, "wide", None)
+        .unwrap();
+    let err = run_err(&mut merge(&other, &home.path().join("never")));
+    assert!(err.contains("--adapter") && err.contains("lora_A"), "{err}");
+    assert!(!home.path().join("never").exists());
+}

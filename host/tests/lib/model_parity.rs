@@ -1,7 +1,9 @@
 //! Qwen3 parity with Hugging Face `transformers` (`Qwen3ForCausalLM`, in `.venv-ref`), both
 //! directions: models rlhost creates load in transformers, models transformers creates load in
 //! rlhost, and both give the same logits on a padded batch (f32, max |diff| ≤ 1e-4), the same
-//! greedy continuation (32 tokens, rlhost with its KV cache) and the same per-token log-probs.
+//! greedy continuation (32 tokens, rlhost with its KV cache) and the same per-token log-probs;
+//! and so with LoRA adapters in PEFT's format, written by either side and loaded by the other
+//! (`peft`'s `PeftModel`), and merged into the base.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,6 +62,11 @@ fn tensor(rows: &[Vec<i64>]) -> Tensor {
 
 /// Runs both implementations on the same inputs and compares.
 fn compare(python: &Path, dir: &Path) {
+    compare_with(python, dir, None);
+}
+
+/// [`compare`] with a PEFT LoRA adapter on both sides (rlhost's reader, `peft`'s `PeftModel`).
+fn compare_with(python: &Path, dir: &Path, adapter: Option<&Path>) {
     let (ids, mask, pos) = batch();
     let targets: Vec<Vec<i64>> = ids
         .iter()
@@ -74,22 +81,27 @@ fn compare(python: &Path, dir: &Path) {
     let inp = tmp.path().join("inputs.json");
     std::fs::write(&inp, inputs.to_string()).unwrap();
     let out = tmp.path().join("reference.safetensors");
-    reference(
-        python,
-        &[
-            "run",
-            "--model",
-            dir.to_str().unwrap(),
-            "--inputs",
-            inp.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec![
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if let Some(a) = adapter {
+        args.extend(["--adapter", a.to_str().unwrap()]);
+    }
+    reference(python, &args);
     let reference: std::collections::HashMap<String, Tensor> =
         safetensors::read(&out).unwrap().into_iter().collect();
 
-    let model = Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap();
+    let mut model = Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap();
+    if let Some(a) = adapter {
+        let lora = rlhost::model::Lora::load_peft(a, &model.cfg, Device::Cpu, Kind::Float).unwrap();
+        model.set_lora(Some(lora));
+    }
     let (ids_t, mask_t, pos_t) = (tensor(&ids), tensor(&mask), tensor(&pos));
     let logits = tch::no_grad(|| model.forward(&ids_t, &pos_t, Some(&mask_t), None));
     let valid = mask_t.to_kind(Kind::Bool).unsqueeze(-1);
@@ -375,5 +387,109 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
             g.defined() && g.abs().sum(Kind::Float).double_value(&[]) > 0.0,
             "{name} got no gradient through the small-product kernels"
         );
+    }
+}
+
+// ---- LoRA adapters (PEFT's format, peft as the reference) ----
+
+/// A base model and a random adapter on all seven projections, B not zero.
+fn adapted_model(dir: &Path) -> rlhost::model::Lora {
+    use rlhost::model::{Lora, LoraConfig, LoraTarget};
+    let cfg = rlhost::model::Qwen3Config::preset(rlhost::model::Preset::Tiny);
+    common::seeded_model(cfg.clone(), 7).save(dir).unwrap();
+    let lora = Lora::new(
+        &cfg,
+        LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            target_modules: LoraTarget::ALL.to_vec(),
+            ..LoraConfig::default()
+        },
+        Device::Cpu,
+        Kind::Float,
+        9,
+    )
+    .unwrap();
+    tch::no_grad(|| {
+        for t in lora.tensors().values() {
+            t.shallow_clone().copy_(&(t.randn_like() * 0.2));
+        }
+    });
+    lora
+}
+
+/// A PEFT folder rlhost writes, loaded by `peft` onto the transformers model, gives rlhost's
+/// logits, log-probs and greedy continuation; and merged into the base (`merge_lora`), the
+/// model computes the same, saved as a plain folder that transformers loads alike.
+#[test]
+fn rlhost_adapters_load_in_peft_and_agree_and_merge() {
+    let Some(python) = python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    let lora = adapted_model(&base);
+    let adapter = tmp.path().join("adapter");
+    lora.save_peft(&adapter, base.to_str().unwrap(), None)
+        .unwrap();
+    compare_with(&python, &base, Some(&adapter));
+    // Merged: the same logits as base + adapter, and a plain folder transformers agrees with.
+    let (ids, _, pos) = batch();
+    let (ids, pos) = (tensor(&ids), tensor(&pos));
+    let mut model = Qwen3::load(&base, Device::Cpu, Kind::Float).unwrap();
+    let without = tch::no_grad(|| model.forward(&ids, &pos, None, None));
+    model.set_lora(Some(
+        rlhost::model::Lora::load_peft(&adapter, &model.cfg, Device::Cpu, Kind::Float).unwrap(),
+    ));
+    let with = tch::no_grad(|| model.forward(&ids, &pos, None, None));
+    let moved = (&with - &without).abs().max().double_value(&[]);
+    assert!(moved > 1e-2, "the adapter changes the logits: {moved}");
+    model.merge_lora();
+    assert!(model.lora().is_none());
+    let merged = tch::no_grad(|| model.forward(&ids, &pos, None, None));
+    let d = (&with - &merged).abs().max().double_value(&[]);
+    assert!(d <= 1e-5, "merged vs adapted logits: {d}");
+    let out = tmp.path().join("merged");
+    model.save(&out).unwrap();
+    compare_with(&python, &out, None);
+}
+
+/// An adapter `peft` writes (random A and B, B not zero: not a fresh one), loaded by rlhost,
+/// gives transformers + peft's logits, log-probs and greedy continuation.
+#[test]
+fn peft_adapters_load_in_rlhost_and_agree() {
+    let Some(python) = python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    let cfg = rlhost::model::Qwen3Config::preset(rlhost::model::Preset::Tiny);
+    common::seeded_model(cfg, 8).save(&base).unwrap();
+    for (k, targets) in [
+        "q_proj,k_proj,v_proj,o_proj",
+        "q_proj,v_proj,gate_proj,up_proj,down_proj",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let adapter = tmp.path().join(format!("adapter-{k}"));
+        reference(
+            &python,
+            &[
+                "create-lora",
+                "--model",
+                base.to_str().unwrap(),
+                "--out",
+                adapter.to_str().unwrap(),
+                "--seed",
+                &format!("{}", 3 + k),
+                "--targets",
+                targets,
+            ],
+        );
+        // Not a fresh adapter: every B has values (else the parity would hold for any A).
+        let cfg = rlhost::model::Qwen3Config::load(&base).unwrap();
+        let lora =
+            rlhost::model::Lora::load_peft(&adapter, &cfg, Device::Cpu, Kind::Float).unwrap();
+        for (name, t) in lora.tensors() {
+            assert!(t.abs().max().double_value(&[]) > 0.0, "{name} is zero");
+        }
+        compare_with(&python, &base, Some(&adapter));
     }
 }

@@ -1,0 +1,602 @@
+//! LoRA adapters (Hu et al., 2021) on Qwen3's linear projections, read and written in PEFT's
+//! format.
+//!
+//! An adapted projection computes `x Wᵀ + s · dropout(x) Aᵀ Bᵀ` with `A` `[r, in]`, `B`
+//! `[out, r]` and `s = alpha / r` (`alpha / √r` with rsLoRA), as PEFT's `lora.Linear` does; the
+//! base weight `W` is not touched. A new adapter starts as PEFT's default (`A` Kaiming-uniform,
+//! `B` zero: the model is unchanged until it trains). A PEFT folder holds `adapter_config.json`
+//! and `adapter_model.safetensors` with PEFT's tensor names
+//! (`base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight`), which `peft` loads onto
+//! the transformers model and which rlhost loads from `peft`'s `save_pretrained`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use super::{ModelError, Qwen3Config, safetensors};
+
+/// The file of an adapter's settings in a PEFT folder.
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+/// The file of an adapter's tensors in a PEFT folder.
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+
+/// A linear projection of a decoder layer that LoRA can adapt, by PEFT's `target_modules` name.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    /// The attention's query projection.
+    #[value(name = "q_proj")]
+    QProj,
+    /// The attention's key projection.
+    #[value(name = "k_proj")]
+    KProj,
+    /// The attention's value projection.
+    #[value(name = "v_proj")]
+    VProj,
+    /// The attention's output projection.
+    #[value(name = "o_proj")]
+    OProj,
+    /// The MLP's gate projection.
+    #[value(name = "gate_proj")]
+    GateProj,
+    /// The MLP's up projection.
+    #[value(name = "up_proj")]
+    UpProj,
+    /// The MLP's down projection.
+    #[value(name = "down_proj")]
+    DownProj,
+}
+
+impl LoraTarget {
+    /// Every projection, in a layer's order.
+    pub const ALL: [Self; 7] = [
+        Self::QProj,
+        Self::KProj,
+        Self::VProj,
+        Self::OProj,
+        Self::GateProj,
+        Self::UpProj,
+        Self::DownProj,
+    ];
+
+    /// PEFT's name (`q_proj`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::QProj => "q_proj",
+            Self::KProj => "k_proj",
+            Self::VProj => "v_proj",
+            Self::OProj => "o_proj",
+            Self::GateProj => "gate_proj",
+            Self::UpProj => "up_proj",
+            Self::DownProj => "down_proj",
+        }
+    }
+
+    /// The projection by PEFT's name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Its module under a decoder layer (`self_attn.q_proj`).
+    pub fn module(self) -> String {
+        let block = match self {
+            Self::QProj | Self::KProj | Self::VProj | Self::OProj => "self_attn",
+            _ => "mlp",
+        };
+        format!("{block}.{}", self.name())
+    }
+
+    /// `(out, in)` of its weight in a model of `cfg`.
+    pub fn shape(self, cfg: &Qwen3Config) -> (i64, i64) {
+        let (h, q, kv, mlp) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.num_key_value_heads * cfg.head_dim,
+            cfg.intermediate_size,
+        );
+        match self {
+            Self::QProj => (q, h),
+            Self::KProj | Self::VProj => (kv, h),
+            Self::OProj => (h, q),
+            Self::GateProj | Self::UpProj => (mlp, h),
+            Self::DownProj => (h, mlp),
+        }
+    }
+}
+
+/// What an adapter is (the `[model.lora]` settings; PEFT's `LoraConfig` fields of the same
+/// names).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Rank `r` of each adapter.
+    pub rank: usize,
+    /// Scale numerator: the adapter's output is multiplied by `alpha / rank`
+    /// (`alpha / √rank` with `use_rslora`).
+    pub alpha: f64,
+    /// Dropout on an adapter's input while training (0: none).
+    pub dropout: f64,
+    /// The projections adapted in every layer. Default: the attention's four (`q_proj`,
+    /// `k_proj`, `v_proj`, `o_proj`): the original paper's finding that adapting attention
+    /// alone matches full fine-tuning at a few MB, and what prime-rl's and vLLM's examples
+    /// use; add the MLP's three for more capacity (about 3x the adapter's size at Qwen3's
+    /// shapes).
+    pub target_modules: Vec<LoraTarget>,
+    /// rsLoRA's scale `alpha / √rank` (stable at high ranks).
+    pub use_rslora: bool,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            target_modules: vec![
+                LoraTarget::QProj,
+                LoraTarget::KProj,
+                LoraTarget::VProj,
+                LoraTarget::OProj,
+            ],
+            use_rslora: false,
+        }
+    }
+}
+
+impl LoraConfig {
+    /// The factor of an adapter's output.
+    pub fn scale(&self) -> f64 {
+        match self.use_rslora {
+            true => self.alpha / (self.rank as f64).sqrt(),
+            false => self.alpha / self.rank as f64,
+        }
+    }
+
+    /// Checks the values, naming the key at fault.
+    pub fn check(&self) -> Result<(), String> {
+        if self.rank == 0 {
+            return Err("rank: must be at least 1".into());
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err("alpha: must be a positive number".into());
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err("dropout: must be in [0, 1)".into());
+        }
+        if self.target_modules.is_empty() {
+            return Err("target_modules: name at least one projection".into());
+        }
+        Ok(())
+    }
+}
+
+/// One projection's adapter.
+struct Adapter {
+    /// `[rank, in]`.
+    a: Tensor,
+    /// `[out, rank]`.
+    b: Tensor,
+}
+
+/// The adapters of a model: per layer, one per target projection.
+pub struct Lora {
+    cfg: LoraConfig,
+    layers: Vec<BTreeMap<LoraTarget, Adapter>>,
+    scale: f64,
+}
+
+/// PEFT's name of layer `layer`'s adapter tensor `part` (`lora_A` or `lora_B`) on `target`.
+fn peft_name(layer: usize, target: LoraTarget, part: &str) -> String {
+    format!(
+        "base_model.model.model.layers.{layer}.{}.{part}.weight",
+        target.module()
+    )
+}
+
+/// The fields of PEFT's `adapter_config.json` rlhost reads and writes; any other field PEFT
+/// writes must hold its default (what rlhost computes), else the adapter is refused.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct PeftConfig {
+    peft_type: String,
+    #[serde(default)]
+    task_type: Option<String>,
+    r: usize,
+    lora_alpha: f64,
+    #[serde(default)]
+    lora_dropout: f64,
+    target_modules: serde_json::Value,
+    #[serde(default)]
+    base_model_name_or_path: Option<String>,
+    #[serde(default)]
+    use_rslora: bool,
+    #[serde(flatten)]
+    rest: BTreeMap<String, serde_json::Value>,
+}
+
+impl Lora {
+    /// New adapters for a model of `model`'s shape, initialised as PEFT does by default (`A`
+    /// Kaiming-uniform with `a = √5`, i.e. uniform in `±1/√in`; `B` zero), deterministic for a
+    /// `seed`; trainable (they require gradients).
+    pub fn new(
+        model: &Qwen3Config,
+        cfg: LoraConfig,
+        device: Device,
+        kind: Kind,
+        seed: u64,
+    ) -> Result<Self, String> {
+        cfg.check()?;
+        tch::manual_seed(seed as i64);
+        let r = cfg.rank as i64;
+        let layers = (0..model.num_hidden_layers)
+            .map(|_| {
+                cfg.target_modules
+                    .iter()
+                    .map(|&t| {
+                        let (out, inp) = t.shape(model);
+                        let bound = 1.0 / (inp as f64).sqrt();
+                        let a = (Tensor::rand([r, inp], (Kind::Float, device)) * (2.0 * bound)
+                            - bound)
+                            .to_kind(kind);
+                        let b = Tensor::zeros([out, r], (kind, device));
+                        (
+                            t,
+                            Adapter {
+                                a: a.set_requires_grad(true),
+                                b: b.set_requires_grad(true),
+                            },
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Self {
+            scale: cfg.scale(),
+            cfg,
+            layers,
+        })
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &LoraConfig {
+        &self.cfg
+    }
+
+    /// The factor of an adapter's output (`alpha / rank`).
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Every adapter tensor under its PEFT name (handles to the tensors themselves: an
+    /// optimiser updating them updates the adapter).
+    pub fn tensors(&self) -> BTreeMap<String, Tensor> {
+        let mut out = BTreeMap::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (&t, ad) in layer {
+                out.insert(peft_name(i, t, "lora_A"), ad.a.shallow_clone());
+                out.insert(peft_name(i, t, "lora_B"), ad.b.shallow_clone());
+            }
+        }
+        out
+    }
+
+    /// Bytes of the adapter tensors.
+    pub fn bytes(&self) -> u64 {
+        self.tensors()
+            .values()
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum()
+    }
+
+    /// `s · dropout(x) Aᵀ Bᵀ` for layer `layer`'s `target` on `x` `[…, in]`, or `None` where it
+    /// has no adapter. Dropout applies when `train` and the rate is above 0.
+    pub fn delta(
+        &self,
+        layer: usize,
+        target: LoraTarget,
+        x: &Tensor,
+        train: bool,
+    ) -> Option<Tensor> {
+        let ad = self.layers.get(layer)?.get(&target)?;
+        let x = match train && self.cfg.dropout > 0.0 {
+            true => x.dropout(self.cfg.dropout, true),
+            false => x.shallow_clone(),
+        };
+        Some(x.matmul(&ad.a.tr()).matmul(&ad.b.tr()) * self.scale)
+    }
+
+    /// `W + s · B A`: layer `layer`'s `target` weight `w` with its adapter merged in (`w` itself
+    /// where it has none), in `w`'s dtype (the product in f32).
+    pub fn merged(&self, layer: usize, target: LoraTarget, w: &Tensor) -> Tensor {
+        match self.layers.get(layer).and_then(|l| l.get(&target)) {
+            Some(ad) => tch::no_grad(|| {
+                let delta =
+                    ad.b.to_kind(Kind::Float).matmul(&ad.a.to_kind(Kind::Float)) * self.scale;
+                (w.to_kind(Kind::Float) + delta.to_device(w.device())).to_kind(w.kind())
+            }),
+            None => w.shallow_clone(),
+        }
+    }
+
+    /// Copies `other`'s values into these adapters (same settings and shapes): how an engine
+    /// takes a trainer's new adapter without new tensors.
+    pub fn assign(&self, other: &Lora) -> Result<(), ModelError> {
+        let (mine, theirs) = (self.tensors(), other.tensors());
+        for (name, t) in &mine {
+            let src = theirs.get(name).ok_or_else(|| ModelError::Missing {
+                name: name.clone(),
+                expected: t.size(),
+            })?;
+            if src.size() != t.size() {
+                return Err(ModelError::Shape {
+                    name: name.clone(),
+                    found: src.size(),
+                    expected: t.size(),
+                });
+            }
+        }
+        tch::no_grad(|| {
+            for (name, t) in &mine {
+                t.shallow_clone().copy_(&theirs[name]);
+            }
+        });
+        Ok(())
+    }
+
+    /// Writes a PEFT folder at `dir` (replaced as a whole, atomically): `adapter_config.json`
+    /// naming `base` as the base model, and `adapter_model.safetensors` in `kind` (the
+    /// adapters' own dtype when `None`).
+    pub fn save_peft(&self, dir: &Path, base: &str, kind: Option<Kind>) -> Result<(), ModelError> {
+        let io = |path: &Path, e: std::io::Error| ModelError::Io {
+            path: path.to_owned(),
+            message: e.to_string(),
+        };
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "adapter".into());
+        let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        let config = PeftConfig {
+            peft_type: "LORA".into(),
+            task_type: Some("CAUSAL_LM".into()),
+            r: self.cfg.rank,
+            lora_alpha: self.cfg.alpha,
+            lora_dropout: self.cfg.dropout,
+            target_modules: serde_json::json!(
+                self.cfg
+                    .target_modules
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+            ),
+            base_model_name_or_path: Some(base.to_owned()),
+            use_rslora: self.cfg.use_rslora,
+            rest: [
+                ("bias", serde_json::json!("none")),
+                ("fan_in_fan_out", serde_json::json!(false)),
+                ("inference_mode", serde_json::json!(true)),
+                ("init_lora_weights", serde_json::json!(true)),
+                ("modules_to_save", serde_json::Value::Null),
+                ("layers_to_transform", serde_json::Value::Null),
+                ("use_dora", serde_json::json!(false)),
+                ("rank_pattern", serde_json::json!({})),
+                ("alpha_pattern", serde_json::json!({})),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        };
+        let path = tmp.join(ADAPTER_CONFIG);
+        let text = serde_json::to_string_pretty(&config).expect("the config serialises");
+        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+        let tensors: Vec<(String, Tensor)> = self.tensors().into_iter().collect();
+        safetensors::write(&tmp.join(ADAPTER_WEIGHTS), &tensors, kind)?;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| io(dir, e))
+    }
+
+    /// Reads a PEFT LoRA folder for a model of `model`'s shape onto `device` in `kind`. Settings
+    /// rlhost does not compute (DoRA, biases, per-module ranks, saved modules, some layers
+    /// only, other module names) are refused by name, as are missing, misshapen or unexpected
+    /// tensors. The adapters are trainable.
+    pub fn load_peft(
+        dir: &Path,
+        model: &Qwen3Config,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self, ModelError> {
+        let config_path = dir.join(ADAPTER_CONFIG);
+        let bad = |message: String| ModelError::Config {
+            path: config_path.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::Io {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let peft: PeftConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if peft.peft_type != "LORA" {
+            return Err(bad(format!(
+                "peft_type {:?}: only LORA adapters are read",
+                peft.peft_type
+            )));
+        }
+        for (key, value) in &peft.rest {
+            let neutral = match key.as_str() {
+                "bias" => value == "none",
+                "use_dora" | "fan_in_fan_out" => value == false,
+                "modules_to_save"
+                | "layers_to_transform"
+                | "layers_pattern"
+                | "loftq_config"
+                | "eva_config"
+                | "corda_config"
+                | "exclude_modules"
+                | "trainable_token_indices"
+                | "layer_replication" => value.is_null() || value == &serde_json::json!({}),
+                "rank_pattern" | "alpha_pattern" => {
+                    value.is_null() || value.as_object().is_some_and(|m| m.is_empty())
+                }
+                // Read-only descriptions, or how an adapter was initialised (its tensors say
+                // the rest).
+                _ => true,
+            };
+            if !neutral {
+                return Err(bad(format!(
+                    "{key} = {value}: not supported (rlhost computes plain LoRA on the named \
+                     projections of every layer)"
+                )));
+            }
+        }
+        let names: Vec<String> = match &peft.target_modules {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Array(a) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("target_modules: a list of names".into()))?,
+            other => return Err(bad(format!("target_modules = {other}: a list of names"))),
+        };
+        let mut targets = Vec::new();
+        for n in &names {
+            let t = LoraTarget::from_name(n).ok_or_else(|| {
+                bad(format!(
+                    "target_modules: {n:?} is not one of {}",
+                    LoraTarget::ALL.map(|t| t.name()).join(", ")
+                ))
+            })?;
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+        targets.sort();
+        let cfg = LoraConfig {
+            rank: peft.r,
+            alpha: peft.lora_alpha,
+            dropout: peft.lora_dropout,
+            target_modules: targets,
+            use_rslora: peft.use_rslora,
+        };
+        cfg.check().map_err(bad)?;
+        let weights_path: PathBuf = dir.join(ADAPTER_WEIGHTS);
+        let mut found: BTreeMap<String, Tensor> =
+            safetensors::read(&weights_path)?.into_iter().collect();
+        let r = cfg.rank as i64;
+        let mut take = |name: String, shape: [i64; 2]| -> Result<Tensor, ModelError> {
+            let t = found.remove(&name).ok_or_else(|| ModelError::Missing {
+                name: name.clone(),
+                expected: shape.to_vec(),
+            })?;
+            if t.size() != shape {
+                return Err(ModelError::Shape {
+                    name,
+                    found: t.size(),
+                    expected: shape.to_vec(),
+                });
+            }
+            Ok(t.to_device(device).to_kind(kind).set_requires_grad(true))
+        };
+        let mut layers = Vec::new();
+        for i in 0..model.num_hidden_layers as usize {
+            let mut layer = BTreeMap::new();
+            for &t in &cfg.target_modules {
+                let (out, inp) = t.shape(model);
+                let a = take(peft_name(i, t, "lora_A"), [r, inp])?;
+                let b = take(peft_name(i, t, "lora_B"), [out, r])?;
+                layer.insert(t, Adapter { a, b });
+            }
+            layers.push(layer);
+        }
+        if !found.is_empty() {
+            let names: Vec<&str> = found.keys().map(String::as_str).take(5).collect();
+            return Err(ModelError::Unexpected(format!(
+                "{} in {} ({} in all)",
+                names.join(", "),
+                weights_path.display(),
+                found.len()
+            )));
+        }
+        Ok(Self {
+            scale: cfg.scale(),
+            cfg,
+            layers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Preset;
+
+    /// A saved adapter reads back the same (names, shapes, values, settings); settings rlhost
+    /// does not compute are refused by name; a new adapter changes nothing until `B` moves.
+    #[test]
+    fn peft_folders_round_trip_and_unsupported_settings_are_refused() {
+        let cfg = Qwen3Config::preset(Preset::Tiny);
+        let lora = Lora::new(
+            &cfg,
+            LoraConfig {
+                target_modules: vec![LoraTarget::QProj, LoraTarget::DownProj],
+                ..LoraConfig::default()
+            },
+            Device::Cpu,
+            Kind::Float,
+            3,
+        )
+        .unwrap();
+        let x = Tensor::randn([2, 5, cfg.hidden_size], (Kind::Float, Device::Cpu));
+        let d = lora.delta(0, LoraTarget::QProj, &x, false).unwrap();
+        assert_eq!(d.abs().max().double_value(&[]), 0.0, "B starts at zero");
+        assert!(lora.delta(0, LoraTarget::KProj, &x, false).is_none());
+        tch::no_grad(|| {
+            for t in lora.tensors().values() {
+                t.shallow_clone().copy_(&t.randn_like());
+            }
+        });
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("adapter");
+        lora.save_peft(&dir, "tiny", None).unwrap();
+        let back = Lora::load_peft(&dir, &cfg, Device::Cpu, Kind::Float).unwrap();
+        assert_eq!(back.config(), lora.config());
+        let (a, b) = (lora.tensors(), back.tensors());
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        assert!(a.contains_key("base_model.model.model.layers.3.mlp.down_proj.lora_B.weight"));
+        for (name, t) in &a {
+            assert!(t.equal(&b[name]), "{name}");
+        }
+        let text = std::fs::read_to_string(dir.join(ADAPTER_CONFIG)).unwrap();
+        for (from, to, culprit) in [
+            ("\"use_dora\": false", "\"use_dora\": true", "use_dora"),
+            ("\"bias\": \"none\"", "\"bias\": \"all\"", "bias"),
+            ("\"q_proj\"", "\"embed_tokens\"", "embed_tokens"),
+        ] {
+            assert!(text.contains(from), "{text}");
+            std::fs::write(dir.join(ADAPTER_CONFIG), text.replace(from, to)).unwrap();
+            let err = Lora::load_peft(&dir, &cfg, Device::Cpu, Kind::Float)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains(culprit), "{err}");
+        }
+    }
+}
