@@ -79,11 +79,46 @@ pub struct SftArgs {
     /// `trainer.data.packing`.
     #[arg(long)]
     packing: bool,
+    /// LoRA: train low-rank adapters of this rank instead of every weight (0: full
+    /// fine-tuning). The output folder is then a PEFT adapter (`adapter_config.json`,
+    /// `adapter_model.safetensors`) for the base model; `host model merge-lora` folds it in.
+    #[arg(long = "lora.rank", default_value_t = 0)]
+    lora_rank: usize,
+    /// LoRA's scale numerator: adapters' outputs are multiplied by `alpha / rank`.
+    #[arg(long = "lora.alpha", default_value_t = 32.0)]
+    lora_alpha: f64,
+    /// Dropout on the adapters' inputs while training (refused with `--ac`: the recomputed
+    /// layers would draw other masks).
+    #[arg(long = "lora.dropout", default_value_t = 0.0)]
+    lora_dropout: f64,
+    /// The projections adapted in every layer (comma-separated; the attention's four by
+    /// default).
+    #[arg(
+        long = "lora.target-modules",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "q_proj,k_proj,v_proj,o_proj"
+    )]
+    lora_target_modules: Vec<crate::model::LoraTarget>,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
     #[command(flatten)]
     #[serde(skip)]
     monitor: crate::monitor::MonitorConfig,
+}
+
+/// Writes the trained model to `dir`: a model folder, or with LoRA a PEFT adapter folder.
+fn save(model: &Qwen3, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
+    match model.lora() {
+        Some(lora) => {
+            std::fs::create_dir_all(dir).map_err(|e| crate::model::ModelError::Io {
+                path: dir.to_owned(),
+                message: e.to_string(),
+            })?;
+            lora.write_peft(dir, lora.base().unwrap_or_default(), None)
+        }
+        None => model.save(dir),
+    }
 }
 
 pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
@@ -132,7 +167,28 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         convs.len()
     );
     let precision = crate::device::Precision::for_training(&a.dtype, device).context("--dtype")?;
-    let model = Qwen3::load(&dir, device, precision.kind())?;
+    let mut model = Qwen3::load(&dir, device, precision.kind())?;
+    if a.lora_rank > 0 {
+        if a.lora_dropout > 0.0 && a.ac != crate::rl::trainer::Checkpointing::None {
+            anyhow::bail!(
+                "--lora.dropout {} with --ac {:?}: a recomputed layer would draw another dropout \
+                 mask than its first pass (inexact gradients); use one or the other",
+                a.lora_dropout,
+                a.ac
+            );
+        }
+        let cfg = crate::model::LoraConfig {
+            rank: a.lora_rank,
+            alpha: a.lora_alpha,
+            dropout: a.lora_dropout,
+            target_modules: a.lora_target_modules.clone(),
+            use_rslora: false,
+        };
+        let lora = crate::model::Lora::new(&model.cfg, cfg, device, precision.kind(), a.seed)
+            .map_err(|e| anyhow::anyhow!("--lora.{e}"))?
+            .with_base(dir.display().to_string());
+        model.set_lora(Some(lora));
+    }
     let optim = OptimConfig {
         lr: a.lr,
         warmup_steps: a.warmup,
@@ -221,13 +277,13 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         }
         if a.save_every > 0 && step % a.save_every == 0 && step < a.steps {
             let dir_n = a.out.join(format!("step-{step}"));
-            trainer.model.save(&dir_n)?;
+            save(&trainer.model, &dir_n)?;
             crate::model::tokenizer::copy_files(&dir, &dir_n)?;
         }
         Ok(())
     })?;
     bar.finish_and_clear();
-    trainer.model.save(&a.out)?;
+    save(&trainer.model, &a.out)?;
     crate::model::tokenizer::copy_files(&dir, &a.out)?;
     println!(
         "sft: loss {:.4} -> {:.4}; wrote {}",

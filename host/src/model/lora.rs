@@ -197,6 +197,8 @@ pub struct Lora {
     cfg: LoraConfig,
     layers: Vec<BTreeMap<LoraTarget, Adapter>>,
     scale: f64,
+    /// The base model it adapts (PEFT's `base_model_name_or_path`), when known.
+    base: Option<String>,
 }
 
 /// PEFT's name of layer `layer`'s adapter tensor `part` (`lora_A` or `lora_B`) on `target`.
@@ -267,7 +269,19 @@ impl Lora {
             scale: cfg.scale(),
             cfg,
             layers,
+            base: None,
         })
+    }
+
+    /// The same adapters, noting the base model they adapt (written to PEFT folders).
+    pub fn with_base(mut self, base: impl Into<String>) -> Self {
+        self.base = Some(base.into());
+        self
+    }
+
+    /// The base model it adapts, when known.
+    pub fn base(&self) -> Option<&str> {
+        self.base.as_deref()
     }
 
     /// Its settings.
@@ -373,6 +387,16 @@ impl Lora {
         let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        self.write_peft(&tmp, base, kind)?;
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| io(dir, e))
+    }
+
+    /// Writes PEFT's two files into the existing folder `dir` (each atomically; other files
+    /// stay): a checkpoint's adapter beside its optimiser state.
+    pub fn write_peft(&self, dir: &Path, base: &str, kind: Option<Kind>) -> Result<(), ModelError> {
         let config = PeftConfig {
             peft_type: "LORA".into(),
             task_type: Some("CAUSAL_LM".into()),
@@ -403,15 +427,14 @@ impl Lora {
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
         };
-        let path = tmp.join(ADAPTER_CONFIG);
+        let path = dir.join(ADAPTER_CONFIG);
         let text = serde_json::to_string_pretty(&config).expect("the config serialises");
-        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+        rlhost_fs::write_atomically(&path, text.as_bytes()).map_err(|e| ModelError::Io {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         let tensors: Vec<(String, Tensor)> = self.tensors().into_iter().collect();
-        safetensors::write(&tmp.join(ADAPTER_WEIGHTS), &tensors, kind)?;
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).map_err(|e| io(dir, e))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(|e| io(dir, e))
+        safetensors::write(&dir.join(ADAPTER_WEIGHTS), &tensors, kind)
     }
 
     /// Reads a PEFT LoRA folder for a model of `model`'s shape onto `device` in `kind`. Settings
@@ -539,6 +562,7 @@ impl Lora {
             scale: cfg.scale(),
             cfg,
             layers,
+            base: peft.base_model_name_or_path.filter(|b| !b.is_empty()),
         })
     }
 }

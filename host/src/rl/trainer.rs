@@ -272,8 +272,13 @@ struct AdamW {
 }
 
 impl AdamW {
+    /// The optimiser of `model`'s trainable tensors: its LoRA adapters when it has them (the
+    /// base is frozen: no gradients, no state), else every weight.
     fn new(model: &Qwen3, offload: bool) -> Self {
-        let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+        let mut vars: Vec<(String, Tensor)> = match model.lora() {
+            Some(lora) => lora.tensors().into_iter().collect(),
+            None => model.vs.variables().into_iter().collect(),
+        };
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let state_device = if offload {
             tch::Device::Cpu
@@ -477,9 +482,11 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer of `model` for `total_steps` steps.
+    /// A trainer of `model` for `total_steps` steps. A model with LoRA adapters
+    /// ([`Qwen3::set_lora`]) trains them alone: its base weights are frozen (no gradients, no
+    /// optimiser state) and stay bit-identical.
     pub fn new(
-        model: Qwen3,
+        mut model: Qwen3,
         optim: OptimConfig,
         loss: LossConfig,
         temperature: f64,
@@ -487,6 +494,9 @@ impl Trainer {
         total_steps: usize,
     ) -> Result<Self, TrainError> {
         loss.check().map_err(TrainError::Loss)?;
+        if model.lora().is_some() {
+            model.vs.freeze();
+        }
         let opt = AdamW::new(&model, false);
         let reference = if loss.needs_initial_reference() {
             Some(model.frozen_copy()?)
@@ -552,8 +562,16 @@ impl Trainer {
         out
     }
 
-    /// The current weights under their HF names (shallow handles, for the engine to copy).
+    /// The current weights under their HF names (shallow handles, for the engine to copy). With
+    /// LoRA, the adapters under PEFT's names.
     pub fn weights(&self) -> BTreeMap<String, Tensor> {
+        if let Some(lora) = self.model.lora() {
+            return lora
+                .tensors()
+                .into_iter()
+                .map(|(k, v)| (k, v.detach()))
+                .collect();
+        }
         self.model
             .vs
             .variables()
@@ -563,10 +581,20 @@ impl Trainer {
     }
 
     /// Saves the trainer's state into `dir`: the policy as a Hugging Face folder (loadable by
-    /// the engine and transformers), the optimiser moments (`optimizer.safetensors`) and the
-    /// step counters (`trainer_state.json`). Each file is written atomically.
+    /// the engine and transformers) or, with LoRA, its adapters as a PEFT folder (the base is
+    /// unchanged), the optimiser moments (`optimizer.safetensors`) and the step counters
+    /// (`trainer_state.json`). Each file is written atomically.
     pub fn save(&self, dir: &std::path::Path) -> Result<(), crate::model::ModelError> {
-        self.model.save(dir)?;
+        match self.model.lora() {
+            Some(lora) => {
+                std::fs::create_dir_all(dir).map_err(|e| crate::model::ModelError::Io {
+                    path: dir.to_owned(),
+                    message: e.to_string(),
+                })?;
+                lora.write_peft(dir, lora.base().unwrap_or_default(), None)?;
+            }
+            None => self.model.save(dir)?,
+        }
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         for p in &self.opt.params {
             tensors.push((format!("{}.exp_avg", p.name), p.m.shallow_clone()));
@@ -598,7 +626,15 @@ impl Trainer {
             path: dir.to_owned(),
             message,
         };
-        self.model.update_from_dir(dir)?;
+        match self.model.lora() {
+            Some(lora) => {
+                let device = self.model.vs.device();
+                let saved =
+                    crate::model::Lora::load_peft(dir, &self.model.cfg, device, lora_kind(lora))?;
+                lora.assign(&saved)?;
+            }
+            None => self.model.update_from_dir(dir)?,
+        }
         let mut moments: BTreeMap<String, Tensor> =
             crate::model::safetensors::read(&dir.join("optimizer.safetensors"))?
                 .into_iter()
@@ -906,6 +942,14 @@ impl Trainer {
         self.step += 1;
         Ok(stats)
     }
+}
+
+/// The dtype adapters are held in.
+fn lora_kind(lora: &crate::model::Lora) -> Kind {
+    lora.tensors()
+        .values()
+        .next()
+        .map_or(Kind::Float, Tensor::kind)
 }
 
 /// Packs sample indices into micro-batches of at most `budget` padded tokens (rows × longest):
@@ -1386,9 +1430,11 @@ impl Forward {
                 .f_backward()?;
             (grad_head, grad_rows) = input.grads();
         }
-        pass.embed(model)
-            .against(grad_head.as_ref(), &grad_rows)
-            .f_backward()?;
+        // Into the embedding, unless it is frozen (LoRA: nothing below the layers learns).
+        let into_embedding = pass.embed(model).against(grad_head.as_ref(), &grad_rows);
+        if into_embedding.requires_grad() {
+            into_embedding.f_backward()?;
+        }
         Ok(())
     }
 }

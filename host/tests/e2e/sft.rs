@@ -167,6 +167,43 @@ fn teacher_traces_warm_start_a_tiny_model() {
         "lean",
     );
     assert_eq!(plain, lean);
+    // LoRA: the adapters alone train and the loss falls; the output is a PEFT folder for the
+    // base, which `host model merge-lora` folds in.
+    let lora = losses(
+        &[
+            "--dtype",
+            "f32",
+            "--lora.rank",
+            "8",
+            "--lora.target-modules",
+            "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        ],
+        "lora",
+    );
+    let loss_of = |line: &str| -> f64 {
+        line.split("loss ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(loss_of(&lora[3]) < loss_of(&lora[0]), "{lora:?}");
+    let adapter = tmp.path().join("lora");
+    assert!(adapter.join("adapter_config.json").is_file());
+    assert!(!adapter.join("model.safetensors").exists());
+    common::run_ok(
+        common::host(&home)
+            .args(["model", "merge-lora", "--base"])
+            .arg(&base)
+            .arg("--adapter")
+            .arg(&adapter)
+            .arg("--out")
+            .arg(tmp.path().join("lora-merged")),
+    );
+    assert!(tmp.path().join("lora-merged/model.safetensors").is_file());
     let out = common::run(
         common::host(&home)
             .args(["sft", "--dtype", "f16", "--data"])
