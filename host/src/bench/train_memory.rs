@@ -54,6 +54,30 @@ pub struct TrainMemoryOptions {
     /// The layer values' scale to use instead of fitting one (from another run: the report then
     /// sets the model's prediction against the measured peak).
     pub scale: Option<f64>,
+    /// LoRA adapters of this rank on the attention's projections (`LoraConfig`'s default
+    /// targets) train instead of every weight.
+    pub lora: Option<usize>,
+}
+
+/// The adapters `--lora RANK` trains.
+fn lora_config(rank: usize) -> crate::model::LoraConfig {
+    crate::model::LoraConfig {
+        rank,
+        ..crate::model::LoraConfig::default()
+    }
+}
+
+/// Parameters of `rank`'s adapters on a model of `cfg`'s shape.
+fn adapter_parameters(cfg: &Qwen3Config, rank: usize) -> u64 {
+    let per_layer: i64 = lora_config(rank)
+        .target_modules
+        .iter()
+        .map(|t| {
+            let (out, inp) = t.shape(cfg);
+            rank as i64 * (out + inp)
+        })
+        .sum();
+    (per_layer * cfg.num_hidden_layers) as u64
 }
 
 /// Bytes by part.
@@ -167,6 +191,8 @@ pub struct TrainMemoryReport {
     pub seq_len: usize,
     /// Rows per micro-batch.
     pub micro_batch: usize,
+    /// The LoRA rank trained (`None`: every weight).
+    pub lora: Option<usize>,
     /// The measured step, unless `--model-only`.
     pub measured: Option<Measured>,
     /// The accounting model's parts for the measured preset, activations at the fitted scale.
@@ -233,10 +259,17 @@ fn model_parts(cfg: &Qwen3Config, o: &TrainMemoryOptions, scale: f64) -> Parts {
     } else {
         (3 * chunk + tokens * hidden * 4 + copy).max(2 * chunk + 2 * copy)
     };
+    // With LoRA the base is frozen: gradients and optimizer state for the adapters alone (the
+    // activations stay: the backward pass runs through every layer to reach them).
+    let trained = match o.lora {
+        Some(rank) => adapter_parameters(cfg, rank),
+        None => params,
+    };
+    let adapters = o.lora.map_or(0, |rank| adapter_parameters(cfg, rank));
     Parts {
-        weights: params * width,
-        grads: params * width,
-        optimizer: params * if narrow { 12 } else { 8 },
+        weights: (params + adapters) * width,
+        grads: trained * width,
+        optimizer: trained * if narrow { 12 } else { 8 },
         activations,
         recompute,
         attention,
@@ -331,7 +364,19 @@ fn measure(o: &TrainMemoryOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -
             tracing::warn!("could not set malloc's mmap threshold: freed heap blocks count");
         }
         progress(&format!("the model ({}, random weights)", o.precision));
-        let model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
+        let mut model = Qwen3::new(cfg.clone(), o.device, o.precision.kind(), 0)?;
+        let base_bytes: u64 = model
+            .vs
+            .variables()
+            .values()
+            .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .sum();
+        if let Some(rank) = o.lora {
+            let lora =
+                crate::model::Lora::new(cfg, lora_config(rank), o.device, o.precision.kind(), 0)
+                    .map_err(|e| anyhow::anyhow!("--lora: {e}"))?;
+            model.set_lora(Some(lora));
+        }
         let budget = o.seq_len * o.micro_batch;
         let mut trainer = Trainer::new(
             model,
@@ -374,14 +419,18 @@ fn measure(o: &TrainMemoryOptions, cfg: &Qwen3Config, progress: &dyn Fn(&str)) -
                     None => resident().map(|(_, hwm)| hwm).unwrap_or(0),
                 };
                 let state = trainer.state_bytes();
-                out.weights = state.weights;
+                // With LoRA the trainer's tensors are the adapters; the frozen base is weights too.
+                out.weights = match o.lora {
+                    Some(_) => state.weights + base_bytes,
+                    None => state.weights,
+                };
                 out.grads = state.grads;
                 out.optimizer = state.optimizer;
                 out.transient = peak.saturating_sub(before + state.grads);
                 if o.device == tch::Device::Cpu {
                     // The process held more than the trainer before the step (libtorch, the
                     // binary): the device peak is the trainer's, not the process's.
-                    out.device_peak = state.weights
+                    out.device_peak = out.weights
                         + state.grads
                         + if o.offload { 0 } else { state.optimizer }
                         + out.transient;
@@ -448,6 +497,7 @@ pub fn run(
         precision: Precision::F32,
         ac: Checkpointing::None,
         offload: false,
+        lora: None,
         ..o.clone()
     };
     let (scale, fitted_on) = match (o.scale, &baseline, &measured) {
@@ -504,6 +554,7 @@ pub fn run(
         offload: o.offload,
         seq_len: o.seq_len,
         micro_batch: o.micro_batch,
+        lora: o.lora,
         measured,
         predicted_peak: model.device(o.offload),
         model,
@@ -542,7 +593,7 @@ impl TrainMemoryReport {
     /// The tables `host bench train-memory` prints without `--json`.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "training step memory, {} shape, {} rows x {} tokens on {}: {}, ac {}, optimizer {}\n",
+            "training step memory, {} shape, {} rows x {} tokens on {}: {}, ac {}, optimizer {}{}\n",
             self.preset,
             self.micro_batch,
             self.seq_len,
@@ -553,6 +604,10 @@ impl TrainMemoryReport {
                 "offloaded to host memory"
             } else {
                 "on the device"
+            },
+            match self.lora {
+                Some(r) => format!(", LoRA r{r} on the attention projections"),
+                None => String::new(),
             }
         );
         if let Some(m) = &self.measured {
@@ -652,6 +707,7 @@ mod tests {
             steps: 1,
             model_only: true,
             scale: None,
+            lora: None,
         }
     }
 

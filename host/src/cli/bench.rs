@@ -207,6 +207,10 @@ struct TrainMemoryArgs {
     /// printed): the report then sets the model's prediction against this run's measured peak.
     #[arg(long)]
     activation_scale: Option<f64>,
+    /// Train LoRA adapters of this rank on the attention projections instead of every weight
+    /// (`host sft --lora.rank`): the base frozen, gradients and AdamW state for the adapters.
+    #[arg(long, value_name = "RANK")]
+    lora: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -555,6 +559,7 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
         model_only,
         baseline,
         activation_scale,
+        lora,
         json,
     } = a;
     if let Some(s) = activation_scale {
@@ -614,6 +619,7 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
         steps,
         model_only,
         scale: activation_scale,
+        lora,
     };
     let progress = stderr_unless(json);
     let report = crate::bench::train_memory::run(&options, child, &progress)

@@ -169,7 +169,8 @@ impl ChunkedLogprobs {
             return;
         };
         let g = o.leaf.grad();
-        if !g.defined() {
+        // Nothing to do without a gradient, or for a frozen output weight (LoRA).
+        if !g.defined() || !o.w.requires_grad() {
             return;
         }
         tch::no_grad(|| {
@@ -277,5 +278,15 @@ mod tests {
         let (lp, ent) = chunked_logprobs_no_grad(&h0, &w0, &targets, t);
         close(&lp, &logp_full, "no-grad log-probs");
         close(&ent, &ent_full, "no-grad entropy");
+        // A frozen output weight (LoRA): the hidden states get the same gradient, the weight
+        // none.
+        for chunk in [5, 1000] {
+            let h = h0.copy().set_requires_grad(true);
+            let c = ChunkedLogprobs::with_chunk(&h, &w0, &targets, t, chunk);
+            (&c.logprobs * &coef).sum(Kind::Float).backward();
+            c.backward_output_weight();
+            close(&h.grad(), &gh, "gradient to h, frozen W");
+            assert!(!w0.grad().defined());
+        }
     }
 }

@@ -1007,8 +1007,9 @@ fn bench_train_measures_both_sides() {
 /// optimiser offloaded, its parts measured (weights, gradients, two f32 moments: the model's
 /// parameter bytes, counted), a device peak below today's default step measured in a child
 /// process, and the accounting model projected to the real presets (their published parameter
-/// counts, every part growing with the size); bf16 halves the weights and `--model-only`
-/// projects without a step.
+/// counts, every part growing with the size); bf16 halves the weights, `--lora` trains the
+/// adapters alone (their gradients and moments only) and `--model-only` projects without a
+/// step.
 #[test]
 fn bench_train_memory_measures_parts_and_projects_presets() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1071,6 +1072,15 @@ fn bench_train_memory_measures_parts_and_projects_presets() {
     assert!(presets.windows(2).all(|w| w[0].1 < w[1].1));
     let bf16 = bench(&["--dtype", "bf16"]);
     assert_eq!(bf16["measured"]["weights"].as_u64().unwrap(), params * 2);
+    // LoRA r8 on the attention projections: gradients and moments for the adapters alone,
+    // the frozen base counted with the weights.
+    let lora = bench(&["--dtype", "f32", "--lora", "8"]);
+    let m = &lora["measured"];
+    assert_eq!(m["error"], Value::Null, "{lora:#}");
+    let adapters = m["grads"].as_u64().unwrap();
+    assert!(adapters > 0 && adapters < weights / 20, "{lora:#}");
+    assert_eq!(m["weights"].as_u64().unwrap(), weights + adapters);
+    assert_eq!(m["optimizer"].as_u64().unwrap(), 2 * adapters);
     let only = bench(&["--model-only"]);
     assert_eq!(only["measured"], Value::Null, "{only:#}");
     assert_eq!(only["projections"].as_array().unwrap().len(), 4);
