@@ -518,6 +518,25 @@ def train_memory(c):
                   abs(predicted - peak) <= 0.25 * peak, f"{predicted / peak:.2f}x")
 
 
+def train_memory_lora(c):
+    """Issue 40's goal: Qwen3-8B with LoRA r16 on the attention projections, 8k-token micro-batches,
+    bf16 and full checkpointing, fits one 80 GB GPU; the accounting model's LoRA projection checked."""
+    what = "8B, LoRA r16, 8,192 tokens, bf16, ac full"
+    r = bench_train_memory(c, "--preset", "8b", "--seq-len", 8192, "--dtype", "bf16", "--ac", "full",
+                           "--lora", 16, "--activation-scale", ACTIVATION_SCALE, timeout=230)
+    c.figure("run", r)
+    m = r.get("measured") or {}
+    if m.get("error"):
+        c.checked(what + ": the step ran", False, m["error"])
+        return
+    peak, predicted = m["device_peak"], r["predicted_peak"]
+    c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the model predicted {predicted / 2**30:.1f} GiB; "
+          f"step {fmt(m.get('step_s'))} s")
+    c.checked(what + ": fits 80 GB", peak + (2 << 30) <= 80e9, f"{peak / 2**30:.1f} GiB")
+    c.checked(what + ": the model's prediction within 25% of the measured peak",
+              abs(predicted - peak) <= 0.25 * peak, f"{predicted / peak:.2f}x")
+
+
 def grpo_06b(c):
     grpo(c, model_06b(c), 2, 8, 4, "bf16", os.path.join(c.work, "rl-06b"), 300, extra=LEAN)
 
@@ -696,6 +715,8 @@ def main():
            "trainer steps", lambda: grpo_06b(c), 300, gpu_only=True)
     c.step("train-memory", "a 4B training step at 8,192 tokens in bf16 with checkpointing, with and without "
            "optimizer offload: peak memory against the fitted model", lambda: train_memory(c), 420)
+    c.step("train-memory-lora", "an 8B LoRA r16 training step at 8,192 tokens in bf16 with checkpointing: fits 80 GB",
+           lambda: train_memory_lora(c), 240, gpu_only=True)
     c.write()
     s = c.report["summary"]
     c.say(f"gpu-check: {s['passed']} passed, {s['failed']} failed, {s['not_run']} not run; {c.out}/gpu-report.md")
