@@ -505,36 +505,31 @@ def train_memory(c):
         r = bench_train_memory(c, *args, timeout=200)
         runs.append(r)
         c.figure("runs", runs)
-        m = r.get("measured") or {}
-        what = f"4B, 8,192 tokens, bf16, ac full, optimizer {'offloaded' if offload else 'on the device'}"
-        if m.get("error"):
-            c.checked(what + ": the step ran", False, m["error"])
-            continue
-        peak, predicted = m["device_peak"], r["predicted_peak"]
-        c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the model (scale fitted on the earlier GPU run) predicted "
-              f"{predicted / 2**30:.1f} GiB; step {fmt(m.get('step_s'))} s")
-        c.checked(what + ": fits 80 GB", peak + (2 << 30) <= 80e9, f"{peak / 2**30:.1f} GiB")
-        c.checked(what + ": the model's prediction within 25% of the measured peak",
-                  abs(predicted - peak) <= 0.25 * peak, f"{predicted / peak:.2f}x")
+        check_fit(c, f"4B, 8,192 tokens, bf16, ac full, optimizer {'offloaded' if offload else 'on the device'}", r)
 
 
-def train_memory_lora(c):
-    """Issue 40's goal: Qwen3-8B with LoRA r16 on the attention projections, 8k-token micro-batches,
-    bf16 and full checkpointing, fits one 80 GB GPU; the accounting model's LoRA projection checked."""
-    what = "8B, LoRA r16, 8,192 tokens, bf16, ac full"
-    r = bench_train_memory(c, "--preset", "8b", "--seq-len", 8192, "--dtype", "bf16", "--ac", "full",
-                           "--lora", 16, "--activation-scale", ACTIVATION_SCALE, timeout=230)
-    c.figure("run", r)
+def check_fit(c, what, r):
+    """A real step's device peak (a `bench train-memory` report) fits 80 GB, and the accounting
+    model (its scale fitted on the earlier GPU run) predicted it within 25%."""
     m = r.get("measured") or {}
     if m.get("error"):
         c.checked(what + ": the step ran", False, m["error"])
         return
     peak, predicted = m["device_peak"], r["predicted_peak"]
-    c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the model predicted {predicted / 2**30:.1f} GiB; "
-          f"step {fmt(m.get('step_s'))} s")
+    c.say(f"  {what}: device peak {peak / 2**30:.1f} GiB, the model (scale fitted on the earlier GPU run) predicted "
+          f"{predicted / 2**30:.1f} GiB; step {fmt(m.get('step_s'))} s")
     c.checked(what + ": fits 80 GB", peak + (2 << 30) <= 80e9, f"{peak / 2**30:.1f} GiB")
     c.checked(what + ": the model's prediction within 25% of the measured peak",
               abs(predicted - peak) <= 0.25 * peak, f"{predicted / peak:.2f}x")
+
+
+def train_memory_lora(c):
+    """Issue 40's goal: Qwen3-8B with LoRA r16 on the attention projections, 8k-token micro-batches,
+    bf16 and full checkpointing, fits one 80 GB GPU; the accounting model's LoRA projection checked."""
+    r = bench_train_memory(c, "--preset", "8b", "--seq-len", 8192, "--dtype", "bf16", "--ac", "full",
+                           "--lora", 16, "--activation-scale", ACTIVATION_SCALE, timeout=230)
+    c.figure("run", r)
+    check_fit(c, "8B, LoRA r16, 8,192 tokens, bf16, ac full", r)
 
 
 def grpo_06b(c):

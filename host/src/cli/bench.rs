@@ -577,6 +577,7 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
             .context("--device")?,
     };
     let precision = crate::device::Precision::for_training(&dtype, device).context("--dtype")?;
+    anyhow::ensure!(lora != Some(0), "--lora is a rank: at least 1");
     anyhow::ensure!(
         !(baseline && model_only),
         "--baseline measures a step: it cannot go with --model-only"

@@ -808,3 +808,23 @@ pub async fn collect(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The prefix cache's budget is the given share of the machine's memory (capped at 4 GiB on
+    /// the CPU): half the share, half the tokens.
+    #[test]
+    fn kv_cache_budget_follows_the_fraction() {
+        let per_token = 1 << 10;
+        let eighth = super::default_kv_cache_tokens(per_token, tch::Device::Cpu, 0.125);
+        let sixteenth = super::default_kv_cache_tokens(per_token, tch::Device::Cpu, 0.0625);
+        let tiny = super::default_kv_cache_tokens(per_token, tch::Device::Cpu, 1e-6);
+        assert!(
+            sixteenth < eighth && tiny < sixteenth,
+            "{eighth} {sixteenth} {tiny}"
+        );
+        if eighth < (4 << 30) / per_token {
+            assert!(sixteenth.abs_diff(eighth / 2) <= 1, "{eighth} {sixteenth}");
+        }
+    }
+}

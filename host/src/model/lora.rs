@@ -307,6 +307,15 @@ impl Lora {
         out
     }
 
+    /// The dtype the adapters are held in.
+    pub fn kind(&self) -> Kind {
+        self.layers
+            .iter()
+            .flat_map(|l| l.values())
+            .next()
+            .map_or(Kind::Float, |ad| ad.a.kind())
+    }
+
     /// Bytes of the adapter tensors.
     pub fn bytes(&self) -> u64 {
         self.tensors()
@@ -571,6 +580,51 @@ impl Lora {
 mod tests {
     use super::*;
     use crate::model::Preset;
+
+    /// Settings out of range are refused naming the key.
+    #[test]
+    fn bad_settings_name_their_key() {
+        let bad = [
+            (
+                "rank",
+                LoraConfig {
+                    rank: 0,
+                    ..LoraConfig::default()
+                },
+            ),
+            (
+                "alpha",
+                LoraConfig {
+                    alpha: 0.0,
+                    ..LoraConfig::default()
+                },
+            ),
+            (
+                "dropout",
+                LoraConfig {
+                    dropout: 1.0,
+                    ..LoraConfig::default()
+                },
+            ),
+            (
+                "target_modules",
+                LoraConfig {
+                    target_modules: vec![],
+                    ..LoraConfig::default()
+                },
+            ),
+        ];
+        for (key, cfg) in bad {
+            let err = cfg.check().unwrap_err();
+            assert!(err.starts_with(key), "{key}: {err}");
+        }
+        assert_eq!(LoraConfig::default().check(), Ok(()));
+        let rs = LoraConfig {
+            use_rslora: true,
+            ..LoraConfig::default()
+        };
+        assert_eq!((LoraConfig::default().scale(), rs.scale()), (2.0, 8.0));
+    }
 
     /// A saved adapter reads back the same (names, shapes, values, settings); settings rlhost
     /// does not compute are refused by name; a new adapter changes nothing until `B` moves.

@@ -630,7 +630,7 @@ impl Trainer {
             Some(lora) => {
                 let device = self.model.vs.device();
                 let saved =
-                    crate::model::Lora::load_peft(dir, &self.model.cfg, device, lora_kind(lora))?;
+                    crate::model::Lora::load_peft(dir, &self.model.cfg, device, lora.kind())?;
                 lora.assign(&saved)?;
             }
             None => self.model.update_from_dir(dir)?,
@@ -944,19 +944,8 @@ impl Trainer {
     }
 }
 
-/// The dtype adapters are held in.
-fn lora_kind(lora: &crate::model::Lora) -> Kind {
-    lora.tensors()
-        .values()
-        .next()
-        .map_or(Kind::Float, Tensor::kind)
-}
-
-/// Packs sample indices into micro-batches of at most `budget` padded tokens (rows × longest):
-/// whole groups, longest first, while they fit; a group that does not fit an empty
-/// micro-batch is split across several (rows longest first, so rows of a micro-batch have
-/// similar lengths). One group (every sample's `group` alike) packs by length alone.
-fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
+/// Sample indices by group, each group's longest first, the groups by their longest sample.
+fn groups_longest_first(samples: &[Sample]) -> Vec<Vec<usize>> {
     let len = |i: usize| samples[i].ids.len();
     let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, s) in samples.iter().enumerate() {
@@ -967,6 +956,16 @@ fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
         g.sort_by_key(|&i| std::cmp::Reverse(len(i)));
     }
     groups.sort_by_key(|g| std::cmp::Reverse(len(g[0])));
+    groups
+}
+
+/// Packs sample indices into micro-batches of at most `budget` padded tokens (rows × longest):
+/// whole groups, longest first, while they fit; a group that does not fit an empty
+/// micro-batch is split across several (rows longest first, so rows of a micro-batch have
+/// similar lengths). One group (every sample's `group` alike) packs by length alone.
+fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
+    let len = |i: usize| samples[i].ids.len();
+    let groups = groups_longest_first(samples);
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
     let mut cur_len = 0;
@@ -998,31 +997,20 @@ fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
 /// bound). A sample longer than the budget has a micro-batch of its own.
 fn pack_sequences(samples: &[Sample], budget: usize, share: bool) -> Vec<Vec<usize>> {
     let len = |i: usize| samples[i].ids.len();
-    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, s) in samples.iter().enumerate() {
-        groups.entry(s.group).or_default().push(i);
-    }
-    let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
-    for g in &mut groups {
-        g.sort_by_key(|&i| std::cmp::Reverse(len(i)));
-    }
-    groups.sort_by_key(|g| std::cmp::Reverse(len(g[0])));
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
     let mut cost = 0;
-    for g in groups {
+    for g in groups_longest_first(samples) {
         let shared = if share { shared_prefix(samples, &g) } else { 0 };
-        let mut first = true;
+        // Whether the group has a sample in `cur` already (its prompt counted).
+        let mut started = false;
         for i in g {
-            let here = if first { len(i) } else { len(i) - shared };
-            if !cur.is_empty() && cost + here > budget {
+            if !cur.is_empty() && cost + len(i) - if started { shared } else { 0 } > budget {
                 out.push(std::mem::take(&mut cur));
-                cost = 0;
-                first = true;
+                (cost, started) = (0, false);
             }
-            let here = if first { len(i) } else { len(i) - shared };
-            cost += here;
-            first = false;
+            cost += len(i) - if started { shared } else { 0 };
+            started = true;
             cur.push(i);
         }
     }

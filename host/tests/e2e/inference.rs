@@ -1081,6 +1081,15 @@ fn bench_train_memory_measures_parts_and_projects_presets() {
     assert!(adapters > 0 && adapters < weights / 20, "{lora:#}");
     assert_eq!(m["weights"].as_u64().unwrap(), weights + adapters);
     assert_eq!(m["optimizer"].as_u64().unwrap(), 2 * adapters);
+    let err = common::run_err(common::host(tmp.path()).args([
+        "bench",
+        "train-memory",
+        "--preset",
+        "tiny",
+        "--lora",
+        "0",
+    ]));
+    assert!(err.contains("--lora"), "{err}");
     let only = bench(&["--model-only"]);
     assert_eq!(only["measured"], Value::Null, "{only:#}");
     assert_eq!(only["projections"].as_array().unwrap().len(), 4);

@@ -338,29 +338,13 @@ fn untie_copies_a_model_with_the_same_outputs() {
 /// nothing is written.
 #[test]
 fn merge_lora_writes_a_plain_model_with_the_adapters_outputs() {
-    use rlhost::model::{Lora, LoraConfig, LoraTarget, Qwen3, Qwen3Config};
+    use rlhost::model::{Lora, LoraConfig, Qwen3, Qwen3Config};
     use tch::{Device, Kind, Tensor};
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("tiny");
     init_tiny(home.path(), &dir);
     let cfg = Qwen3Config::load(&dir).unwrap();
-    let lora = Lora::new(
-        &cfg,
-        LoraConfig {
-            rank: 4,
-            target_modules: LoraTarget::ALL.to_vec(),
-            ..LoraConfig::default()
-        },
-        Device::Cpu,
-        Kind::Float,
-        2,
-    )
-    .unwrap();
-    tch::no_grad(|| {
-        for t in lora.tensors().values() {
-            t.shallow_clone().copy_(&(t.randn_like() * 0.2));
-        }
-    });
+    let lora = common::random_lora(&cfg, 32.0, 2);
     let adapter = home.path().join("adapter");
     lora.save_peft(&adapter, dir.to_str().unwrap(), None)
         .unwrap();

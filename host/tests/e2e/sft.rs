@@ -204,6 +204,30 @@ fn teacher_traces_warm_start_a_tiny_model() {
             .arg(tmp.path().join("lora-merged")),
     );
     assert!(tmp.path().join("lora-merged/model.safetensors").is_file());
+    // Adapter dropout with checkpointing is refused: a rerun layer would draw another mask.
+    let err = common::run_err(
+        common::host(&home)
+            .args([
+                "sft",
+                "--lora.rank",
+                "4",
+                "--lora.dropout",
+                "0.1",
+                "--ac",
+                "full",
+            ])
+            .arg("--data")
+            .arg(traces.join("arith/results.jsonl"))
+            .arg("-m")
+            .arg(&base)
+            .arg("--out")
+            .arg(tmp.path().join("never")),
+    );
+    assert!(
+        err.contains("--lora.dropout") && err.contains("--ac"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("never").exists());
     let out = common::run(
         common::host(&home)
             .args(["sft", "--dtype", "f16", "--data"])

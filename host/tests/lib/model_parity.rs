@@ -394,28 +394,9 @@ fn last_position_logits_and_small_product_kernels_equal_the_full_blas_forward() 
 
 /// A base model and a random adapter on all seven projections, B not zero.
 fn adapted_model(dir: &Path) -> rlhost::model::Lora {
-    use rlhost::model::{Lora, LoraConfig, LoraTarget};
     let cfg = rlhost::model::Qwen3Config::preset(rlhost::model::Preset::Tiny);
     common::seeded_model(cfg.clone(), 7).save(dir).unwrap();
-    let lora = Lora::new(
-        &cfg,
-        LoraConfig {
-            rank: 4,
-            alpha: 8.0,
-            target_modules: LoraTarget::ALL.to_vec(),
-            ..LoraConfig::default()
-        },
-        Device::Cpu,
-        Kind::Float,
-        9,
-    )
-    .unwrap();
-    tch::no_grad(|| {
-        for t in lora.tensors().values() {
-            t.shallow_clone().copy_(&(t.randn_like() * 0.2));
-        }
-    });
-    lora
+    common::random_lora(&cfg, 8.0, 9)
 }
 
 /// A PEFT folder rlhost writes, loaded by `peft` onto the transformers model, gives rlhost's

@@ -139,3 +139,28 @@ pub fn tiny_model(dir: &Path, seed: u64) {
         .arg(dir));
     assert!(out.status.success(), "{}", texts(&out).1);
 }
+
+/// LoRA adapters of rank 4 on all seven projections of a model of `cfg`'s shape, A and B random
+/// (B not zero, unlike a fresh adapter's): a change the logits show.
+pub fn random_lora(cfg: &Qwen3Config, alpha: f64, seed: u64) -> rlhost::model::Lora {
+    use rlhost::model::{Lora, LoraConfig, LoraTarget};
+    let lora = Lora::new(
+        cfg,
+        LoraConfig {
+            rank: 4,
+            alpha,
+            target_modules: LoraTarget::ALL.to_vec(),
+            ..LoraConfig::default()
+        },
+        Device::Cpu,
+        Kind::Float,
+        seed,
+    )
+    .unwrap();
+    tch::no_grad(|| {
+        for t in lora.tensors().values() {
+            t.shallow_clone().copy_(&(t.randn_like() * 0.2));
+        }
+    });
+    lora
+}
