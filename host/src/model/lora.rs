@@ -196,7 +196,6 @@ struct Adapter {
 pub struct Lora {
     cfg: LoraConfig,
     layers: Vec<BTreeMap<LoraTarget, Adapter>>,
-    scale: f64,
     /// The base model it adapts (PEFT's `base_model_name_or_path`), when known.
     base: Option<String>,
 }
@@ -266,7 +265,6 @@ impl Lora {
             })
             .collect();
         Ok(Self {
-            scale: cfg.scale(),
             cfg,
             layers,
             base: None,
@@ -291,7 +289,7 @@ impl Lora {
 
     /// The factor of an adapter's output (`alpha / rank`).
     pub fn scale(&self) -> f64 {
-        self.scale
+        self.cfg.scale()
     }
 
     /// Every adapter tensor under its PEFT name (handles to the tensors themselves: an
@@ -338,7 +336,7 @@ impl Lora {
             true => x.dropout(self.cfg.dropout, true),
             false => x.shallow_clone(),
         };
-        Some(x.matmul(&ad.a.tr()).matmul(&ad.b.tr()) * self.scale)
+        Some(x.matmul(&ad.a.tr()).matmul(&ad.b.tr()) * self.scale())
     }
 
     /// `W + s · B A`: layer `layer`'s `target` weight `w` with its adapter merged in (`w` itself
@@ -347,7 +345,7 @@ impl Lora {
         match self.layers.get(layer).and_then(|l| l.get(&target)) {
             Some(ad) => tch::no_grad(|| {
                 let delta =
-                    ad.b.to_kind(Kind::Float).matmul(&ad.a.to_kind(Kind::Float)) * self.scale;
+                    ad.b.to_kind(Kind::Float).matmul(&ad.a.to_kind(Kind::Float)) * self.scale();
                 (w.to_kind(Kind::Float) + delta.to_device(w.device())).to_kind(w.kind())
             }),
             None => w.shallow_clone(),
@@ -568,7 +566,6 @@ impl Lora {
             )));
         }
         Ok(Self {
-            scale: cfg.scale(),
             cfg,
             layers,
             base: peft.base_model_name_or_path.filter(|b| !b.is_empty()),
