@@ -26,6 +26,8 @@ pub(super) struct TextPlan {
     pub include_usage: bool,
     /// Every prompt's tokens, together.
     pub prompt_tokens: usize,
+    /// The LoRA adapter it runs with (by name), if any.
+    pub adapter: Option<String>,
 }
 
 impl Pipeline {
@@ -34,7 +36,7 @@ impl Pipeline {
         self: &Arc<Self>,
         req: &CompletionRequest,
     ) -> Result<Reply<TextCompletion, TextCompletionChunk>, ApiError> {
-        self.check_model(&req.params.model)?;
+        let adapter = self.check_model(&req.params.model)?;
         if req.echo {
             return Err(ApiError::bad(Some("echo".into()), "echo is not supported"));
         }
@@ -82,12 +84,13 @@ impl Pipeline {
             as_ids: p.return_tokens_as_token_ids,
             include_usage: p.stream_options.as_ref().is_some_and(|o| o.include_usage),
             prompt_tokens: prompts.iter().map(Vec::len).sum(),
+            adapter,
         };
         let mut rxs = Vec::new();
         for ids in &prompts {
             rxs.push(
                 self.engine
-                    .submit(ids.clone(), params.clone(), n)
+                    .submit_to(plan.adapter.as_deref(), ids.clone(), params.clone(), n)
                     .map_err(|e| engine_error(e, "prompt"))?,
             );
         }
@@ -118,7 +121,12 @@ impl Pipeline {
         }
         let done: Vec<_> = all.iter().collect();
         Ok(Reply::Full(TextCompletion {
-            header: header(self, &plan.id, plan.created, "text_completion"),
+            header: header(
+                &self.model_name(&plan.adapter),
+                &plan.id,
+                plan.created,
+                "text_completion",
+            ),
             choices,
             usage: Some(usage(plan.prompt_tokens, &all)),
             policy_version: Some(self.policy_version(&done)),

@@ -35,7 +35,7 @@ impl Pipeline {
         self: &Arc<Self>,
         req: &GenerateRequest,
     ) -> Result<Reply<GenerateResponse, GenerateStreamResponse>, ApiError> {
-        self.check_model(&req.model)?;
+        let adapter = self.check_model(&req.model)?;
         let sp = &req.sampling_params;
         // vLLM's `logprobs`: N alternatives; the entries listed are the sampled token and then the
         // most likely others, max(N, 1) in all.
@@ -101,7 +101,7 @@ impl Pipeline {
         }
         let rx = self
             .engine
-            .submit(ids.clone(), params, n)
+            .submit_to(adapter.as_deref(), ids.clone(), params, n)
             .map_err(|e| engine_error(e, "token_ids"))?;
         let request_id = req
             .request_id
@@ -143,7 +143,7 @@ impl Pipeline {
             .collect();
         Ok(Reply::Full(GenerateResponse {
             request_id,
-            model: Some(self.served_name().to_string()),
+            model: Some(self.model_name(&adapter)),
             created: Some(now()),
             choices,
             usage: Some(usage(ids.len(), &done)),

@@ -195,7 +195,12 @@ impl Pipeline {
         plan: &ChatPlan,
     ) -> Result<tmpsc::UnboundedReceiver<crate::engine::Event>, ApiError> {
         self.engine
-            .submit(plan.prompt_ids.clone(), plan.params.clone(), plan.n)
+            .submit_to(
+                plan.adapter.as_deref(),
+                plan.prompt_ids.clone(),
+                plan.params.clone(),
+                plan.n,
+            )
             .map_err(|e| engine_error(e, "messages"))
     }
 
@@ -248,21 +253,38 @@ impl Pipeline {
             .unwrap_or(self.engine.info().version())
     }
 
-    /// A request for a model this server does not serve gets vLLM's 404 (`NotFoundError`,
-    /// `param` `model`); the message adds the name that is served.
-    pub fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
+    /// The adapter a request's `model` picks (`None`: the base model, also when `model` is
+    /// absent or empty). A model this server does not serve gets vLLM's 404 (`NotFoundError`,
+    /// `param` `model`); the message adds the names that are served.
+    pub fn check_model(&self, model: &Option<String>) -> Result<Option<String>, ApiError> {
+        let info = self.engine.info();
         match model {
-            Some(m) if !m.is_empty() && *m != self.cfg.served_name => Err(ApiError {
-                status: 404,
-                kind: "NotFoundError",
-                message: format!(
-                    "The model `{m}` does not exist. Valid aliases: {}.",
-                    self.cfg.served_name
-                ),
-                param: Some("model".into()),
-            }),
-            _ => Ok(()),
+            Some(m) if !m.is_empty() && *m != self.cfg.served_name => {
+                if info.adapter(m).is_some() {
+                    return Ok(Some(m.clone()));
+                }
+                let names: Vec<String> = std::iter::once(self.cfg.served_name.clone())
+                    .chain(info.adapters().into_iter().map(|a| a.name))
+                    .collect();
+                Err(ApiError {
+                    status: 404,
+                    kind: "NotFoundError",
+                    message: format!(
+                        "The model `{m}` does not exist. Valid aliases: {}.",
+                        names.join(", ")
+                    ),
+                    param: Some("model".into()),
+                })
+            }
+            _ => Ok(None),
         }
+    }
+
+    /// The name a response reports: the adapter's, else the served model's.
+    pub fn model_name(&self, adapter: &Option<String>) -> String {
+        adapter
+            .clone()
+            .unwrap_or_else(|| self.cfg.served_name.clone())
     }
 }
 
@@ -294,6 +316,12 @@ fn grammar_failure(done: &[Completion]) -> Result<(), ApiError> {
 pub fn engine_error(e: EngineError, param: &str) -> ApiError {
     match e {
         EngineError::Invalid(m) => ApiError::bad(Some(param.to_string()), m),
+        EngineError::NoAdapter(_) => ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: e.to_string(),
+            param: Some("model".into()),
+        },
         EngineError::Overloaded(_) => ApiError {
             status: 503,
             kind: "overloaded_error",

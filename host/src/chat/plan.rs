@@ -32,6 +32,8 @@ pub struct ChatPlan {
     pub return_ids: bool,
     /// Send a usage chunk last (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// The LoRA adapter it runs with (by name), if any.
+    pub adapter: Option<String>,
 }
 
 /// How a chat request's output is read.
@@ -77,7 +79,7 @@ impl Pipeline {
         req: &ChatRequest,
         prompt: Option<&[u32]>,
     ) -> Result<ChatPlan, ApiError> {
-        self.check_model(&req.params.model)?;
+        let adapter = self.check_model(&req.params.model)?;
         let messages = request::template_messages(&req.messages)?;
         let Tooling {
             tools_json,
@@ -106,6 +108,7 @@ impl Pipeline {
         let params = request::constrained(sampling, constraint)?;
         let p = &req.params;
         Ok(ChatPlan {
+            adapter,
             prompt_ids: ids,
             params,
             n,

@@ -32,7 +32,12 @@ pub(super) fn chat(
     tokio::spawn(async move {
         let n = plan.n;
         let chunk = |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatCompletionChunk {
-            header: header(&p, &plan.id, plan.created, "chat.completion.chunk"),
+            header: header(
+                &p.model_name(&plan.adapter),
+                &plan.id,
+                plan.created,
+                "chat.completion.chunk",
+            ),
             choices,
             usage,
         };
@@ -207,7 +212,12 @@ pub(super) fn completion(
     tokio::spawn(async move {
         let n = plan.n;
         let chunk = |choices: Vec<TextChunkChoice>, usage: Option<Usage>| TextCompletionChunk {
-            header: header(&p, &plan.id, plan.created, "text_completion"),
+            header: header(
+                &p.model_name(&plan.adapter),
+                &plan.id,
+                plan.created,
+                "text_completion",
+            ),
             choices,
             usage,
         };

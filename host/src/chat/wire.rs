@@ -51,7 +51,12 @@ pub(super) fn chat_completion(p: &Pipeline, plan: &ChatPlan, out: ChatOutput) ->
         })
         .collect();
     ChatCompletion {
-        header: header(p, &plan.id, plan.created, "chat.completion"),
+        header: header(
+            &p.model_name(&plan.adapter),
+            &plan.id,
+            plan.created,
+            "chat.completion",
+        ),
         choices,
         usage: Some(usage),
         policy_version: Some(policy_version),
@@ -60,12 +65,12 @@ pub(super) fn chat_completion(p: &Pipeline, plan: &ChatPlan, out: ChatOutput) ->
 }
 
 /// A response header: `id`, object kind `object`, the served model.
-pub(super) fn header(p: &Pipeline, id: &str, created: u64, object: &str) -> ResponseHeader {
+pub(super) fn header(model: &str, id: &str, created: u64, object: &str) -> ResponseHeader {
     ResponseHeader {
         id: id.to_string(),
         object: object.into(),
         created,
-        model: p.cfg.served_name.clone(),
+        model: model.to_owned(),
     }
 }
 

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::device::CudaStatus;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{AdapterSource, Engine, EngineConfig};
 use crate::rl::config::{EngineSetup, InferConfig};
 use crate::server;
 
@@ -117,6 +117,7 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
         precision,
         engine: engine_cfg,
         server: server_cfg,
+        lora_modules,
     } = setup;
     let served = server_cfg.served_name.clone();
     let batch = engine_cfg.max_batch_size;
@@ -126,6 +127,13 @@ pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
     let (host, port) = (config.host.clone(), config.port);
     let rt = super::async_runtime()?;
     rt.block_on(async move {
+        for (name, dir) in lora_modules {
+            engine
+                .load_adapter(&name, AdapterSource::Dir(dir.clone()), false)
+                .await
+                .with_context(|| format!("lora_modules: loading `{name}` from {}", dir.display()))?;
+            tracing::info!("serving adapter {name} from {}", dir.display());
+        }
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
             .with_context(|| format!("listening on {host}:{port}"))?;

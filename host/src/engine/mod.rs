@@ -14,6 +14,11 @@
 //! CPU threads per step. This module must never render prompts or read outputs: requests arrive
 //! as token ids, and text leaves only as detokenized pieces.
 //!
+//! LoRA adapters ([`Engine::load_adapter`]) are served beside the base model: a request names
+//! the adapter it runs with (or none), requests of different adapters share batches (each
+//! adapter's low-rank product runs on its own rows, [`crate::model::LoraRows`]), and each
+//! adapter's prompts are cached apart from the others'.
+//!
 //! The engine is in-process: the RL loop calls it through the chat pipeline
 //! ([`crate::chat`]), and `host inference` serves that pipeline over HTTP (`crate::server`).
 
@@ -29,14 +34,14 @@ mod worker;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, mpsc};
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::model::checkpoint::read_checkpoint;
-use crate::model::{ChatTemplate, ModelError, Qwen3, Tokenizer};
+use crate::model::{ChatTemplate, Lora, ModelError, Qwen3, Qwen3Config, Tokenizer};
 use grammar::{GrammarError, GrammarTokens};
 use metrics::{EngineMetrics, SampleTimes};
 pub use sampling::{Rng, SamplingParams};
@@ -53,6 +58,9 @@ pub enum EngineError {
     /// The engine has stopped.
     #[error("the engine has shut down")]
     Stopped,
+    /// No adapter of that name is loaded.
+    #[error("no LoRA adapter named `{0}` is loaded")]
+    NoAdapter(String),
     /// Loading the model or new weights failed.
     #[error(transparent)]
     Model(#[from] ModelError),
@@ -92,6 +100,9 @@ pub struct EngineConfig {
     /// size's first step runs on all cores untimed; a step of 50 ms or more on all cores keeps
     /// them without a trial on one; a first trial each 1.5x apart settles it, else five each.
     pub threads: Option<usize>,
+    /// Most LoRA adapters loaded at once ([`Engine::load_adapter`]); 0 refuses adapters.
+    /// Requests for any of them share batches.
+    pub max_loras: usize,
 }
 
 impl Default for EngineConfig {
@@ -107,6 +118,7 @@ impl Default for EngineConfig {
             block_size: 16,
             max_num_batched_tokens: 2048,
             threads: None,
+            max_loras: 0,
         }
     }
 }
@@ -355,9 +367,44 @@ enum Command {
         oneshot::Sender<Result<u64, String>>,
     ),
     ResetPrefixCache(oneshot::Sender<()>),
+    LoadAdapter(Box<AdapterLoad>),
+    UnloadAdapter(String, oneshot::Sender<Result<(), EngineError>>),
     Sleep(oneshot::Sender<Released>),
     WakeUp(oneshot::Sender<()>),
     Shutdown,
+}
+
+/// An adapter to load, read and checked off the engine thread.
+struct AdapterLoad {
+    name: String,
+    lora: Lora,
+    path: Option<PathBuf>,
+    in_place: bool,
+    /// The policy version after the load, and whether it replaced a loaded adapter.
+    reply: oneshot::Sender<Result<(u64, bool), EngineError>>,
+}
+
+/// Where an adapter comes from ([`Engine::load_adapter`]).
+pub enum AdapterSource {
+    /// A PEFT folder (`adapter_config.json`, `adapter_model.safetensors`).
+    Dir(PathBuf),
+    /// Adapters in memory (a trainer's), copied onto the engine's device and dtype.
+    Lora(Lora),
+}
+
+/// An adapter an engine serves, as clients see it (`GET /v1/models`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AdapterInfo {
+    /// The name requests use (their `model`).
+    pub name: String,
+    /// The engine's id for it (> 0; 0 is the base model).
+    pub id: u32,
+    /// The PEFT folder it was read from (none for a trainer's adapters).
+    pub path: Option<PathBuf>,
+    /// Its rank.
+    pub rank: usize,
+    /// Times it was loaded in place since its first load.
+    pub reloads: u64,
 }
 
 /// What an engine released going to sleep ([`Engine::sleep`]).
@@ -378,6 +425,8 @@ impl Released {
 
 struct Pending {
     prompt: Vec<u32>,
+    /// The adapter it runs with (its id), if any.
+    adapter: Option<u32>,
     params: Arc<SamplingParams>,
     n: usize,
     events: tmpsc::UnboundedSender<Event>,
@@ -396,6 +445,10 @@ impl scheduler::Queued for Pending {
 
     fn abandoned(&self) -> bool {
         self.events.is_closed()
+    }
+
+    fn weights(&self) -> u32 {
+        self.adapter.unwrap_or(0)
     }
 }
 
@@ -428,6 +481,10 @@ pub struct EngineInfo {
     pub config: EngineConfig,
     /// Vocabulary size of the model.
     pub vocab_size: usize,
+    /// The model's shape, device and dtype (what an adapter must fit).
+    shape: (Qwen3Config, Device, Kind),
+    /// The adapters loaded, by name (kept by the engine thread).
+    adapters: RwLock<BTreeMap<String, AdapterInfo>>,
     version: AtomicU64,
     in_flight: AtomicUsize,
     prompt_requested: AtomicU64,
@@ -479,6 +536,19 @@ impl EngineInfo {
     /// The current policy version (0 at start, +1 per weight update).
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::SeqCst)
+    }
+
+    /// The adapters loaded now, by name.
+    pub fn adapters(&self) -> Vec<AdapterInfo> {
+        self.adapters
+            .read()
+            .map(|a| a.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The adapter loaded as `name`, if any.
+    pub fn adapter(&self, name: &str) -> Option<AdapterInfo> {
+        self.adapters.read().ok()?.get(name).cloned()
     }
 
     /// Requests admitted and not yet finished.
@@ -597,6 +667,8 @@ impl Engine {
             template,
             eos,
             vocab_size: model.cfg.vocab_size as usize,
+            shape: (model.cfg.clone(), model.vs.device(), model.weight_kind()),
+            adapters: RwLock::new(BTreeMap::new()),
             config,
             version: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
@@ -634,6 +706,27 @@ impl Engine {
         params: SamplingParams,
         n: usize,
     ) -> Result<tmpsc::UnboundedReceiver<Event>, EngineError> {
+        self.submit_to(None, prompt, params, n)
+    }
+
+    /// As [`Engine::submit`], run with the adapter loaded as `adapter` (the base model when
+    /// `None`).
+    pub fn submit_to(
+        &self,
+        adapter: Option<&str>,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        n: usize,
+    ) -> Result<tmpsc::UnboundedReceiver<Event>, EngineError> {
+        let adapter = match adapter {
+            Some(name) => Some(
+                self.info
+                    .adapter(name)
+                    .ok_or_else(|| EngineError::NoAdapter(name.to_owned()))?
+                    .id,
+            ),
+            None => None,
+        };
         params.validate().map_err(EngineError::Invalid)?;
         let cfg = &self.info.config;
         if n == 0 || n > cfg.max_batch_size {
@@ -666,6 +759,7 @@ impl Engine {
         let (events, rx) = tmpsc::unbounded_channel();
         let pending = Pending {
             prompt,
+            adapter,
             params: Arc::new(params),
             n,
             events,
@@ -721,6 +815,74 @@ impl Engine {
         m.weight_update_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(version)
+    }
+
+    /// Loads a LoRA adapter to serve as `name` (vLLM's `POST /v1/load_lora_adapter`), read and
+    /// checked (shapes against the model, values finite) off the engine thread. A name already
+    /// loaded is refused unless `in_place`: its values are then replaced between two steps
+    /// (same rank, alpha and projections), running requests of it go on with the new values
+    /// and its cached prefixes are dropped, like a weight update (the policy version moves
+    /// on). Returns the policy version served after the load.
+    pub async fn load_adapter(
+        &self,
+        name: &str,
+        source: AdapterSource,
+        in_place: bool,
+    ) -> Result<u64, EngineError> {
+        let max = self.info.config.max_loras;
+        if max == 0 {
+            return Err(EngineError::Invalid(
+                "LoRA adapters are off: start the server with --enable-lora".into(),
+            ));
+        }
+        if name.is_empty() || name == self.info.name {
+            return Err(EngineError::Invalid(format!(
+                "an adapter needs a name of its own (not empty, not the base model's `{}`)",
+                self.info.name
+            )));
+        }
+        let started = Instant::now();
+        let (cfg, device, kind) = self.info.shape.clone();
+        let (lora, path) = tokio::task::spawn_blocking(move || -> Result<_, EngineError> {
+            let (lora, path) = match source {
+                AdapterSource::Dir(dir) => (Lora::load_peft(&dir, &cfg, device, kind)?, Some(dir)),
+                AdapterSource::Lora(l) => (l.copied(device, kind), None),
+            };
+            check_finite(&lora.tensors())
+                .map_err(|e| EngineError::Invalid(format!("adapter refused: {e}")))?;
+            Ok((lora, path))
+        })
+        .await
+        .map_err(|e| EngineError::Invalid(format!("reading the adapter failed: {e}")))??;
+        let (reply, rx) = oneshot::channel();
+        let load = AdapterLoad {
+            name: name.to_owned(),
+            lora,
+            path,
+            in_place,
+            reply,
+        };
+        self.tx
+            .send(Command::LoadAdapter(Box::new(load)))
+            .map_err(|_| EngineError::Stopped)?;
+        let (version, replaced) = rx.await.map_err(|_| EngineError::Stopped)??;
+        if replaced {
+            let m = &self.info.metrics;
+            m.weight_updates.inc();
+            m.weight_update_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        Ok(version)
+    }
+
+    /// Stops serving the adapter `name` (vLLM's `POST /v1/unload_lora_adapter`): new requests
+    /// for it are refused; those already admitted finish with it.
+    pub async fn unload_adapter(&self, name: &str) -> Result<(), EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::UnloadAdapter(name.to_owned(), reply))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
     }
 
     /// Forgets every cached prefix (vLLM's `POST /reset_prefix_cache`); requests after it

@@ -10,8 +10,10 @@
 //!
 //! The queue is served first come, first served: the first request that cannot start stops the
 //! step (no smaller request overtakes it), so a long prompt is never starved by short ones.
-//! The prefix cache is consulted through `lookup` (its chain of cached blocks for a prompt),
-//! and nothing else is touched: no tensors, no model. The worker carries the plan out.
+//! The prefix cache is consulted through `lookup` (its chain of cached blocks for a prompt in
+//! the weights the request runs with: the base model or one of its adapters), and nothing else is touched:
+//! no tensors, no model. The worker carries the plan out. Requests for different adapters are
+//! admitted in the same order and share steps: an adapter never waits for another.
 
 /// A waiting request as the scheduler sees it.
 pub trait Queued {
@@ -21,6 +23,9 @@ pub trait Queued {
     fn samples(&self) -> usize;
     /// Whether its client is gone.
     fn abandoned(&self) -> bool;
+    /// The weights it runs with: 0 the base model, else the id of an adapter the engine serves.
+    /// Only requests of the same weights share a prefill or cached blocks.
+    fn weights(&self) -> u32;
 }
 
 /// What one step may still take on.
@@ -75,18 +80,19 @@ pub struct StepPlan {
     pub computed: usize,
 }
 
-/// Plans one step's admissions from `waiting` (front first) within `cap`; `lookup(prompt,
-/// limit)` gives the prefix cache's blocks for the first `limit` tokens of `prompt` (the last
-/// prompt token is always computed: its logits start the generation).
+/// Plans one step's admissions from `waiting` (front first) within `cap`; `lookup(weights,
+/// prompt, limit)` gives the prefix cache's blocks computed by `weights` for the first `limit`
+/// tokens of `prompt` (the last prompt token is always computed: its logits start the
+/// generation).
 pub fn plan_step<'a, Q: Queued + 'a>(
     waiting: impl IntoIterator<Item = &'a Q>,
     cap: Capacity,
-    mut lookup: impl FnMut(&[u32], usize) -> Vec<u32>,
+    mut lookup: impl FnMut(u32, &[u32], usize) -> Vec<u32>,
 ) -> StepPlan {
     let mut plan = StepPlan::default();
     let (mut used, mut budget, mut chunking) = (cap.used, cap.budget, cap.chunking);
     // Prompts prefilled this step, and their index among the prefills.
-    let mut leaders: Vec<&[u32]> = Vec::new();
+    let mut leaders: Vec<(u32, &[u32])> = Vec::new();
     for q in waiting {
         if q.abandoned() {
             plan.admissions.push(Admission::Dropped);
@@ -95,7 +101,10 @@ pub fn plan_step<'a, Q: Queued + 'a>(
         if used + q.samples() > cap.slots {
             break;
         }
-        if let Some(leader) = leaders.iter().position(|p| *p == q.prompt()) {
+        if let Some(leader) = leaders
+            .iter()
+            .position(|&(ns, p)| ns == q.weights() && p == q.prompt())
+        {
             used += q.samples();
             plan.admissions.push(Admission::Follows { leader });
             continue;
@@ -104,7 +113,7 @@ pub fn plan_step<'a, Q: Queued + 'a>(
             break;
         }
         let prompt = q.prompt();
-        let chain = lookup(prompt, prompt.len().saturating_sub(1));
+        let chain = lookup(q.weights(), prompt, prompt.len().saturating_sub(1));
         let cached = chain.len() * cap.block_size;
         let rest = prompt.len() - cached;
         if rest > budget {
@@ -119,7 +128,7 @@ pub fn plan_step<'a, Q: Queued + 'a>(
         budget -= rest;
         used += q.samples();
         plan.computed += rest;
-        leaders.push(prompt);
+        leaders.push((q.weights(), prompt));
         plan.admissions.push(Admission::Prefill { chain, cached });
     }
     plan
@@ -133,6 +142,7 @@ mod tests {
         prompt: Vec<u32>,
         n: usize,
         gone: bool,
+        ns: u32,
     }
 
     impl Queued for Req {
@@ -145,6 +155,9 @@ mod tests {
         fn abandoned(&self) -> bool {
             self.gone
         }
+        fn weights(&self) -> u32 {
+            self.ns
+        }
     }
 
     fn req(len: usize, first: u32, n: usize) -> Req {
@@ -152,6 +165,7 @@ mod tests {
             prompt: (first..first + len as u32).collect(),
             n,
             gone: false,
+            ns: 0,
         }
     }
 
@@ -166,7 +180,7 @@ mod tests {
     }
 
     /// No prefix cache: nothing cached.
-    fn cold(_: &[u32], _: usize) -> Vec<u32> {
+    fn cold(_: u32, _: &[u32], _: usize) -> Vec<u32> {
         Vec::new()
     }
 
@@ -231,11 +245,30 @@ mod tests {
         assert_eq!(plan.admissions, vec![prefill(0), prefill(0)]);
     }
 
+    /// Requests for different adapters never fold into one prefill, and each looks up its
+    /// own weights.
+    #[test]
+    fn identical_prompts_of_different_adapters_prefill_apart() {
+        let mut other = req(6, 0, 1);
+        other.ns = 3;
+        let q = [req(6, 0, 1), other, req(6, 0, 1)];
+        let mut asked = Vec::new();
+        let plan = plan_step(&q, cap(8, 0, 100), |ns: u32, _: &[u32], _| {
+            asked.push(ns);
+            Vec::new()
+        });
+        assert_eq!(
+            plan.admissions,
+            vec![prefill(0), prefill(0), Admission::Follows { leader: 0 }]
+        );
+        assert_eq!((plan.computed, asked), (12, vec![0, 3]));
+    }
+
     #[test]
     fn cached_prefixes_cost_no_budget_and_the_last_token_is_computed() {
         // The cache holds whole blocks of 4 of whatever is asked, up to `limit`.
         let mut asked = Vec::new();
-        let lookup = |p: &[u32], limit: usize| {
+        let lookup = |_: u32, p: &[u32], limit: usize| {
             asked.push((p.len(), limit));
             vec![7; limit / 4]
         };

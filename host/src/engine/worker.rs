@@ -6,6 +6,7 @@
 //! client: events go out on unbounded channels, and a closed one frees its slot.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -22,9 +23,10 @@ use super::sampling::{self, Rng, SamplingParams};
 use super::scheduler::{self, Admission};
 use super::threads::ThreadTuner;
 use super::{
-    Command, EngineInfo, Event, FinishReason, Pending, Released, StopCause, default_kv_cache_tokens,
+    AdapterInfo, AdapterLoad, Command, EngineError, EngineInfo, Event, FinishReason, Pending,
+    Released, StopCause, default_kv_cache_tokens,
 };
-use crate::model::{Qwen3, SlotCache};
+use crate::model::{Lora, LoraRows, Qwen3, SlotCache};
 
 /// A running sequence; sequence `i` of `Worker::running` lives in cache slot `i`.
 struct Seq {
@@ -91,6 +93,8 @@ impl Seq {
 /// What the samples of one request share.
 struct RequestState {
     params: Arc<SamplingParams>,
+    /// The adapter it runs with (its id), if any.
+    adapter: Option<u32>,
     events: tmpsc::UnboundedSender<Event>,
     remaining: AtomicUsize,
     /// Prompt tokens not computed for it.
@@ -153,6 +157,21 @@ pub(super) struct Worker {
     logged: (Instant, u64),
     threads: ThreadTuner,
     sleep: Sleep,
+    /// The adapters, by id (ids start at 1 and are never reused).
+    adapters: BTreeMap<u32, Served>,
+    next_id: u32,
+    /// The last prefix-cache namespace handed out (0 is the base model's).
+    last_ns: u16,
+}
+
+/// An adapter the engine holds.
+struct Served {
+    name: String,
+    lora: Lora,
+    /// Its prefix-cache namespace: new at each load, so keys of older values are never reused.
+    ns: u16,
+    /// Unloaded: no new request takes it; it goes once no admitted request uses it.
+    unloaded: bool,
 }
 
 /// The engine's sleep ([`super::Engine::sleep`]).
@@ -192,6 +211,9 @@ impl Worker {
             logged: (Instant::now(), 0),
             threads,
             sleep: Sleep::Awake,
+            adapters: BTreeMap::new(),
+            next_id: 1,
+            last_ns: 0,
         }
     }
 
@@ -225,6 +247,19 @@ impl Worker {
                         self.reset_prefix();
                         let _ = reply.send(());
                     }
+                    Command::LoadAdapter(load) => {
+                        let AdapterLoad {
+                            name,
+                            lora,
+                            path,
+                            in_place,
+                            reply,
+                        } = *load;
+                        let _ = reply.send(self.load_adapter(name, lora, path, in_place));
+                    }
+                    Command::UnloadAdapter(name, reply) => {
+                        let _ = reply.send(self.unload_adapter(&name));
+                    }
                     Command::Sleep(reply) => match &mut self.sleep {
                         Sleep::Awake => self.sleep = Sleep::Draining(vec![reply]),
                         Sleep::Draining(replies) => replies.push(reply),
@@ -257,6 +292,7 @@ impl Worker {
             {
                 self.fall_asleep();
             }
+            self.drop_unused_adapters();
             if matches!(self.sleep, Sleep::Awake) {
                 self.admit();
             }
@@ -286,6 +322,7 @@ impl Worker {
             .prompt_started(p.prompt.len(), cached, self.prefix.is_some());
         Arc::new(RequestState {
             params: p.params.clone(),
+            adapter: p.adapter,
             events: p.events.clone(),
             remaining: AtomicUsize::new(p.n),
             cached,
@@ -308,6 +345,161 @@ impl Worker {
             job.kv_version = version;
         }
         Ok(version)
+    }
+
+    /// A fresh prefix-cache namespace. When they run out (65,535 loads), the cache empties and
+    /// every adapter held gets a new one.
+    fn next_ns(&mut self) -> u16 {
+        if self.last_ns == u16::MAX {
+            self.reset_prefix();
+            self.last_ns = 0;
+            let ids: Vec<u32> = self.adapters.keys().copied().collect();
+            for id in ids {
+                self.last_ns += 1;
+                self.adapters.get_mut(&id).expect("held").ns = self.last_ns;
+            }
+        }
+        self.last_ns += 1;
+        self.last_ns
+    }
+
+    /// Publishes the loaded adapters for clients ([`EngineInfo::adapters`]).
+    fn publish_adapters(&self, changed: Option<AdapterInfo>, removed: Option<&str>) {
+        if let Ok(mut map) = self.info.adapters.write() {
+            if let Some(name) = removed {
+                map.remove(name);
+            }
+            if let Some(a) = changed {
+                map.insert(a.name.clone(), a);
+            }
+        }
+    }
+
+    /// Loads (or, `in_place`, replaces) the adapter `name`; see [`super::Engine::load_adapter`].
+    fn load_adapter(
+        &mut self,
+        name: String,
+        lora: Lora,
+        path: Option<PathBuf>,
+        in_place: bool,
+    ) -> Result<(u64, bool), EngineError> {
+        let held = self
+            .adapters
+            .iter()
+            .find(|(_, s)| !s.unloaded && s.name == name)
+            .map(|(&id, _)| id);
+        let Some(id) = held else {
+            let live = self.adapters.values().filter(|s| !s.unloaded).count();
+            if live >= self.info.config.max_loras {
+                return Err(EngineError::Invalid(format!(
+                    "{live} adapters are loaded, the most --max-loras allows: unload one first"
+                )));
+            }
+            let (id, ns) = (self.next_id, self.next_ns());
+            self.next_id += 1;
+            self.publish_adapters(
+                Some(AdapterInfo {
+                    name: name.clone(),
+                    id,
+                    path,
+                    rank: lora.config().rank,
+                    reloads: 0,
+                }),
+                None,
+            );
+            let unloaded = false;
+            self.adapters.insert(
+                id,
+                Served {
+                    name,
+                    lora,
+                    ns,
+                    unloaded,
+                },
+            );
+            return Ok((self.info.version(), false));
+        };
+        if !in_place {
+            return Err(EngineError::Invalid(format!(
+                "an adapter named `{name}` is already loaded: set load_inplace to replace its values"
+            )));
+        }
+        let held = &self.adapters[&id];
+        if !held.lora.same_settings(&lora) {
+            let c = held.lora.config();
+            return Err(EngineError::Invalid(format!(
+                "load_inplace keeps the loaded adapter's settings (r {}, lora_alpha {}, \
+                 target_modules {:?}); unload `{name}` first to load different ones",
+                c.rank,
+                c.alpha,
+                c.target_modules
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+            )));
+        }
+        held.lora.assign(&lora)?;
+        let ns = self.next_ns();
+        self.adapters.get_mut(&id).expect("held").ns = ns;
+        // Requests of it now run with the new values, as after a weight update: their tokens
+        // carry the new version, and a chunked prefill under way starts over.
+        let version = self.info.version.fetch_add(1, Ordering::SeqCst) + 1;
+        self.info.metrics.policy_version.set(version as f64);
+        if let Some(job) = self.partial.as_mut() {
+            job.done = 0;
+            job.cached = 0;
+            job.kv_version = version;
+        }
+        if let Some(mut a) = self.info.adapter(&name) {
+            a.path = path;
+            a.reloads += 1;
+            self.publish_adapters(Some(a), None);
+        }
+        Ok((version, true))
+    }
+
+    /// Stops serving `name` to new requests ([`super::Engine::unload_adapter`]).
+    fn unload_adapter(&mut self, name: &str) -> Result<(), EngineError> {
+        let held = self
+            .adapters
+            .values_mut()
+            .find(|s| !s.unloaded && s.name == name)
+            .ok_or_else(|| EngineError::NoAdapter(name.to_owned()))?;
+        held.unloaded = true;
+        self.publish_adapters(None, Some(name));
+        Ok(())
+    }
+
+    /// Frees unloaded adapters no admitted request uses any more.
+    fn drop_unused_adapters(&mut self) {
+        if !self.adapters.values().any(|s| s.unloaded) {
+            return;
+        }
+        let mut used: Vec<u32> = self
+            .running
+            .iter()
+            .filter_map(|s| s.request.adapter)
+            .chain(self.waiting.iter().filter_map(|p| p.adapter))
+            .chain(self.partial.iter().filter_map(|j| j.p.adapter))
+            .collect();
+        used.sort_unstable();
+        self.adapters
+            .retain(|id, s| !s.unloaded || used.binary_search(id).is_ok());
+    }
+
+    /// The prefix-cache namespace of `adapter`'s keys (0: the base model).
+    fn ns(&self, adapter: Option<u32>) -> u16 {
+        adapter
+            .and_then(|id| self.adapters.get(&id))
+            .map_or(0, |s| s.ns)
+    }
+
+    /// Sets the model's adapter for each row of the next forward call.
+    fn set_rows(&mut self, rows: &[Option<u32>]) {
+        let device = self.model.vs.device();
+        let adapters = &self.adapters;
+        let rows = LoraRows::new(rows, |id| &adapters[&id].lora, device);
+        self.model.set_lora_rows(rows);
     }
 
     /// Frees the slots and the prefix cache's pool (nothing runs) and answers the callers.
@@ -410,10 +602,12 @@ impl Worker {
             block_size: cfg.block_size,
         };
         let prefix = &mut self.prefix;
-        let plan = scheduler::plan_step(&self.waiting, cap, |prompt, limit| {
+        let adapters = &self.adapters;
+        let plan = scheduler::plan_step(&self.waiting, cap, |weights, prompt, limit| {
+            let ns = adapters.get(&weights).map_or(0, |s| s.ns);
             prefix
                 .as_mut()
-                .map_or_else(Vec::new, |c| c.lookup(prompt, limit))
+                .map_or_else(Vec::new, |c| c.lookup(ns, prompt, limit))
         });
         let mut batch: Vec<Admitted> = Vec::new();
         for admission in plan.admissions {
@@ -469,9 +663,11 @@ impl Worker {
             .fetch_add(computed as u64, Ordering::Relaxed);
     }
 
-    fn store_prefix(&mut self, tokens: &[u32], valid: usize, slot: i64) {
+    /// Stores the keys of `tokens[..valid]` computed in `slot` with `adapter`'s weights.
+    fn store_prefix(&mut self, adapter: Option<u32>, tokens: &[u32], valid: usize, slot: i64) {
+        let ns = self.ns(adapter);
         if let Some(c) = self.prefix.as_mut() {
-            c.store(tokens, valid, &mut self.cache, slot);
+            c.store(ns, tokens, valid, &mut self.cache, slot);
             let stats = c.stats();
             self.info
                 .cache_blocks
@@ -534,6 +730,8 @@ impl Worker {
             let ids = Tensor::from_slice(&ids).view(shape).to_device(device);
             let pos = Tensor::from_slice(&pos).view(shape).to_device(device);
             let last = Tensor::from_slice(&last).to_device(device);
+            let adapters: Vec<Option<u32>> = batch[r..end].iter().map(|a| a.p.adapter).collect();
+            self.set_rows(&adapters);
             let probe = self.threads.start(true, rows * width);
             let logits = self.model.forward_slots_last(
                 &ids,
@@ -554,7 +752,7 @@ impl Worker {
         for (k, a) in batch.iter().enumerate() {
             self.count_prompt(a.p.prompt.len(), rest[k]);
             let len = a.p.prompt.len();
-            self.store_prefix(&a.p.prompt, len, (base + k) as i64);
+            self.store_prefix(a.p.adapter, &a.p.prompt, len, (base + k) as i64);
         }
         // Sample 0 of every request in its prefill slot, then the other samples and the
         // followers in the slots after, each a copy of its prompt's slot.
@@ -618,15 +816,12 @@ impl Worker {
         let pos =
             (Tensor::arange(take as i64, (Kind::Int64, device)) + job.done as i64).unsqueeze(0);
         let last = Tensor::from_slice(&[take as i64 - 1]).to_device(device);
+        let (adapter, key_len) = (job.p.adapter, (job.done + take) as i64);
+        self.set_rows(&[adapter]);
         let probe = self.threads.start(true, take);
-        let logits = self.model.forward_slots_last(
-            &ids,
-            &pos,
-            &mut self.cache,
-            staging,
-            (job.done + take) as i64,
-            &last,
-        );
+        let logits =
+            self.model
+                .forward_slots_last(&ids, &pos, &mut self.cache, staging, key_len, &last);
         self.threads.finish(probe);
         self.info.metrics.iteration_tokens.observe(take as f64);
         let job = self.partial.as_mut().expect("the job");
@@ -635,7 +830,7 @@ impl Worker {
             .prompt_computed
             .fetch_add(take as u64, Ordering::Relaxed);
         let (prompt, done) = (job.p.prompt.clone(), job.done);
-        self.store_prefix(&prompt, done, staging);
+        self.store_prefix(adapter, &prompt, done, staging);
         if done < len {
             return take;
         }
@@ -672,6 +867,8 @@ impl Worker {
         let key_len = pos.iter().max().copied().unwrap_or(0) + 1;
         let ids = Tensor::from_slice(&last).to_device(device).unsqueeze(1);
         let positions = Tensor::from_slice(&pos).to_device(device).unsqueeze(1);
+        let adapters: Vec<Option<u32>> = self.running.iter().map(|s| s.request.adapter).collect();
+        self.set_rows(&adapters);
         let probe = self.threads.start(false, b as usize);
         self.info.metrics.iteration_tokens.observe(b as f64);
         let logits = self
@@ -817,7 +1014,8 @@ impl Worker {
         // the slot.
         for i in keep {
             let ids = std::mem::take(&mut self.running[i].ids);
-            self.store_prefix(&ids, ids.len() - 1, i as i64);
+            let adapter = self.running[i].request.adapter;
+            self.store_prefix(adapter, &ids, ids.len() - 1, i as i64);
             self.running[i].ids = ids;
         }
         // Retire from the back so indices stay valid; the last sequence moves into each hole.

@@ -200,6 +200,67 @@ pub struct Lora {
     base: Option<String>,
 }
 
+/// Which adapter each row of a batch takes, when an engine serves several at once
+/// ([`super::Qwen3::set_lora_rows`]): a row takes one adapter or none (the base model). Rows of
+/// different adapters share the forward call; each adapter's low-rank product runs on its own
+/// rows only (gathered, then added back), so a batch mixing `k` adapters costs the base model
+/// plus each adapter's product on its rows.
+pub struct LoraRows {
+    /// Each adapter in the batch (handles on its tensors) and its rows (`None`: every row).
+    groups: Vec<(Lora, Option<Tensor>)>,
+}
+
+impl LoraRows {
+    /// The adapters of a batch whose row `r` takes adapter `rows[r]` (by the caller's ids;
+    /// `adapter(id)` is its tensors); `None` when no row takes one.
+    pub fn new<'a>(
+        rows: &[Option<u32>],
+        adapter: impl Fn(u32) -> &'a Lora,
+        device: Device,
+    ) -> Option<Self> {
+        let mut groups: Vec<(u32, Vec<i64>)> = Vec::new();
+        for (r, id) in rows.iter().enumerate() {
+            let Some(id) = *id else { continue };
+            match groups.iter_mut().find(|(g, _)| *g == id) {
+                Some((_, idx)) => idx.push(r as i64),
+                None => groups.push((id, vec![r as i64])),
+            }
+        }
+        if groups.is_empty() {
+            return None;
+        }
+        let every = groups.len() == 1 && groups[0].1.len() == rows.len();
+        Some(Self {
+            groups: groups
+                .into_iter()
+                .map(|(id, idx)| {
+                    let idx = (!every).then(|| Tensor::from_slice(&idx).to_device(device));
+                    (adapter(id).shallow_clone(), idx)
+                })
+                .collect(),
+        })
+    }
+
+    /// `y` (the base projection of `x` `[rows, …, in]`) plus each row's adapter on layer
+    /// `layer`'s `target`.
+    pub fn apply(&self, layer: usize, target: LoraTarget, x: &Tensor, y: Tensor) -> Tensor {
+        let mut y = y;
+        for (lora, idx) in &self.groups {
+            y = match idx {
+                None => match lora.delta(layer, target, x, false) {
+                    Some(d) => y + d,
+                    None => y,
+                },
+                Some(idx) => match lora.delta(layer, target, &x.index_select(0, idx), false) {
+                    Some(d) => y.index_add(0, idx, &d.to_kind(y.kind())),
+                    None => y,
+                },
+            };
+        }
+        y
+    }
+}
+
 /// PEFT's name of layer `layer`'s adapter tensor `part` (`lora_A` or `lora_B`) on `target`.
 fn peft_name(layer: usize, target: LoraTarget, part: &str) -> String {
     format!(
@@ -268,6 +329,46 @@ impl Lora {
             cfg,
             layers,
             base: None,
+        })
+    }
+
+    /// Handles on the same tensors (no copy): values assigned to either are seen by both.
+    pub fn shallow_clone(&self) -> Self {
+        Self {
+            cfg: self.cfg.clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .map(|(&t, ad)| {
+                            (
+                                t,
+                                Adapter {
+                                    a: ad.a.shallow_clone(),
+                                    b: ad.b.shallow_clone(),
+                                },
+                            )
+                        })
+                        .collect()
+                })
+                .collect(),
+            base: self.base.clone(),
+        }
+    }
+
+    /// A copy on `device` in `kind`, apart from these tensors and not trainable: what an
+    /// engine serves of a trainer's adapter.
+    pub fn copied(&self, device: Device, kind: Kind) -> Self {
+        tch::no_grad(|| {
+            let mut copy = self.shallow_clone();
+            for l in &mut copy.layers {
+                for ad in l.values_mut() {
+                    ad.a = ad.a.to_device(device).to_kind(kind).copy().detach();
+                    ad.b = ad.b.to_device(device).to_kind(kind).copy().detach();
+                }
+            }
+            copy
         })
     }
 
@@ -350,6 +451,17 @@ impl Lora {
             }),
             None => w.shallow_clone(),
         }
+    }
+
+    /// Whether `other` computes with the same settings (rank, scale, projections), so its
+    /// values can replace these in place ([`Lora::assign`]).
+    pub fn same_settings(&self, other: &Lora) -> bool {
+        let (a, b) = (&self.cfg, &other.cfg);
+        a.rank == b.rank
+            && a.alpha == b.alpha
+            && a.use_rslora == b.use_rslora
+            && a.target_modules == b.target_modules
+            && self.layers.len() == other.layers.len()
     }
 
     /// Copies `other`'s values into these adapters (same settings and shapes): how an engine

@@ -20,7 +20,7 @@ pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
 pub use kernels::ProductKernel;
 pub use kv::{KvCache, SlotCache};
-pub use lora::{Lora, LoraConfig, LoraTarget};
+pub use lora::{Lora, LoraConfig, LoraRows, LoraTarget};
 pub use qwen3::{Frame, Packed, Qwen3};
 pub use tokenizer::Tokenizer;
 

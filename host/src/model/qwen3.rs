@@ -24,7 +24,7 @@ use super::kernels::{
     product,
 };
 use super::kv::{KvCache, SlotCache};
-use super::lora::{Lora, LoraTarget};
+use super::lora::{Lora, LoraRows, LoraTarget};
 use super::{ModelError, Qwen3Config, safetensors};
 
 struct Layer {
@@ -101,6 +101,9 @@ pub struct Qwen3 {
     small_products: bool,
     /// LoRA adapters added to the projections they name ([`Qwen3::set_lora`]).
     lora: Option<Lora>,
+    /// The adapter of each row of the next forward calls, when an engine serves several
+    /// ([`Qwen3::set_lora_rows`]).
+    rows: Option<LoraRows>,
 }
 
 impl Qwen3 {
@@ -218,6 +221,7 @@ impl Qwen3 {
             rope_rot,
             small_products: false,
             lora: None,
+            rows: None,
             vs,
             cfg,
         })
@@ -319,6 +323,13 @@ impl Qwen3 {
         self.lora = lora;
     }
 
+    /// Sets the adapter of each batch row for the forward calls that follow (an engine serving
+    /// several adapters sets it before each call; `None`: no row has one). Applies on top of
+    /// [`Qwen3::set_lora`]'s adapters, which every row takes.
+    pub fn set_lora_rows(&mut self, rows: Option<LoraRows>) {
+        self.rows = rows;
+    }
+
     /// The adapters, if any.
     pub fn lora(&self) -> Option<&Lora> {
         self.lora.as_ref()
@@ -352,12 +363,16 @@ impl Qwen3 {
 
     /// `y` plus layer `i`'s adapter on `target` applied to `x` (its input), if it has one.
     fn adapted(&self, i: usize, target: LoraTarget, x: &Tensor, y: Tensor) -> Tensor {
-        match self
+        let y = match self
             .lora
             .as_ref()
             .and_then(|lora| lora.delta(i, target, x, grad_enabled()))
         {
             Some(d) => y + d,
+            None => y,
+        };
+        match &self.rows {
+            Some(rows) => rows.apply(i, target, x, y),
             None => y,
         }
     }

@@ -591,6 +591,30 @@ pub struct CompletionRequest {
     pub constraints: OutputConstraints,
 }
 
+/// `POST /v1/load_lora_adapter` (vLLM's): serve the PEFT folder `lora_path` as `lora_name`;
+/// `load_inplace` replaces the values of an adapter already loaded under that name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadLoraAdapterRequest {
+    /// The name requests use (their `model`).
+    pub lora_name: String,
+    /// A PEFT folder (`adapter_config.json`, `adapter_model.safetensors`).
+    pub lora_path: String,
+    /// Replace the values of the adapter loaded as `lora_name` (vLLM's field; needed to
+    /// reload a name).
+    #[serde(default)]
+    pub load_inplace: bool,
+}
+
+/// `POST /v1/unload_lora_adapter` (vLLM's): stop serving `lora_name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnloadLoraAdapterRequest {
+    /// The adapter's name.
+    pub lora_name: String,
+    /// vLLM's internal id of the adapter: accepted and not needed (the name decides).
+    #[serde(default)]
+    pub lora_int_id: Option<i64>,
+}
+
 /// `POST /update_weights`: load new weights from a folder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateWeightsRequest {

@@ -447,9 +447,12 @@ pub struct ModelCard {
     /// Who serves it.
     #[serde(default)]
     pub owned_by: String,
-    /// vLLM: the model it was loaded from.
+    /// vLLM: the model it was loaded from (an adapter's PEFT folder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root: Option<String>,
+    /// vLLM: the base model of an adapter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// vLLM: the longest prompt + completion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,

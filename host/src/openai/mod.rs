@@ -26,9 +26,9 @@ pub mod responses;
 
 pub use chat_request::{
     ChatMessage, ChatRequest, CompletionRequest, ContentPart, FunctionDef, FunctionName,
-    GenerationParams, JsonSchemaFormat, MessageContent, NamedToolChoice, OutputConstraints, Prompt,
-    ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs, ToolChoiceParam, ToolDef,
-    UpdateWeightsRequest,
+    GenerationParams, JsonSchemaFormat, LoadLoraAdapterRequest, MessageContent, NamedToolChoice,
+    OutputConstraints, Prompt, ResponseFormat, Role, Stop, StreamOptions, StructuredOutputs,
+    ToolChoiceParam, ToolDef, UnloadLoraAdapterRequest, UpdateWeightsRequest,
 };
 pub use chat_response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatLogprobs, Delta,

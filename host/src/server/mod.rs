@@ -34,7 +34,8 @@ use crate::engine::Engine;
 use crate::openai::fields::{self, Endpoint};
 use crate::openai::{
     self, ApiError, ChatRequest, ChatTokensRequest, CompletionRequest, GenerateRequest,
-    GenerationParams, ModelCard, ModelList, UpdateWeightsRequest, UpdateWeightsResponse,
+    GenerationParams, LoadLoraAdapterRequest, ModelCard, ModelList, UnloadLoraAdapterRequest,
+    UpdateWeightsRequest, UpdateWeightsResponse,
 };
 
 type AppState = Pipeline;
@@ -69,6 +70,8 @@ pub fn router_for(state: Arc<Pipeline>) -> Router {
         .route("/v1/responses", responses::route())
         .route("/v1/messages", anthropic::route())
         .route("/update_weights", post(update_weights))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/sleep", post(sleep))
         .route("/wake_up", post(wake_up))
@@ -83,7 +86,7 @@ pub fn router_for(state: Arc<Pipeline>) -> Router {
             error(ApiError {
                 status: 404,
                 kind: "not_found_error",
-                message: "no such route; see /v1/chat/completions, /v1/chat/completions/tokens, /v1/completions, /inference/v1/generate, /v1/responses, /v1/messages, /v1/models, /health, /metrics, /update_weights, /reset_prefix_cache, /sleep, /wake_up, /is_sleeping".into(),
+                message: "no such route; see /v1/chat/completions, /v1/chat/completions/tokens, /v1/completions, /inference/v1/generate, /v1/responses, /v1/messages, /v1/models, /health, /metrics, /update_weights, /v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache, /sleep, /wake_up, /is_sleeping".into(),
                 param: None,
             })
         })
@@ -345,20 +348,88 @@ fn error_body(status: u16, body: impl Serialize) -> Response {
     r
 }
 
+/// `GET /v1/models`: the base model, then each adapter loaded (vLLM's cards: an adapter's
+/// `root` is its folder, its `parent` the base model).
 async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let info = st.engine().info();
+    let base = ModelCard {
+        id: st.served_name().to_string(),
+        object: "model".into(),
+        created: st.created(),
+        owned_by: "rlhost".into(),
+        root: Some(st.served_name().to_string()),
+        parent: None,
+        max_model_len: Some(info.config.max_model_len),
+        policy_version: Some(info.version()),
+    };
+    let adapters = info.adapters().into_iter().map(|a| ModelCard {
+        id: a.name,
+        root: a.path.map(|p| p.display().to_string()),
+        parent: Some(st.served_name().to_string()),
+        ..base.clone()
+    });
+    let data = std::iter::once(base.clone()).chain(adapters).collect();
     axum::Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: st.served_name().to_string(),
-            object: "model".into(),
-            created: st.created(),
-            owned_by: "rlhost".into(),
-            root: Some(st.served_name().to_string()),
-            max_model_len: Some(st.engine().info().config.max_model_len),
-            policy_version: Some(st.engine().info().version()),
-        }],
+        data,
     })
     .into_response()
+}
+
+/// `POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"}` (vLLM's route,
+/// served with `--enable-lora`): loads a PEFT folder as an adapter requests can name; answers
+/// the policy version served (an in-place reload moves it on, like a weight update).
+async fn load_lora_adapter(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: LoadLoraAdapterRequest = match openai::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let dir = std::path::PathBuf::from(&req.lora_path);
+    if !dir.is_dir() {
+        return error(ApiError::bad(
+            Some("lora_path".into()),
+            format!("lora_path {} is not a folder", dir.display()),
+        ));
+    }
+    let source = crate::engine::AdapterSource::Dir(dir);
+    match st
+        .engine()
+        .load_adapter(&req.lora_name, source, req.load_inplace)
+        .await
+    {
+        Ok(v) => axum::Json(UpdateWeightsResponse {
+            status: "ok".into(),
+            policy_version: Some(v),
+        })
+        .into_response(),
+        Err(crate::engine::EngineError::Model(e)) => {
+            error(ApiError::bad(Some("lora_path".into()), e.to_string()))
+        }
+        Err(e) => error(engine_error(e, "lora_name")),
+    }
+}
+
+/// `POST /v1/unload_lora_adapter {"lora_name"}` (vLLM's route): new requests for it get a
+/// 404; those admitted finish with it.
+async fn unload_lora_adapter(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: UnloadLoraAdapterRequest = match openai::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    match st.engine().unload_adapter(&req.lora_name).await {
+        Ok(()) => axum::Json(UpdateWeightsResponse {
+            status: "ok".into(),
+            policy_version: Some(st.engine().info().version()),
+        })
+        .into_response(),
+        Err(e @ crate::engine::EngineError::NoAdapter(_)) => error(ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: e.to_string(),
+            param: Some("lora_name".into()),
+        }),
+        Err(e) => error(engine_error(e, "lora_name")),
+    }
 }
 
 async fn update_weights(State(st): State<Arc<AppState>>, body: Bytes) -> Response {

@@ -1221,3 +1221,147 @@ fn sleep_mode_routes_release_kv_memory_and_hold_requests() {
         false
     );
 }
+
+/// LoRA serving on a real server (vLLM's flags and routes): `--lora-modules` loads an adapter at
+/// start, `/v1/models` lists it with its folder and base, a request's `model` picks it (the
+/// answer names it and differs from the base's greedy answer, which is unchanged), `POST
+/// /v1/load_lora_adapter` adds another at run time and `load_inplace` reloads it, `POST
+/// /v1/unload_lora_adapter` removes it (its name then 404s), and mistakes are refused by name:
+/// adapters without `--enable-lora`, a malformed `--lora-modules`, a folder that is not an
+/// adapter, a name loaded twice, an unknown name.
+#[test]
+fn lora_adapters_are_served_loaded_and_unloaded_over_http() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    common::tiny_model(&dir, 6);
+    let cfg = Qwen3Config::load(&dir).unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    common::random_lora(&cfg, 8.0, 5)
+        .save_peft(&a, "tiny", None)
+        .unwrap();
+    common::random_lora(&cfg, 8.0, 6)
+        .save_peft(&b, "tiny", None)
+        .unwrap();
+    let module = format!("a={}", a.display());
+    let err = common::run_err(
+        Command::new(common::host_bin())
+            .args(["inference", "--model.name"])
+            .arg(&dir)
+            .args(["--lora-modules", &module]),
+    );
+    assert!(
+        err.contains("lora_modules") && err.contains("enable_lora"),
+        "{err}"
+    );
+    let err = common::run_err(
+        Command::new(common::host_bin())
+            .args(["inference", "--enable-lora", "--model.name"])
+            .arg(&dir)
+            .args(["--lora-modules", "a"]),
+    );
+    assert!(
+        err.contains("lora_modules") && err.contains("NAME=DIR"),
+        "{err}"
+    );
+    let server = common::InferenceServer::start(
+        &dir,
+        &[
+            "--served-model-name",
+            "tiny",
+            "--enable-lora",
+            "--lora-modules",
+            &module,
+        ],
+    );
+    let rt = rt();
+    let client = reqwest::Client::new();
+    let root = server.url.trim_end_matches("/v1").to_string();
+    let models = || -> Value {
+        rt.block_on(async {
+            let r = client
+                .get(format!("{}/models", server.url))
+                .send()
+                .await
+                .unwrap();
+            serde_json::from_str(&r.text().await.unwrap()).unwrap()
+        })
+    };
+    let listed = models();
+    assert_eq!(listed["data"][0]["id"], "tiny", "{listed}");
+    assert_eq!(listed["data"][1]["id"], "a", "{listed}");
+    assert_eq!(listed["data"][1]["parent"], "tiny", "{listed}");
+    assert_eq!(
+        listed["data"][1]["root"],
+        a.display().to_string(),
+        "{listed}"
+    );
+    let complete = |model: &str| -> (u16, Value) {
+        let body = json!({"model": model, "prompt": "one two three four", "max_tokens": 12,
+                          "temperature": 0, "ignore_eos": true});
+        rt.block_on(post(&client, &format!("{}/completions", server.url), &body))
+    };
+    let (status, base) = complete("tiny");
+    assert_eq!(status, 200, "{base}");
+    let (status, with_a) = complete("a");
+    assert_eq!(status, 200, "{with_a}");
+    assert_eq!(with_a["model"], "a");
+    assert_ne!(with_a["choices"][0]["text"], base["choices"][0]["text"]);
+    let load = |body: Value| {
+        rt.block_on(post(
+            &client,
+            &format!("{root}/v1/load_lora_adapter"),
+            &body,
+        ))
+    };
+    let (status, text) = load(json!({"lora_name": "b", "lora_path": dir.display().to_string()}));
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(text["error"]["param"], "lora_path", "{text}");
+    let (status, text) = load(json!({"lora_name": "a", "lora_path": b.display().to_string()}));
+    assert!(
+        status == 400 && text.to_string().contains("load_inplace"),
+        "{text}"
+    );
+    let (status, text) = load(json!({"lora_name": "b", "lora_path": b.display().to_string()}));
+    assert_eq!(status, 200, "{text}");
+    let (status, with_b) = complete("b");
+    assert_eq!(status, 200, "{with_b}");
+    assert_ne!(with_b["choices"][0]["text"], with_a["choices"][0]["text"]);
+    // In place: `a` now answers as `b`; the policy version moves on.
+    let (status, text) =
+        load(json!({"lora_name": "a", "lora_path": b.display().to_string(), "load_inplace": true}));
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(text["policy_version"], 1, "{text}");
+    let (_, again) = complete("a");
+    assert_eq!(again["choices"][0]["text"], with_b["choices"][0]["text"]);
+    let unload = |name: &str| {
+        rt.block_on(post(
+            &client,
+            &format!("{root}/v1/unload_lora_adapter"),
+            &json!({"lora_name": name}),
+        ))
+    };
+    let (status, text) = unload("b");
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = unload("b");
+    assert_eq!(
+        (status, &text["error"]["param"]),
+        (404, &json!("lora_name")),
+        "{text}"
+    );
+    let (status, text) = complete("b");
+    assert_eq!(status, 404, "{text}");
+    let message = text["error"]["message"].as_str().unwrap();
+    assert!(message.contains("Valid aliases: tiny, a."), "{text}");
+    let ids: Vec<Value> = models()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("tiny"), json!("a")]);
+    let (_, after) = complete("tiny");
+    assert_eq!(
+        after["choices"][0]["text"], base["choices"][0]["text"],
+        "the base is untouched"
+    );
+}

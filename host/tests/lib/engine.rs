@@ -941,3 +941,153 @@ fn sleep_releases_kv_memory_and_queues_requests_until_woken() {
     assert_same(&first[0], &again[0], "cached again");
     e.shutdown();
 }
+
+// ---- LoRA adapters served beside the base model ----
+
+/// Greedy tokens of `prompt` by the model in `dir` with `lora` applied (none: the base), from
+/// full forward passes outside the engine: the reference the engine's batches must match.
+fn lora_reference(dir: &Path, lora: Option<&Path>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut model = Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap();
+    if let Some(a) = lora {
+        let l = rlhost::model::Lora::load_peft(a, &model.cfg, Device::Cpu, Kind::Float).unwrap();
+        model.set_lora(Some(l));
+    }
+    let p: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+    model.greedy(&p, n).into_iter().map(|t| t as u32).collect()
+}
+
+/// Two adapters and the base model served by one engine: requests for all three, submitted
+/// together so they share prefill and decode batches, each give the greedy tokens of their own
+/// weights (full forward passes outside the engine), also on a second round where the prompts
+/// are cached (each adapter's keys apart from the others'); an adapter unloaded while its
+/// request runs finishes that request with its own values, and new requests for it are refused
+/// by name; an in-place reload switches the name to the new values and moves the policy
+/// version on; a name loaded twice, one adapter too many, and adapters on an engine without
+/// them are refused.
+#[test]
+fn adapters_are_served_side_by_side_with_the_base_model() {
+    use rlhost::engine::AdapterSource;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    tiny(&dir, 31);
+    let cfg = rlhost::model::Qwen3Config::load(&dir).unwrap();
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    common::random_lora(&cfg, 8.0, 1)
+        .save_peft(&a_dir, "tiny", None)
+        .unwrap();
+    common::random_lora(&cfg, 8.0, 2)
+        .save_peft(&b_dir, "tiny", None)
+        .unwrap();
+    let rt = rt();
+    let off = engine(&dir, EngineConfig::default());
+    match rt.block_on(off.load_adapter("a", AdapterSource::Dir(a_dir.clone()), false)) {
+        Err(EngineError::Invalid(m)) => assert!(m.contains("--enable-lora"), "{m}"),
+        other => panic!("an adapter without --enable-lora: {other:?}"),
+    }
+    off.shutdown();
+    let e = engine(
+        &dir,
+        EngineConfig {
+            max_loras: 2,
+            kv_cache_tokens: Some(4096),
+            ..EngineConfig::default()
+        },
+    );
+    rt.block_on(e.load_adapter("a", AdapterSource::Dir(a_dir.clone()), false))
+        .unwrap();
+    rt.block_on(e.load_adapter("b", AdapterSource::Dir(b_dir.clone()), false))
+        .unwrap();
+    let names: Vec<String> = e.info().adapters().into_iter().map(|a| a.name).collect();
+    assert_eq!(names, ["a", "b"]);
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|s| prompt(40 + s, 20 + 7 * s as usize))
+        .collect();
+    let who: [(Option<&str>, Option<&Path>); 3] = [
+        (None, None),
+        (Some("a"), Some(&a_dir)),
+        (Some("b"), Some(&b_dir)),
+    ];
+    let expected: Vec<Vec<Vec<u32>>> = who
+        .iter()
+        .map(|(_, path)| {
+            prompts
+                .iter()
+                .map(|p| lora_reference(&dir, *path, p, 10))
+                .collect()
+        })
+        .collect();
+    for ((base, a), b) in expected[0].iter().zip(&expected[1]).zip(&expected[2]) {
+        assert!(base != a && a != b, "the adapters change the greedy tokens");
+    }
+    for round in ["uncached", "cached"] {
+        let mut rxs = Vec::new();
+        for (w, (name, _)) in who.iter().enumerate() {
+            for (p, pr) in prompts.iter().enumerate() {
+                let rx = e.submit_to(*name, pr.clone(), greedy(10), 1).unwrap();
+                rxs.push((w, p, rx));
+            }
+        }
+        for (w, p, mut rx) in rxs {
+            let done = rt
+                .block_on(rlhost::engine::collect(&mut rx, 1, prompts[p].len()))
+                .unwrap();
+            assert_eq!(
+                done[0].token_ids, expected[w][p],
+                "{round}: {:?} on prompt {p}",
+                who[w].0
+            );
+            if round == "cached" {
+                assert!(done[0].cached_tokens > 0, "{round}: {:?}", who[w].0);
+            }
+        }
+    }
+    // Refusals: a name twice, one too many.
+    match rt.block_on(e.load_adapter("a", AdapterSource::Dir(b_dir.clone()), false)) {
+        Err(EngineError::Invalid(m)) => assert!(m.contains("load_inplace"), "{m}"),
+        other => panic!("a name loaded twice: {other:?}"),
+    }
+    match rt.block_on(e.load_adapter("c", AdapterSource::Dir(b_dir.clone()), false)) {
+        Err(EngineError::Invalid(m)) => assert!(m.contains("--max-loras"), "{m}"),
+        other => panic!("a third adapter: {other:?}"),
+    }
+    // Unloaded while its request runs: that request finishes with its own values.
+    let long = prompts[0].clone();
+    let mut rx = e
+        .submit_to(Some("a"), long.clone(), greedy(300), 1)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    rt.block_on(e.unload_adapter("a")).unwrap();
+    assert_eq!(e.info().in_flight(), 1, "unloaded while its request runs");
+    match e.submit_to(Some("a"), long.clone(), greedy(4), 1) {
+        Err(EngineError::NoAdapter(n)) => assert_eq!(n, "a"),
+        other => panic!("a request for an unloaded adapter: {:?}", other.map(|_| ())),
+    }
+    let done = rt
+        .block_on(rlhost::engine::collect(&mut rx, 1, long.len()))
+        .unwrap();
+    assert_eq!(
+        done[0].token_ids,
+        lora_reference(&dir, Some(&a_dir), &long, 300)
+    );
+    assert!(matches!(
+        rt.block_on(e.unload_adapter("a")),
+        Err(EngineError::NoAdapter(_))
+    ));
+    // In place: `b` takes a's values; the policy version moves on.
+    let before = e.info().version();
+    let v = rt
+        .block_on(e.load_adapter("b", AdapterSource::Dir(a_dir.clone()), true))
+        .unwrap();
+    assert_eq!(v, before + 1);
+    let mut rx = e
+        .submit_to(Some("b"), prompts[1].clone(), greedy(10), 1)
+        .unwrap();
+    let done = rt
+        .block_on(rlhost::engine::collect(&mut rx, 1, prompts[1].len()))
+        .unwrap();
+    assert_eq!(
+        done[0].token_ids, expected[1][1],
+        "b after an in-place reload"
+    );
+    e.shutdown();
+}

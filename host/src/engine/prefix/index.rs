@@ -7,8 +7,20 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
-/// No parent: the block starts at position 0.
+/// No parent: the block starts at position 0 (a free block's parent).
 const ROOT: u32 = u32::MAX;
+
+/// The parent of a first block in namespace `ns`: keys computed by different weights (an
+/// engine's adapters) live in different namespaces, so equal tokens never share a block
+/// across them. Namespace 0 (the base model) has [`ROOT`].
+fn root(ns: u16) -> u32 {
+    ROOT - u32::from(ns)
+}
+
+/// Whether `parent` is a namespace's root rather than a block (block ids stay far below).
+fn is_root(parent: u32) -> bool {
+    parent >= ROOT - u32::from(u16::MAX)
+}
 
 struct Block {
     /// The block's tokens (empty while the block is free).
@@ -129,12 +141,12 @@ impl BlockIndex {
         self.blocks[id as usize].last_used = self.tick;
     }
 
-    /// The longest chain of cached blocks that `tokens[..limit]` starts with (marked as just
-    /// used).
-    pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> Vec<u32> {
+    /// The longest chain of cached blocks of namespace `ns` that `tokens[..limit]` starts
+    /// with (marked as just used).
+    pub fn lookup(&mut self, ns: u16, tokens: &[u32], limit: usize) -> Vec<u32> {
         self.tick += 1;
         let mut chain = Vec::new();
-        let mut parent = ROOT;
+        let mut parent = root(ns);
         for piece in tokens[..limit.min(tokens.len())].chunks_exact(self.block) {
             match self.find(parent, piece) {
                 Some(id) => {
@@ -148,10 +160,10 @@ impl BlockIndex {
         chain
     }
 
-    /// Enters the full blocks of `tokens[..valid]` that are not cached yet, returning their
-    /// ids for the pool to fill. Stops early when the budget is full of blocks this very chain
-    /// needs.
-    pub fn claim(&mut self, tokens: &[u32], valid: usize) -> Claimed {
+    /// Enters the full blocks of `tokens[..valid]` that are not cached yet in namespace `ns`,
+    /// returning their ids for the pool to fill. Stops early when the budget is full of blocks
+    /// this very chain needs.
+    pub fn claim(&mut self, ns: u16, tokens: &[u32], valid: usize) -> Claimed {
         let none = Claimed {
             first: 0,
             ids: Vec::new(),
@@ -163,7 +175,7 @@ impl BlockIndex {
         let pieces: Vec<&[u32]> = tokens[..valid.min(tokens.len())]
             .chunks_exact(self.block)
             .collect();
-        let mut parent = ROOT;
+        let mut parent = root(ns);
         let mut claimed = none;
         for (i, piece) in pieces.iter().enumerate() {
             if claimed.ids.is_empty()
@@ -189,7 +201,7 @@ impl BlockIndex {
     /// Enters block `id` into the tree under `parent`.
     fn link(&mut self, id: u32, parent: u32, tokens: &[u32]) {
         let hash = key_hash(parent, tokens);
-        if parent != ROOT {
+        if !is_root(parent) {
             let p = &mut self.blocks[parent as usize];
             if p.children == 0 {
                 self.leaves.remove(&(p.last_used, parent));
@@ -241,7 +253,7 @@ impl BlockIndex {
                 self.index.remove(&hash);
             }
         }
-        if parent != ROOT {
+        if !is_root(parent) {
             let p = &mut self.blocks[parent as usize];
             p.children -= 1;
             if p.children == 0 {
@@ -267,27 +279,41 @@ mod tests {
     #[test]
     fn lookups_return_the_longest_whole_block_chain() {
         let mut ix = BlockIndex::new(2, 100);
-        let c = ix.claim(&toks(&[1, 2, 3, 4, 5]), 5);
+        let c = ix.claim(0, &toks(&[1, 2, 3, 4, 5]), 5);
         assert_eq!((c.first, c.ids.len()), (0, 2));
-        assert_eq!(ix.lookup(&[1, 2, 3, 4, 5, 6], 6), c.ids);
-        assert_eq!(ix.lookup(&[1, 2, 3, 9], 4), c.ids[..1]);
-        assert_eq!(ix.lookup(&[7, 2, 3, 4], 4), Vec::<u32>::new());
+        assert_eq!(ix.lookup(0, &[1, 2, 3, 4, 5, 6], 6), c.ids);
+        assert_eq!(ix.lookup(0, &[1, 2, 3, 9], 4), c.ids[..1]);
+        assert_eq!(ix.lookup(0, &[7, 2, 3, 4], 4), Vec::<u32>::new());
         // `limit` caps the match (the engine keeps at least one token to prefill).
-        assert_eq!(ix.lookup(&[1, 2, 3, 4], 3), c.ids[..1]);
+        assert_eq!(ix.lookup(0, &[1, 2, 3, 4], 3), c.ids[..1]);
         // A second store of the same prefix claims only what is new.
-        let more = ix.claim(&toks(&[1, 2, 3, 4, 5, 6]), 6);
+        let more = ix.claim(0, &toks(&[1, 2, 3, 4, 5, 6]), 6);
         assert_eq!((more.first, more.ids.len()), (2, 1));
         assert_eq!(ix.used(), 3);
+    }
+
+    /// The same tokens in different namespaces (adapters) are different blocks.
+    #[test]
+    fn namespaces_never_share_blocks() {
+        let mut ix = BlockIndex::new(2, 8);
+        let base = ix.claim(0, &toks(&[1, 2, 3, 4]), 4);
+        assert!(ix.lookup(7, &[1, 2, 3, 4], 4).is_empty());
+        let other = ix.claim(7, &toks(&[1, 2, 3, 4]), 4);
+        assert_eq!((other.first, other.ids.len()), (0, 2));
+        assert!(other.ids.iter().all(|id| !base.ids.contains(id)));
+        assert_eq!(ix.lookup(7, &[1, 2, 3, 4], 4), other.ids);
+        assert_eq!(ix.lookup(0, &[1, 2, 3, 4], 4), base.ids);
+        assert_eq!(ix.lookup(u16::MAX, &[1, 2], 2), Vec::<u32>::new());
     }
 
     /// The same tokens under different parents are different blocks.
     #[test]
     fn a_block_is_its_whole_prefix() {
         let mut ix = BlockIndex::new(2, 100);
-        let a = ix.claim(&toks(&[1, 2, 5, 6]), 4);
-        let b = ix.claim(&toks(&[3, 4, 5, 6]), 4);
+        let a = ix.claim(0, &toks(&[1, 2, 5, 6]), 4);
+        let b = ix.claim(0, &toks(&[3, 4, 5, 6]), 4);
         assert_ne!(a.ids[1], b.ids[1]);
-        assert_eq!(ix.lookup(&[3, 4, 5, 6], 4), b.ids);
+        assert_eq!(ix.lookup(0, &[3, 4, 5, 6], 4), b.ids);
     }
 
     /// At the budget, the least recently used leaf goes first; a block another continues is
@@ -295,31 +321,31 @@ mod tests {
     #[test]
     fn eviction_takes_the_least_recently_used_leaf() {
         let mut ix = BlockIndex::new(1, 3);
-        let a = ix.claim(&toks(&[1, 2]), 2); // chain 1 → 2
-        let b = ix.claim(&toks(&[3]), 1);
+        let a = ix.claim(0, &toks(&[1, 2]), 2); // chain 1 → 2
+        let b = ix.claim(0, &toks(&[3]), 1);
         assert_eq!(ix.used(), 3);
-        ix.lookup(&[3], 1); // [3] is now newer than [1, 2]'s leaf
-        let c = ix.claim(&toks(&[4]), 1);
+        ix.lookup(0, &[3], 1); // [3] is now newer than [1, 2]'s leaf
+        let c = ix.claim(0, &toks(&[4]), 1);
         // The victim was block "2" (a leaf, oldest), not "1" (it had a child), not "3".
         assert_eq!(c.ids, vec![a.ids[1]]);
         assert_eq!(ix.evicted(), 1);
-        assert_eq!(ix.lookup(&[1, 2], 2), a.ids[..1]);
-        assert_eq!(ix.lookup(&[3], 1), b.ids);
+        assert_eq!(ix.lookup(0, &[1, 2], 2), a.ids[..1]);
+        assert_eq!(ix.lookup(0, &[3], 1), b.ids);
         // "1" is a leaf again, but the two look-ups above used it and "3" after "4" was stored:
         // "4" is the least recently used now.
-        let d = ix.claim(&toks(&[5]), 1);
+        let d = ix.claim(0, &toks(&[5]), 1);
         assert_eq!(d.ids, c.ids);
-        assert!(ix.lookup(&[4], 1).is_empty());
-        assert_eq!(ix.lookup(&[1], 1), a.ids[..1]);
+        assert!(ix.lookup(0, &[4], 1).is_empty());
+        assert_eq!(ix.lookup(0, &[1], 1), a.ids[..1]);
     }
 
     /// A chain longer than the budget stores what fits and stops rather than evict itself.
     #[test]
     fn a_chain_never_evicts_its_own_blocks() {
         let mut ix = BlockIndex::new(1, 2);
-        let c = ix.claim(&toks(&[1, 2, 3, 4]), 4);
+        let c = ix.claim(0, &toks(&[1, 2, 3, 4]), 4);
         assert_eq!(c.ids.len(), 2);
-        assert_eq!(ix.lookup(&[1, 2, 3, 4], 4), c.ids);
+        assert_eq!(ix.lookup(0, &[1, 2, 3, 4], 4), c.ids);
     }
 
     /// Clearing forgets every prefix but keeps the ids; the pool grows by doubling, at least 16
@@ -327,17 +353,17 @@ mod tests {
     #[test]
     fn clearing_keeps_capacity_and_growth_doubles_to_the_budget() {
         let mut ix = BlockIndex::new(1, 40);
-        ix.claim(&toks(&[1]), 1);
+        ix.claim(0, &toks(&[1]), 1);
         assert_eq!(ix.capacity(), 16);
-        ix.claim(&(0..20).collect::<Vec<u32>>(), 20);
+        ix.claim(0, &(0..20).collect::<Vec<u32>>(), 20);
         assert_eq!(ix.capacity(), 32);
-        ix.claim(&(100..130).collect::<Vec<u32>>(), 30);
+        ix.claim(0, &(100..130).collect::<Vec<u32>>(), 30);
         assert_eq!(ix.capacity(), 40);
         ix.clear();
         assert_eq!((ix.used(), ix.capacity()), (0, 40));
-        assert!(ix.lookup(&[1], 1).is_empty());
+        assert!(ix.lookup(0, &[1], 1).is_empty());
         // A zero budget stores nothing.
         let mut none = BlockIndex::new(4, 0);
-        assert!(none.claim(&toks(&[1, 2, 3, 4]), 4).ids.is_empty());
+        assert!(none.claim(0, &toks(&[1, 2, 3, 4]), 4).ids.is_empty());
     }
 }

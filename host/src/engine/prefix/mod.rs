@@ -95,9 +95,10 @@ impl PrefixCache {
     }
 
     /// The longest chain of cached blocks that `tokens[..limit]` starts with (marked as just
-    /// used).
-    pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> Vec<u32> {
-        self.index.lookup(tokens, limit)
+    /// used), among those computed in namespace `ns` (0: the base model; each adapter an
+    /// engine serves has its own).
+    pub fn lookup(&mut self, ns: u16, tokens: &[u32], limit: usize) -> Vec<u32> {
+        self.index.lookup(ns, tokens, limit)
     }
 
     /// Copies `chain`'s keys and values into positions `0..chain.len() × block` of `slot`.
@@ -105,11 +106,18 @@ impl PrefixCache {
         self.pool.read(chain, cache, slot);
     }
 
-    /// Stores the full blocks of `tokens[..valid]` that are not cached yet, copying their keys
-    /// and values out of `slot` (which must hold them at positions `0..valid`). Stops early when
-    /// the budget is full of blocks this very chain needs.
-    pub fn store(&mut self, tokens: &[u32], valid: usize, cache: &mut SlotCache, slot: i64) {
-        let claimed = self.index.claim(tokens, valid);
+    /// Stores the full blocks of `tokens[..valid]` that namespace `ns` has not cached yet,
+    /// copying their keys and values out of `slot` (which must hold them at positions
+    /// `0..valid`). Stops early when the budget is full of blocks this very chain needs.
+    pub fn store(
+        &mut self,
+        ns: u16,
+        tokens: &[u32],
+        valid: usize,
+        cache: &mut SlotCache,
+        slot: i64,
+    ) {
+        let claimed = self.index.claim(ns, tokens, valid);
         if claimed.ids.is_empty() {
             return;
         }

@@ -89,6 +89,21 @@ pub struct InferConfig {
     /// with decode steps in between.
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// Serve LoRA adapters beside the base model (vLLM's `--enable-lora`): those of
+    /// `lora_modules`, and on `host inference` those loaded at run time (`POST
+    /// /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"}`, `POST
+    /// /v1/unload_lora_adapter`). A request's `model` picks an adapter by name, or the base.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          default_value_t = false, default_missing_value = "true")]
+    pub enable_lora: bool,
+    /// Adapters loaded at start, each `NAME=DIR` (a PEFT folder: `adapter_config.json`,
+    /// `adapter_model.safetensors`). Needs `enable_lora`.
+    #[arg(long, value_name = "NAME=DIR", num_args = 1..)]
+    pub lora_modules: Vec<String>,
+    /// Most adapters loaded at once (vLLM bounds those in one batch by this name; rlhost batches
+    /// requests of every loaded adapter together and bounds how many are held).
+    #[arg(long, default_value_t = 4)]
+    pub max_loras: usize,
 }
 
 impl Default for InferConfig {
@@ -113,6 +128,9 @@ impl Default for InferConfig {
             enable_sleep_mode: false,
             block_size: 16,
             max_num_batched_tokens: 2048,
+            enable_lora: false,
+            lora_modules: Vec::new(),
+            max_loras: 4,
         }
     }
 }
@@ -149,6 +167,8 @@ pub struct EngineSetup {
     pub engine: EngineConfig,
     /// What the API serves and how it parses tool calls.
     pub server: ChatConfig,
+    /// Adapters to load at start (`lora_modules`): name and PEFT folder.
+    pub lora_modules: Vec<(String, PathBuf)>,
 }
 
 impl InferConfig {
@@ -180,6 +200,7 @@ impl InferConfig {
         if !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
             return Err(bad("kv_cache_fraction", "must be in (0, 1]"));
         }
+        self.lora_modules()?;
         self.device
             .parse::<DeviceSpec>()
             .map_err(InferConfigError::Device)?;
@@ -189,6 +210,48 @@ impl InferConfig {
                 .map_err(|e| bad("dtype", &e.to_string()))?;
         }
         Ok(())
+    }
+
+    /// The adapters of `lora_modules` as (name, folder), refusing a malformed entry, a name
+    /// given twice, more than `max_loras`, or any without `enable_lora`.
+    pub fn lora_modules(&self) -> Result<Vec<(String, PathBuf)>, InferConfigError> {
+        let bad = |key: &'static str, message: String| InferConfigError::Value { key, message };
+        if self.enable_lora && self.max_loras == 0 {
+            return Err(bad("max_loras", "must be at least 1".into()));
+        }
+        if !self.enable_lora && !self.lora_modules.is_empty() {
+            return Err(bad(
+                "lora_modules",
+                "adapters need enable_lora (--enable-lora)".into(),
+            ));
+        }
+        let mut out: Vec<(String, PathBuf)> = Vec::new();
+        for m in &self.lora_modules {
+            let Some((name, dir)) = m
+                .split_once('=')
+                .filter(|(n, d)| !n.is_empty() && !d.is_empty())
+            else {
+                return Err(bad(
+                    "lora_modules",
+                    format!("`{m}` is not NAME=DIR (an adapter's name and its PEFT folder)"),
+                ));
+            };
+            if out.iter().any(|(n, _)| n == name) {
+                return Err(bad("lora_modules", format!("`{name}` is named twice")));
+            }
+            out.push((name.to_owned(), PathBuf::from(dir)));
+        }
+        if out.len() > self.max_loras {
+            return Err(bad(
+                "lora_modules",
+                format!(
+                    "{} adapters, more than max_loras = {}",
+                    out.len(),
+                    self.max_loras
+                ),
+            ));
+        }
+        Ok(out)
     }
 
     /// Resolves the model folder, device, precision and sizes, refusing zero sizes, unknown
@@ -216,6 +279,9 @@ impl InferConfig {
             enable_sleep_mode,
             block_size,
             max_num_batched_tokens,
+            enable_lora,
+            lora_modules: _,
+            max_loras,
         } = self;
         let device = device
             .parse::<DeviceSpec>()
@@ -254,6 +320,7 @@ impl InferConfig {
                 block_size: *block_size,
                 max_num_batched_tokens: *max_num_batched_tokens,
                 threads: *threads,
+                max_loras: if *enable_lora { *max_loras } else { 0 },
             },
             server: ChatConfig {
                 served_name: served_model_name
@@ -263,6 +330,7 @@ impl InferConfig {
                 tool_call_parser: tool_call_parser.clone(),
                 reasoning_parser: reasoning_parser.clone(),
             },
+            lora_modules: self.lora_modules()?,
         })
     }
 }

@@ -531,6 +531,9 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             enable_sleep_mode,
             block_size,
             max_num_batched_tokens,
+            enable_lora,
+            lora_modules,
+            max_loras,
         } = a;
         let mut out = Vec::new();
         let mut note = |key: &'static str, differs: bool| {
@@ -574,6 +577,9 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             "max_num_batched_tokens",
             *max_num_batched_tokens != b.max_num_batched_tokens,
         );
+        note("enable_lora", *enable_lora != b.enable_lora);
+        note("lora_modules", *lora_modules != b.lora_modules);
+        note("max_loras", *max_loras != b.max_loras);
         out
     };
     let changed = changed(infer, &baseline.inference);
@@ -636,6 +642,16 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
                     orch.async_level
                 ),
             ));
+        }
+        for key in ["enable_lora", "lora_modules", "max_loras"] {
+            if changed.contains(&key) {
+                return Err(refuse(
+                    &format!("inference.{key}"),
+                    "serves adapters on `host inference`; `host rl`'s engine serves the policy \
+                     being trained (with [model.lora] it takes the trainer's adapter each step \
+                     by itself)",
+                ));
+            }
         }
         for key in ["host", "port"] {
             if changed.contains(&key) {
