@@ -21,6 +21,11 @@ pub struct EvalArgs {
     /// A model to serve in-process: a Hugging Face folder or hub id.
     #[arg(short = 'm', long, conflicts_with = "base_url")]
     model: Option<String>,
+    /// `-m`: a LoRA adapter (a PEFT folder, e.g. `host sft` or `host rl` output) applied to the
+    /// model: the rollouts ask for it. With `-b`, name a server's adapter with
+    /// `--served-model-name` instead.
+    #[arg(long, value_name = "DIR", requires = "model")]
+    lora: Option<PathBuf>,
     /// An OpenAI-compatible server (`http://127.0.0.1:8000/v1`).
     #[arg(short = 'b', long)]
     base_url: Option<String>,
@@ -367,6 +372,7 @@ fn generator(
                     .unwrap_or(cfg.max_position_embeddings as usize),
                 max_queue: usize::MAX,
                 threads: a.threads,
+                max_loras: usize::from(a.lora.is_some()),
                 ..Default::default()
             };
             a.cache.apply(&mut engine_cfg)?;
@@ -384,6 +390,13 @@ fn generator(
                     reasoning_parser: None,
                 },
             )?;
+            let mut name = m.clone();
+            if let Some(lora) = &a.lora {
+                name = "lora".to_string();
+                let source = crate::engine::AdapterSource::Dir(lora.clone());
+                rt.block_on(generator.engine().load_adapter(&name, source, false))
+                    .with_context(|| format!("--lora {}", lora.display()))?;
+            }
             let mut port = None;
             if let Some(p) = a.monitor.prometheus_port {
                 let e = generator.engine().clone();
@@ -394,7 +407,7 @@ fn generator(
                     move || e.info().metrics().render(),
                 )?);
             }
-            (Box::new(generator), m.clone(), port)
+            (Box::new(generator), name, port)
         }
         (None, Some(url)) => {
             if a.cache.changed() {

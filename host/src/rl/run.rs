@@ -86,23 +86,39 @@ fn generators(
             })
             .collect();
         clients = render_where_configured(cfg, rt, clients)?;
-        let served = rt
+        let mut served = rt
             .block_on(clients[0].first_model())
             .with_context(|| format!("asking {} for its model", client.base_urls[0]))?;
+        let adapters = cfg.trainer.model.lora.is_some();
+        if adapters {
+            served = super::weights::POLICY_ADAPTER.to_string();
+        }
         let pool = Arc::new(crate::rollout::OpenAiPool::new(clients));
-        let sink = WeightSink::servers(rt, pool.clone(), client.weight_sync, out.join("weights"))?;
+        let sink = WeightSink::servers(
+            rt,
+            pool.clone(),
+            client.weight_sync,
+            out.join("weights"),
+            adapters,
+        )?;
         return Ok((pool, sink, served));
     }
     let setup = cfg
         .inference
         .resolve(crate::device::CudaStatus::probe())
         .context("the [inference] section")?;
-    let served = setup.server.served_name.clone();
+    let mut served = setup.server.served_name.clone();
+    let mut engine_cfg = setup.engine.clone();
+    if cfg.trainer.model.lora.is_some() {
+        // The engine serves the trainer's adapter beside the base; rollouts ask for it.
+        engine_cfg.max_loras = 1;
+        served = super::weights::POLICY_ADAPTER.to_string();
+    }
     let generator = crate::rollout::InProcess::load(
         &setup.model_dir,
         setup.device,
         setup.precision.kind(),
-        setup.engine.clone(),
+        engine_cfg,
         setup.server.clone(),
     )?;
     let engine = generator.engine().clone();
@@ -206,8 +222,26 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
         .context("trainer.device")?;
     let precision = cfg.trainer.precision(device).context("trainer.dtype")?;
     let policy_dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
-    let policy = crate::model::Qwen3::load(&policy_dir, device, precision.kind())
+    let mut policy = crate::model::Qwen3::load(&policy_dir, device, precision.kind())
         .with_context(|| format!("loading the policy {}", policy_dir.display()))?;
+    if let Some(lora) = &cfg.trainer.model.lora {
+        let adapters = crate::model::Lora::new(
+            &policy.cfg,
+            lora.clone(),
+            device,
+            precision.kind(),
+            cfg.orchestrator.seed,
+        )
+        .map_err(|e| anyhow::anyhow!("trainer.model.lora.{e}"))?
+        .with_base(cfg.trainer.model.name.clone());
+        tracing::info!(
+            "trainer: LoRA rank {} on {:?} ({:.1} MiB of adapters; the base is frozen)",
+            lora.rank,
+            lora.target_modules,
+            adapters.bytes() as f64 / (1 << 20) as f64
+        );
+        policy.set_lora(Some(adapters));
+    }
     tracing::info!(
         "trainer: {precision} on {}, activation checkpointing {:?}, optimiser state on {}",
         crate::device::name(device),
@@ -403,7 +437,10 @@ pub fn run(
     metrics::write_curves(&log, &out.join("curves.png"))?;
     // The trained policy as a plain model folder, ready for `host eval -m`.
     let final_dir = out.join("final");
-    trainer.model.save(&final_dir)?;
+    match trainer.model.lora() {
+        Some(lora) => lora.save_peft(&final_dir, &cfg.trainer.model.name, None)?,
+        None => trainer.model.save(&final_dir)?,
+    }
     crate::model::tokenizer::copy_files(&policy_dir, &final_dir)?;
     sink.shutdown();
     Ok(lines)

@@ -1,7 +1,9 @@
 //! Where the trainer's weights go after each step: the colocated engine (tensors copied in
 //! memory, no disk) or remote OpenAI-compatible servers (a folder published atomically under
 //! `OUTPUT/weights/step_N`, loaded by each server through the route of its kind,
-//! [`crate::rollout::WeightSync`]; the two newest folders are kept).
+//! [`crate::rollout::WeightSync`]; the two newest folders are kept). With LoRA, only the
+//! adapter moves: the engine copies the trainer's adapter tensors in place, servers load its
+//! PEFT folder in place; both serve it as [`POLICY_ADAPTER`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,8 +12,11 @@ use anyhow::Context;
 
 use super::checkpoint::publish_dir;
 use super::trainer::Trainer;
-use crate::engine::{Engine, WeightSource};
+use crate::engine::{AdapterSource, Engine, WeightSource};
 use crate::rollout::{OpenAiPool, SyncTarget, WeightSync};
+
+/// The name under which generators serve the adapter a LoRA run trains (rollouts ask for it).
+pub const POLICY_ADAPTER: &str = "policy";
 
 /// The receiver of each step's weights.
 pub enum WeightSink {
@@ -36,11 +41,12 @@ impl WeightSink {
         pool: Arc<OpenAiPool>,
         sync: WeightSync,
         root: PathBuf,
+        adapters: bool,
     ) -> anyhow::Result<Self> {
         let mut targets = Vec::new();
         for c in pool.clients() {
             let t = rt
-                .block_on(c.prepare_sync(sync))
+                .block_on(c.prepare_sync(sync, adapters))
                 .with_context(|| format!("orchestrator.client.weight_sync = {:?}", sync.name()))?;
             tracing::info!("{}: weights through {}", c.base_url(), t.kind.name());
             targets.push(t);
@@ -74,7 +80,8 @@ impl WeightSink {
             Self::Engine(_) => false,
             Self::Servers { targets, .. } => targets.iter().any(|t| t.kind != WeightSync::Rlhost),
         };
-        if start > 0 || untracked {
+        // A LoRA run's adapter is loaded before the first rollouts, which ask for it.
+        if start > 0 || untracked || trainer.model.lora().is_some() {
             self.publish(rt, trainer, start)
         } else {
             Ok(0)
@@ -89,6 +96,9 @@ impl WeightSink {
         trainer: &Trainer,
         step: usize,
     ) -> anyhow::Result<u64> {
+        if let Some(lora) = trainer.model.lora() {
+            return self.publish_adapter(rt, lora, step);
+        }
         match self {
             Self::Engine(e) => {
                 Ok(rt.block_on(e.update_weights(WeightSource::Tensors(trainer.weights())))?)
@@ -120,6 +130,47 @@ impl WeightSink {
                         })?;
                 }
                 // Servers have loaded it; keep only the newest two folders.
+                if step >= 2 {
+                    let _ = std::fs::remove_dir_all(root.join(format!("step_{}", step - 2)));
+                }
+                Ok(version)
+            }
+        }
+    }
+
+    /// [`WeightSink::publish`] of a LoRA run: the adapter alone, loaded in place.
+    fn publish_adapter(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        lora: &crate::model::Lora,
+        step: usize,
+    ) -> anyhow::Result<u64> {
+        match self {
+            Self::Engine(e) => {
+                let source = AdapterSource::Lora(lora.shallow_clone());
+                Ok(rt.block_on(e.load_adapter(POLICY_ADAPTER, source, true))?)
+            }
+            Self::Servers {
+                pool,
+                targets,
+                root,
+            } => {
+                let base = lora.base().unwrap_or_default().to_owned();
+                let dst = publish_dir(root, &format!("step_{step}"), |tmp| {
+                    Ok(lora.save_peft(tmp, &base, None)?)
+                })?;
+                let mut version = step as u64;
+                for (c, t) in pool.clients().iter().zip(targets) {
+                    version = rt
+                        .block_on(c.load_adapter(POLICY_ADAPTER, &dst, t, step as u64))
+                        .with_context(|| {
+                            format!(
+                                "loading the adapter of step {step} into {} ({})",
+                                c.base_url(),
+                                t.kind.name()
+                            )
+                        })?;
+                }
                 if step >= 2 {
                     let _ = std::fs::remove_dir_all(root.join(format!("step_{}", step - 2)));
                 }

@@ -9,6 +9,12 @@
 //! | `sglang` | `POST /update_weights_from_disk {"model_path"}` | flushes its cache itself |
 //! | `prime-rl` | `POST /update_weights {"weight_dir"}` | prime-rl's vLLM server; resets the prefix cache itself |
 //!
+//! With LoRA (`trainer.model.lora`) the trainer publishes its adapter's PEFT folder instead
+//! (megabytes, not the model), loaded by rlhost and vLLM servers alike through vLLM's `POST
+//! /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}` (vLLM started with
+//! `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; its prefix cache is reset after, as
+//! its cached blocks of the adapter's old values would otherwise be reused).
+//!
 //! Servers other than rlhost's report no policy version in their completions: the client then
 //! stamps each completion with the version it tracks ([`OpenAiClient::track_versions`]: the
 //! version of the last update that had *returned* when the request was sent), so a rollout
@@ -21,7 +27,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::{GenError, OpenAiClient};
-use crate::openai::{self, UpdateWeightsRequest, UpdateWeightsResponse};
+use crate::openai::{self, LoadLoraAdapterRequest, UpdateWeightsRequest, UpdateWeightsResponse};
 
 /// How `host rl` hands each step's weights to remote servers.
 #[derive(
@@ -158,7 +164,13 @@ impl OpenAiClient {
     /// take weights that way: the route exists (else the error names the flag or variable that
     /// adds it) and, for vLLM, that the served model's output layer is untied (read from the
     /// `config.json` of the folder it says it loaded, when that folder is readable here).
-    pub async fn prepare_sync(&self, sync: WeightSync) -> Result<SyncTarget, GenError> {
+    /// With `adapters` (LoRA), the base model is never reloaded: its untied layers do not
+    /// matter, and only rlhost and vLLM servers take adapters.
+    pub async fn prepare_sync(
+        &self,
+        sync: WeightSync,
+        adapters: bool,
+    ) -> Result<SyncTarget, GenError> {
         let models = self.models().await?;
         let card = models.data.first();
         let owned_by = card.map(|c| c.owned_by.as_str()).unwrap_or_default();
@@ -192,6 +204,14 @@ impl OpenAiClient {
             root,
             version_route: false,
         };
+        if adapters && !matches!(kind, WeightSync::Rlhost | WeightSync::Vllm) {
+            return Err(GenError::Fatal(format!(
+                "{} is a {} server: LoRA adapters are loaded into rlhost and vLLM servers \
+                 (vLLM's /v1/load_lora_adapter)",
+                self.root(),
+                kind.name()
+            )));
+        }
         match kind {
             WeightSync::Vllm => {
                 let routes = self.routes().await?;
@@ -205,7 +225,7 @@ impl OpenAiClient {
                         )));
                     }
                 }
-                if let Some(root) = &target.root {
+                if let Some(root) = target.root.as_ref().filter(|_| !adapters) {
                     let cfg = Path::new(root).join("config.json");
                     if let Ok(text) = std::fs::read_to_string(&cfg)
                         && let Ok(c) = serde_json::from_str::<TieConfig>(&text)
@@ -260,6 +280,46 @@ impl OpenAiClient {
                 "POST {url}: HTTP {status}: {text}"
             ))),
         }
+    }
+
+    /// Makes the server load the PEFT folder `dir` as adapter `name` (in place when it holds
+    /// one of that name), as policy `version`; returns the version the server reports
+    /// (rlhost), else `version`. Completions requested from now on are stamped with it where
+    /// the server reports none.
+    pub async fn load_adapter(
+        &self,
+        name: &str,
+        dir: &Path,
+        target: &SyncTarget,
+        version: u64,
+    ) -> Result<u64, GenError> {
+        let body = LoadLoraAdapterRequest {
+            lora_name: name.to_owned(),
+            lora_path: dir.to_string_lossy().into_owned(),
+            load_inplace: true,
+        };
+        let text = self.post_ok("/v1/load_lora_adapter", &body).await?;
+        let served = match target.kind {
+            WeightSync::Vllm => {
+                // vLLM keys cached blocks by the adapter's id, which an in-place load keeps.
+                self.post_ok("/reset_prefix_cache", &()).await?;
+                if target.version_route {
+                    let v = WeightVersion {
+                        new_version: version.to_string(),
+                    };
+                    self.post_ok("/update_weight_version", &v).await?;
+                }
+                version
+            }
+            _ => {
+                let r: UpdateWeightsResponse = openai::parse_response(&text).map_err(|e| {
+                    GenError::Fatal(format!("POST {}/v1/load_lora_adapter: {e}", self.root()))
+                })?;
+                r.policy_version.unwrap_or(version)
+            }
+        };
+        self.tracked.store(served, Ordering::SeqCst);
+        Ok(served)
     }
 
     /// Makes the server load the weights in `dir` the way `target` says, as policy `version`;

@@ -232,6 +232,66 @@ fn served_and_in_process_evals_agree_under_greedy_decoding() {
     assert_eq!(local[0]["completion_tokens"]["max"], 24.0);
 }
 
+/// `host eval -m BASE --lora DIR` evaluates the adapter (its completions differ from the
+/// base's) and agrees, under greedy decoding, with `host eval -b` against `host inference
+/// --enable-lora --lora-modules` naming the adapter; `--lora` without `-m` is refused.
+#[test]
+fn an_adapter_evaluates_in_process_as_on_a_server() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["math500"], 9);
+    let cfg = rlhost::model::Qwen3Config::load(&model).unwrap();
+    let adapter = tmp.path().join("adapter");
+    common::random_lora(&cfg, 8.0, 3)
+        .save_peft(&adapter, "tiny", None)
+        .unwrap();
+    let args = [
+        "eval",
+        "math500",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--json",
+    ];
+    let eval = |extra: &[&str], save: &str| -> (Value, Vec<Value>) {
+        let dir = tmp.path().join(save);
+        let out = common::run(
+            common::host(&home)
+                .args(args)
+                .args(extra)
+                .arg("--save-dir")
+                .arg(&dir),
+        );
+        let (stdout, stderr) = common::texts(&out);
+        assert!(out.status.success(), "{extra:?}: {stderr}");
+        let summary = serde_json::from_str(&stdout).unwrap();
+        (summary, results(&dir.join("math500/results.jsonl")))
+    };
+    let (model_s, adapter_s) = (model.display().to_string(), adapter.display().to_string());
+    let (_, base) = eval(&["-m", &model_s], "base");
+    let (local, with) = eval(&["-m", &model_s, "--lora", &adapter_s], "local");
+    assert_ne!(
+        base[0]["completion"], with[0]["completion"],
+        "the adapter applies"
+    );
+    let module = format!("x={adapter_s}");
+    let server =
+        common::InferenceServer::start(&model, &["--enable-lora", "--lora-modules", &module]);
+    let (served, over) = eval(&["-b", &server.url, "--served-model-name", "x"], "served");
+    drop(server);
+    for (a, b) in with.iter().zip(&over) {
+        assert_eq!(a["completion"], b["completion"]);
+    }
+    assert_eq!(local[0]["reward"], served[0]["reward"]);
+    let out = common::run(common::host(&home).args(args).args(["--lora", &adapter_s]));
+    let err = common::texts(&out).1;
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--lora") && err.contains("--model"), "{err}");
+}
+
 /// `arith-tools` as a Rust component, an Extism plugin (AssemblyScript) and a Python component,
 /// each packed, published, installed from the registry and evaluated by `host eval` against the
 /// same scripted model: identical metrics. The model calls the calculator with the question's

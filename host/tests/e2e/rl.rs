@@ -512,3 +512,96 @@ fn remote_servers_generate_and_receive_weights() {
     assert!(lines.iter().all(|l| l["policy_lag"] == 0), "{lines:?}");
     assert!(run_dir.join("weights/step_3/model.safetensors").is_file());
 }
+
+/// `host rl` with LoRA (`--model.lora.*`, which lands in `[trainer]`): in process, the engine
+/// serves the trainer's adapter as `policy` and takes it each step (the sampler's and the
+/// trainer's log-probs agree: ratio 1), checkpoints hold the adapter and `OUTPUT/final` is a
+/// PEFT folder of the base model, whose files are untouched; remote, a `host inference
+/// --enable-lora` server loads each step's adapter folder in place (three updates, its base
+/// model unchanged) and the folders hold the adapter, not the model. Settings the run cannot
+/// honour are refused by key.
+#[test]
+fn lora_runs_in_process_and_on_remote_servers() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 8);
+    let lora = ["--model.lora.rank", "8", "--model.lora.alpha", "16"].map(String::from);
+    for (flag, key) in [
+        ("--model.lora.rank", "trainer.model.lora.rank"),
+        ("--orchestrator.model.lora.rank", "orchestrator.model.lora"),
+    ] {
+        let err = common::run_err(
+            common::host(&home)
+                .args(rl_args(&model, &tmp.path().join("bad"), 1))
+                .args([flag, "0"]),
+        );
+        assert!(err.contains(key), "{flag}: {err}");
+    }
+    let before = std::fs::read(model.join("model.safetensors")).unwrap();
+    let run_dir = tmp.path().join("lora");
+    let out = common::run(
+        common::host(&home)
+            .args(rl_args(&model, &run_dir, 3))
+            .args(&lora),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines = metric_lines(&run_dir);
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        assert!(l["ratio_mean"].as_f64().unwrap() > 0.99, "{l}");
+    }
+    let last = run_dir.join("checkpoints/step_2");
+    for dir in [run_dir.join("final"), last] {
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("adapter_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["r"], 8, "{}", dir.display());
+        assert_eq!(config["lora_alpha"], 16.0);
+        assert_eq!(
+            config["base_model_name_or_path"],
+            model.display().to_string()
+        );
+        assert!(dir.join("adapter_model.safetensors").is_file());
+        assert!(!dir.join("model.safetensors").exists());
+    }
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        before
+    );
+
+    let server = common::InferenceServer::start(&model, &["--enable-lora"]);
+    let url = server.url.clone();
+    let run_dir = tmp.path().join("remote-lora");
+    let out = common::run(
+        common::host(&home)
+            .args(without_inference(rl_args(&model, &run_dir, 3)))
+            .args(&lora)
+            .args([
+                "--orchestrator.client.base-urls",
+                &format!("[\"{url}\"]"),
+                "--orchestrator.async-level",
+                "0",
+            ]),
+    );
+    let models = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
+        .unwrap();
+    drop(server);
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][1]["id"], "policy", "{models}");
+    assert_eq!(
+        models["data"][0]["policy_version"], 3,
+        "three in-place loads reached the server"
+    );
+    let lines = metric_lines(&run_dir);
+    assert_eq!(lines.len(), 3);
+    assert!(lines.iter().all(|l| l["policy_lag"] == 0), "{lines:?}");
+    let published = run_dir.join("weights/step_3");
+    assert!(published.join("adapter_model.safetensors").is_file());
+    assert!(!published.join("model.safetensors").exists());
+}

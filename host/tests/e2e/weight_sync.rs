@@ -119,7 +119,7 @@ fn each_server_kind_gets_its_route_and_versions_are_tracked() {
     for (owned_by, routes, update, asked, kind, expected) in cases {
         let (url, seen, stop) = fake(owned_by, routes, update);
         let c = client(&url).track_versions(0);
-        let target = rt.block_on(c.prepare_sync(asked)).unwrap();
+        let target = rt.block_on(c.prepare_sync(asked, false)).unwrap();
         assert_eq!(target.kind, kind, "{owned_by} {routes:?}");
         // Before the update: completions stamped 0; after it returned: 3.
         let req = rlhost::rollout::request("m", &[], &[], &Default::default(), None);
@@ -153,17 +153,25 @@ fn a_failed_or_missing_route_is_an_error_naming_the_fix() {
         json!({"success": false, "message": "shape mismatch in lm_head"}),
     );
     let c = client(&url);
-    let target = rt.block_on(c.prepare_sync(WeightSync::Sglang)).unwrap();
+    let target = rt
+        .block_on(c.prepare_sync(WeightSync::Sglang, false))
+        .unwrap();
     let err = rt
         .block_on(c.update_weights(dir, &target, 1))
         .unwrap_err()
         .to_string();
     assert!(err.contains("shape mismatch in lm_head"), "{err}");
+    // LoRA adapters go to rlhost and vLLM servers only.
+    let err = rt
+        .block_on(c.prepare_sync(WeightSync::Sglang, true))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rlhost and vLLM"), "{err}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // vLLM without dev mode.
     let (url, _, stop) = fake("vllm", &["/v1/chat/completions"], json!({}));
     let err = rt
-        .block_on(client(&url).prepare_sync(WeightSync::Auto))
+        .block_on(client(&url).prepare_sync(WeightSync::Auto, false))
         .unwrap_err()
         .to_string();
     assert!(err.contains("VLLM_SERVER_DEV_MODE=1"), "{err}");
@@ -171,7 +179,7 @@ fn a_failed_or_missing_route_is_an_error_naming_the_fix() {
     // prime-rl asked of plain vLLM.
     let (url, _, stop) = fake("vllm", &["/collective_rpc"], json!({}));
     let err = rt
-        .block_on(client(&url).prepare_sync(WeightSync::PrimeRl))
+        .block_on(client(&url).prepare_sync(WeightSync::PrimeRl, false))
         .unwrap_err()
         .to_string();
     assert!(err.contains("prime-rl's `inference`"), "{err}");

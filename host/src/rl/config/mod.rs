@@ -323,13 +323,21 @@ pub fn parse(args: &[String], configs: &Path) -> Result<(RlConfig, RunOptions), 
         plugin_env(&mut tree, p)?;
     }
     for (path, v) in overrides {
-        if path.first().map(String::as_str) == Some("model") {
-            // `--model.name X` applies to every section.
+        if path.first().map(String::as_str) == Some("model")
+            && path.get(1).map(String::as_str) != Some("lora")
+        {
+            // `--model.name X` applies to every section (`--model.lora.*` to the trainer's).
             for s in SECTIONS {
                 let mut p = vec![s.to_string()];
                 p.extend(path.iter().cloned());
                 set(&mut tree, &p, v.clone())?;
             }
+            continue;
+        }
+        if path.first().map(String::as_str) == Some("model") {
+            let mut p = vec!["trainer".to_string()];
+            p.extend(path.iter().cloned());
+            set(&mut tree, &p, v)?;
             continue;
         }
         let Some(section) = path.first().and_then(|s| section_alias(s)) else {
@@ -497,6 +505,22 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             "orchestrator.sampling.temperature",
             "must be positive: the trainer takes its log-probs at this temperature",
         ));
+    }
+    for (key, set) in [
+        ("orchestrator.model.lora", orch.model.lora.is_some()),
+        ("inference.model.lora", infer.model.lora.is_some()),
+    ] {
+        if set {
+            return Err(refuse(
+                key,
+                "is the trainer's: set trainer.model.lora (or --model.lora.*); the engine serves \
+                 the adapter it trains",
+            ));
+        }
+    }
+    if let Some(Err(e)) = trainer.model.lora.as_ref().map(|l| l.check()) {
+        let (key, reason) = e.split_once(": ").unwrap_or(("", e.as_str()));
+        return Err(refuse(&format!("trainer.model.lora.{key}"), reason));
     }
     if orch.model.name != trainer.model.name {
         return Err(refuse(

@@ -20,12 +20,21 @@ pub struct ModelConfig {
         value_name = "MODEL"
     )]
     pub name: String,
+    /// Train LoRA adapters instead of every weight (the trainer's `[model.lora]`: `rank`,
+    /// `alpha`, `dropout`, `target_modules`, `use_rslora`; unset: full fine-tuning). The base
+    /// stays frozen; the engine serves the adapter as `policy` and takes the new one each
+    /// step (remote servers load its PEFT folder in place), and `OUTPUT/final` is a PEFT
+    /// folder. Set in the `[trainer]` section (or `--model.lora.rank 16`, which goes there).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::LoraConfig>,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             name: "Qwen/Qwen3-8B".into(),
+            lora: None,
         }
     }
 }
