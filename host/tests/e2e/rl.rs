@@ -526,7 +526,7 @@ fn lora_runs_in_process_and_on_remote_servers() {
     let lora = ["--model.lora.rank", "8", "--model.lora.alpha", "16"].map(String::from);
     for (flag, key) in [
         ("--model.lora.rank", "trainer.model.lora.rank"),
-        ("--orchestrator.model.lora.rank", "orchestrator.model.lora"),
+        ("--orchestrator.model.lora.rank", "lora"),
     ] {
         let err = common::run_err(
             common::host(&home)

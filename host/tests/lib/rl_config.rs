@@ -37,6 +37,8 @@ fn special(path: &str) -> Option<&'static str> {
         "inference.reasoning_parser" => "qwen3",
         "inference.host" => "0.0.0.0",
         "inference.served_model_name" => "served",
+        "trainer.model.lora.target_modules" => "[\"q_proj\", \"up_proj\"]",
+        "inference.lora_modules" => "[\"a=/adapter\"]",
         "orchestrator.client.base_urls" => "[\"http://127.0.0.1:9\"]",
         "orchestrator.client.api_key_var" => "KEY",
         "orchestrator.env" => "[{id = \"arith\"}]",

@@ -201,13 +201,7 @@ impl InferConfig {
             return Err(bad("kv_cache_fraction", "must be in (0, 1]"));
         }
         self.lora_modules()?;
-        if self.model.lora.is_some() {
-            return Err(bad(
-                "model.lora",
-                "trains adapters (host rl's trainer); a server serves them with enable_lora and \
-                 lora_modules",
-            ));
-        }
+
         self.device
             .parse::<DeviceSpec>()
             .map_err(InferConfigError::Device)?;

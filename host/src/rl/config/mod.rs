@@ -21,7 +21,7 @@ pub use inference::{EngineSetup, InferConfig, InferConfigError};
 pub use orchestrator::{
     ClientConfig, EnvConfig, EvalConfig, EvalEnvConfig, OrchConfig, SamplingConfig,
 };
-pub use trainer::{CkptConfig, DataConfig, ModelConfig, TrainerConfig};
+pub use trainer::{CkptConfig, DataConfig, ModelConfig, TrainerConfig, TrainerModelConfig};
 
 /// Everything `host rl` needs.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -505,18 +505,6 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             "orchestrator.sampling.temperature",
             "must be positive: the trainer takes its log-probs at this temperature",
         ));
-    }
-    for (key, set) in [
-        ("orchestrator.model.lora", orch.model.lora.is_some()),
-        ("inference.model.lora", infer.model.lora.is_some()),
-    ] {
-        if set {
-            return Err(refuse(
-                key,
-                "is the trainer's: set trainer.model.lora (or --model.lora.*); the engine serves \
-                 the adapter it trains",
-            ));
-        }
     }
     if let Some(Err(e)) = trainer.model.lora.as_ref().map(|l| l.check()) {
         let (key, reason) = e.split_once(": ").unwrap_or(("", e.as_str()));

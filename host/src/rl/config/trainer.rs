@@ -20,20 +20,36 @@ pub struct ModelConfig {
         value_name = "MODEL"
     )]
     pub name: String,
-    /// Train LoRA adapters instead of every weight (the trainer's `[model.lora]`: `rank`,
-    /// `alpha`, `dropout`, `target_modules`, `use_rslora`; unset: full fine-tuning). The base
-    /// stays frozen; the engine serves the adapter as `policy` and takes the new one each
-    /// step (remote servers load its PEFT folder in place), and `OUTPUT/final` is a PEFT
-    /// folder. Set in the `[trainer]` section (or `--model.lora.rank 16`, which goes there).
-    #[arg(skip)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora: Option<crate::model::LoraConfig>,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             name: "Qwen/Qwen3-8B".into(),
+        }
+    }
+}
+
+/// The model the trainer trains: [`ModelConfig`]'s name, and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerModelConfig {
+    /// The model: a Hugging Face folder or hub id (`Qwen/Qwen3-8B`, read from the local HF
+    /// cache).
+    pub name: String,
+    /// Train LoRA adapters instead of every weight (`[model.lora]` in the trainer's file:
+    /// `rank`, `alpha`, `dropout`, `target_modules`, `use_rslora`; unset: full fine-tuning;
+    /// `--model.lora.rank 16` sets it too). The base stays frozen; the engine serves the
+    /// adapter as `policy` and takes the new one each step (remote servers load its PEFT
+    /// folder in place), and `OUTPUT/final` is a PEFT folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::LoraConfig>,
+}
+
+impl Default for TrainerModelConfig {
+    fn default() -> Self {
+        Self {
+            name: ModelConfig::default().name,
             lora: None,
         }
     }
@@ -92,7 +108,7 @@ pub struct TrainerConfig {
     /// Optimiser steps (the run takes the smaller of this and `orchestrator.max_steps`).
     pub max_steps: usize,
     /// The policy trained.
-    pub model: ModelConfig,
+    pub model: TrainerModelConfig,
     /// AdamW and its learning-rate schedule.
     pub optim: OptimConfig,
     /// The policy-gradient objective.
@@ -119,7 +135,7 @@ impl Default for TrainerConfig {
     fn default() -> Self {
         Self {
             max_steps: 300,
-            model: ModelConfig::default(),
+            model: TrainerModelConfig::default(),
             optim: OptimConfig::default(),
             loss: LossConfig::default(),
             data: DataConfig::default(),
