@@ -743,12 +743,12 @@ mod tests {
         assert_eq!(cfg.trainer.loss.clip_ratio, Some(4.0));
         assert_eq!(cfg.orchestrator.batch_size, 64);
         assert_eq!(cfg.orchestrator.env[0].args["tools"].as_str(), Some("none"));
-        for m in [
-            &cfg.trainer.model,
-            &cfg.orchestrator.model,
-            &cfg.inference.model,
+        for name in [
+            &cfg.trainer.model.name,
+            &cfg.orchestrator.model.name,
+            &cfg.inference.model.name,
         ] {
-            assert_eq!(m.name, "/m");
+            assert_eq!(name, "/m");
         }
         assert!(opts.resume);
         assert!(opts.allow_missing_capabilities);
