@@ -13,10 +13,26 @@ pub mod sandbox;
 pub mod serve;
 pub mod train;
 pub mod train_memory;
+pub mod weight_sync;
 
 use std::time::Instant;
 
 use serde::Serialize;
+
+/// The CPU's model name (`/proc/cpuinfo`), with its core count: the machine a CPU figure ran on.
+pub fn cpu_model() -> String {
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{name}, {cores} cores")
+}
 
 /// Time and memory of one measured piece of work.
 #[derive(Debug, Clone, Serialize)]

@@ -42,6 +42,10 @@ enum BenchCommand {
     /// part, an accounting model fitted on it and projected to every preset and to 80 GB and
     /// 141 GB GPUs; with `--baseline`, today's default step in a child process for the ratio.
     TrainMemory(TrainMemoryArgs),
+    /// What handing a training step's weights to the generators costs, full fine-tuning
+    /// against LoRA, through `host rl`'s own sync: to the engine in process and to a real
+    /// `host inference` server over HTTP (bytes and seconds per step, and their ratios).
+    WeightSync(WeightSyncArgs),
     /// A decode step's matrix products at a real size by each kernel the engine can run them
     /// with (libtorch's BLAS, oneDNN, the few-rows kernel): time, GB/s, speed-up.
     Products(ProductsArgs),
@@ -162,6 +166,29 @@ struct LogprobsArgs {
     /// Tokens in the row.
     #[arg(long, default_value_t = 4096)]
     seq_len: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Weight sync per step, full against LoRA.
+#[derive(Debug, Args)]
+struct WeightSyncArgs {
+    /// The model's shape (random weights).
+    #[arg(long, default_value = "0.6b")]
+    preset: crate::model::Preset,
+    /// Weights' dtype on the trainer and the engines: `f32` or `bf16`.
+    #[arg(long, default_value = "f32")]
+    dtype: crate::device::Precision,
+    /// The adapters' rank.
+    #[arg(long, default_value_t = 16)]
+    lora: usize,
+    /// The projections adapted (default: the attention's four, `[model.lora]`'s default).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = crate::model::LoraConfig::default().target_modules)]
+    target_modules: Vec<crate::model::LoraTarget>,
+    /// Publishes timed per mode.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -396,6 +423,18 @@ pub(super) fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Logprobs(a) => logprobs(a),
         BenchCommand::Train(a) => train(a),
         BenchCommand::TrainMemory(a) => train_memory(a),
+        BenchCommand::WeightSync(a) => {
+            let options = crate::bench::weight_sync::WeightSyncOptions {
+                preset: a.preset,
+                precision: a.dtype,
+                rank: a.lora,
+                target_modules: a.target_modules,
+                steps: a.steps,
+            };
+            let report = crate::bench::weight_sync::run(&options, &stderr_unless(a.json))
+                .context("measuring weight sync")?;
+            emit(a.json, &report, report.to_text())
+        }
         BenchCommand::Products(a) => products(a),
         BenchCommand::Prefill(a) => prefill(a),
         BenchCommand::Sampler(a) => sampler(a),

@@ -1365,3 +1365,71 @@ fn lora_adapters_are_served_loaded_and_unloaded_over_http() {
         "the base is untouched"
     );
 }
+
+/// `host bench weight-sync` at the tiny shape: both ways measured for both trainers through
+/// `host rl`'s sync; in process the bytes are the tensors' (the whole model's against the
+/// adapter's, exactly their parameter counts apart), remote the published folders' (the
+/// adapter's PEFT folder far smaller than the model's); a zero rank is refused by name.
+#[test]
+fn bench_weight_sync_measures_full_and_lora_both_ways() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stdout = common::run_ok(common::host(tmp.path()).args([
+        "bench",
+        "weight-sync",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--json",
+    ]));
+    let r: Value = serde_json::from_str(&stdout).unwrap();
+    let cfg = Qwen3Config::preset(Preset::Tiny);
+    let per_layer: i64 = [
+        (cfg.num_attention_heads, 1),
+        (cfg.num_key_value_heads, 2),
+        (cfg.num_attention_heads, 1),
+    ]
+    .iter()
+    .map(|&(heads, times)| times * 16 * (heads * cfg.head_dim + cfg.hidden_size))
+    .sum();
+    assert_eq!(
+        r["adapter_parameters"],
+        per_layer * cfg.num_hidden_layers,
+        "q, k, v and o at rank 16: {r}"
+    );
+    let ip = &r["in_process"];
+    assert_eq!(
+        ip["full"]["bytes"],
+        r["parameters"].as_u64().unwrap() * 4,
+        "{r}"
+    );
+    assert_eq!(
+        ip["lora"]["bytes"],
+        r["adapter_parameters"].as_u64().unwrap() * 4,
+        "{r}"
+    );
+    let remote = &r["remote"];
+    let (full, lora) = (
+        remote["full"]["bytes"].as_u64().unwrap(),
+        remote["lora"]["bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        lora > ip["lora"]["bytes"].as_u64().unwrap() && full > 10 * lora,
+        "{r}"
+    );
+    for side in [ip, remote] {
+        for which in ["full", "lora"] {
+            assert_eq!(side[which]["each"].as_array().unwrap().len(), 2, "{r}");
+            assert!(side[which]["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+    let err = common::run_err(common::host(tmp.path()).args([
+        "bench",
+        "weight-sync",
+        "--preset",
+        "tiny",
+        "--lora",
+        "0",
+    ]));
+    assert!(err.contains("rank"), "{err}");
+}
