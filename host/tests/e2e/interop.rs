@@ -40,6 +40,11 @@ struct Vllm {
 impl Vllm {
     /// Starts vLLM on `model` (served as `tiny`, f32, hermes tools) and waits until it answers.
     fn start(model: &Path, log: PathBuf) -> Self {
+        Self::start_with(model, log, &[], &[])
+    }
+
+    /// [`Vllm::start`] with more flags and environment variables.
+    fn start_with(model: &Path, log: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Self {
         use std::os::unix::process::CommandExt;
         let python = std::env::var_os("RLHOST_VLLM_PYTHON")
             .map(PathBuf::from)
@@ -81,6 +86,8 @@ impl Vllm {
                 // ("CPU Generator does not use offset"); the RL loop seeds every turn.
                 "--no-enable-chunked-prefill",
             ])
+            .args(extra)
+            .envs(env.iter().copied())
             .env("VLLM_TARGET_DEVICE", "cpu")
             .env("VLLM_CPU_KVCACHE_SPACE", "1")
             .env("VLLM_SERVER_DEV_MODE", "1")
@@ -206,8 +213,19 @@ fn post(url: &str, body: &Value) -> Result<Value, String> {
 
 /// A greedy chat completion with token ids and log-probs.
 fn greedy(url: &str, messages: &Value, tools: Option<&Value>, max_tokens: u32) -> Value {
+    greedy_as(url, "tiny", messages, tools, max_tokens)
+}
+
+/// [`greedy`] asking for `model` (an adapter's name, or the base's).
+fn greedy_as(
+    url: &str,
+    model: &str,
+    messages: &Value,
+    tools: Option<&Value>,
+    max_tokens: u32,
+) -> Value {
     let mut body = json!({
-        "model": "tiny",
+        "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -270,8 +288,14 @@ fn compare(a: &Value, b: &Value, what: &str) -> f64 {
 
 /// Greedy log-probs of a fixed prompt, to compare served weights.
 fn probe(url: &str) -> Vec<f64> {
-    let c = greedy(
+    probe_as(url, "tiny")
+}
+
+/// [`probe`] asking for `model`.
+fn probe_as(url: &str, model: &str) -> Vec<f64> {
+    let c = greedy_as(
         url,
+        model,
         &json!([{"role": "user", "content": "What is 17 + 25? Answer with a number."}]),
         None,
         16,
@@ -655,6 +679,87 @@ fn vllm_interop() {
             "vLLM + host inference (auto: vllm, rlhost): {served_by_vllm} of {total} completions \
              on vLLM, both at the final weights (within {:.1e})",
             dv.max(dr)
+        ),
+    );
+    drop(ours);
+    drop(vllm);
+
+    // 5. host rl with LoRA on vLLM: each step's adapter folder loaded in place through vLLM's
+    // runtime LoRA route (`--enable-lora`, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), against the
+    // in-process run. Synchronous, so vLLM's log-probs must match the trainer's (`mismatch_kl`)
+    // on every step, which holds only if every adapter reached it; after the run vLLM serves
+    // the final adapter as rlhost does.
+    let vllm = Vllm::start_with(
+        &warm,
+        tmp.path().join("vllm-lora.log"),
+        &["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"],
+        &[("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")],
+    );
+    let steps = 4;
+    let lora = [
+        "--orchestrator.async-level",
+        "0",
+        "--model.lora.rank",
+        "8",
+        "--model.lora.alpha",
+        "16",
+        "--trainer.optim.lr",
+        "2e-3",
+    ];
+    let local = tmp.path().join("rl-lora-local");
+    rl(&home, &warm, &local, steps, &lora);
+    let remote = tmp.path().join("rl-lora-vllm");
+    let one = format!("[\"{}\"]", vllm.url);
+    let mut remote_args = lora.to_vec();
+    remote_args.extend([
+        "--orchestrator.client.base-urls",
+        &one,
+        "--orchestrator.client.weight-sync",
+        "vllm",
+    ]);
+    rl(&home, &warm, &remote, steps, &remote_args);
+    let (lines_local, lines_vllm) = (metric_lines(&local), metric_lines(&remote));
+    assert_eq!((lines_local.len(), lines_vllm.len()), (steps, steps));
+    let mismatch = column(&lines_vllm, "mismatch_kl");
+    assert!(
+        mismatch.iter().all(|m| m.abs() < 1e-4),
+        "vLLM sampled with another adapter than the trainer's: mismatch_kl {mismatch:?}"
+    );
+    let local_mismatch = column(&lines_local, "mismatch_kl");
+    let module = format!("policy={}", remote.join("final").display());
+    let ours = common::InferenceServer::start(
+        &warm,
+        &[
+            "--served-model-name",
+            "tiny",
+            "--enable-lora",
+            "--lora-modules",
+            &module,
+        ],
+    );
+    let lora_diff = max_diff(
+        &probe_as(&vllm.url, "policy"),
+        &probe_as(&ours.url, "policy"),
+    );
+    let moved = max_diff(&probe_as(&ours.url, "policy"), &probe_as(&ours.url, "tiny"));
+    drop(ours);
+    assert!(
+        lora_diff < 1e-4 && moved > 1e-4,
+        "vLLM does not serve the final adapter ({lora_diff:e}; it moved the base by {moved:e})"
+    );
+    let (rl_local, rl_vllm) = (
+        column(&lines_local, "reward"),
+        column(&lines_vllm, "reward"),
+    );
+    line(
+        "rl lora",
+        format!(
+            "{steps} steps, rank 8, adapter loaded in place on vLLM each step: mismatch_kl at \
+             most {:.1e} (in process {:.1e}); the final adapter's log-probs within \
+             {lora_diff:.1e} of rlhost's (it moves the base's by {moved:.1e}); reward per step vLLM {rl_vllm:.3?}, in process \
+             {rl_local:.3?}",
+            mismatch.iter().fold(0.0f64, |a, &b| a.max(b.abs())),
+            local_mismatch.iter().fold(0.0f64, |a, &b| a.max(b.abs())),
         ),
     );
     println!(
