@@ -330,6 +330,12 @@ impl Qwen3 {
         self.rows = rows;
     }
 
+    /// Removes the adapters and returns them ([`Qwen3::set_lora`] puts them back): the base
+    /// model alone computes meanwhile (a LoRA trainer's KL reference).
+    pub fn take_lora(&mut self) -> Option<Lora> {
+        self.lora.take()
+    }
+
     /// The adapters, if any.
     pub fn lora(&self) -> Option<&Lora> {
         self.lora.as_ref()

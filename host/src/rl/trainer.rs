@@ -452,11 +452,10 @@ pub struct Trainer {
     opt: AdamW,
     optim: OptimConfig,
     loss: LossConfig,
-    /// The frozen initial weights, kept when the loss has a KL penalty to them: a second copy
-    /// of the parameters on the trainer's device and one more forward pass (no backward) per
-    /// micro-batch. A restored checkpoint keeps the reference made at [`Trainer::new`] (the
-    /// run's initial model), not the checkpoint's weights.
-    reference: Option<Qwen3>,
+    /// The initial weights, kept when the loss has a KL penalty to them: one more forward pass
+    /// (no backward) per micro-batch. A restored checkpoint keeps the reference made at
+    /// [`Trainer::new`] (the run's initial model), not the checkpoint's weights.
+    reference: Option<Reference>,
     /// Sampling temperature the log-probs are taken at.
     pub temperature: f64,
     /// Token budget of a micro-batch (padded length × rows).
@@ -481,6 +480,15 @@ pub struct Trainer {
     max_bad_in_a_row: usize,
 }
 
+/// Where the KL penalty's reference log-probs come from.
+enum Reference {
+    /// A frozen copy of the initial weights (a second copy of the parameters on the device).
+    Copy(Box<Qwen3>),
+    /// The policy's own frozen base with its LoRA adapters left out: what a new adapter
+    /// (`B = 0`) computes, so the initial model, at no memory.
+    Base,
+}
+
 impl Trainer {
     /// A trainer of `model` for `total_steps` steps. A model with LoRA adapters
     /// ([`Qwen3::set_lora`]) trains them alone: its base weights are frozen (no gradients, no
@@ -498,10 +506,10 @@ impl Trainer {
             model.vs.freeze();
         }
         let opt = AdamW::new(&model, false);
-        let reference = if loss.needs_initial_reference() {
-            Some(model.frozen_copy()?)
-        } else {
-            None
+        let reference = match (loss.needs_initial_reference(), model.lora()) {
+            (false, _) => None,
+            (true, Some(_)) => Some(Reference::Base),
+            (true, None) => Some(Reference::Copy(Box::new(model.frozen_copy()?))),
         };
         Ok(Self {
             model,
@@ -862,19 +870,29 @@ impl Trainer {
             let entropy = (chunked.entropy.view(shape) * &mask)
                 .sum(Kind::Float)
                 .double_value(&[]);
-            let reference = match (&self.reference, objective) {
-                (Some(r), Objective::Policy) => Some(tch::no_grad(|| {
+            let temperature = self.temperature;
+            let reference_logprobs = |r: &Qwen3| {
+                tch::no_grad(|| {
                     let hidden = pass.forward(r, Checkpointing::None).hidden;
                     let d = hidden.size()[2];
                     chunked_logprobs_no_grad(
                         &hidden.view([-1, d]),
                         r.output_weight(),
                         &tgt.view([-1]),
-                        self.temperature,
+                        temperature,
                     )
                     .0
                     .view(shape)
-                })),
+                })
+            };
+            let reference = match (&self.reference, objective) {
+                (Some(Reference::Copy(r)), Objective::Policy) => Some(reference_logprobs(r)),
+                (Some(Reference::Base), Objective::Policy) => {
+                    let adapters = self.model.take_lora();
+                    let lp = reference_logprobs(&self.model);
+                    self.model.set_lora(adapters);
+                    Some(lp)
+                }
                 _ => None,
             };
             let segments = Tensor::from_slice(&segment).view(shape).to_device(device);

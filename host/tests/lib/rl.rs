@@ -976,3 +976,39 @@ fn mixed_precision_follows_f32_and_resumes_exactly() {
         assert!(t.equal(&wy[name]), "{name} differs after resuming");
     }
 }
+
+/// A LoRA trainer with a KL penalty to the initial policy keeps no copy of the model: its
+/// reference is the frozen base with the adapters left out, which is the initial policy (a new
+/// adapter's `B` is zero). So the KL is exactly 0 on the first step and grows as the adapters
+/// train, and the adapters are in place after every step (the reference pass takes them out
+/// and puts them back).
+#[test]
+fn a_lora_trainers_kl_reference_is_its_own_base() {
+    use rlhost::model::{Lora, LoraConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 16);
+    let mut model = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let lora = Lora::new(
+        &model.cfg,
+        LoraConfig::default(),
+        Device::Cpu,
+        Kind::Float,
+        5,
+    )
+    .unwrap();
+    model.set_lora(Some(lora));
+    let loss = LossConfig {
+        kl_coef: 0.5,
+        ..LossConfig::default()
+    };
+    let mut t = Trainer::new(model, optim(), loss, 0.8, 4096, 10).unwrap();
+    assert!(t.has_reference());
+    let samples = grouped_samples(&[]);
+    let kls: Vec<f64> = (0..4)
+        .map(|_| t.train_step(&samples).unwrap().loss_stats.kl)
+        .collect();
+    assert_eq!(kls[0], 0.0, "the first step's policy is the base: {kls:?}");
+    assert!(kls[3] > kls[1] && kls[1] > 0.0, "the KL grows: {kls:?}");
+    assert!(t.model.lora().is_some(), "the adapters are back in place");
+}
