@@ -1306,6 +1306,20 @@ fn lora_adapters_are_served_loaded_and_unloaded_over_http() {
     assert_eq!(status, 200, "{with_a}");
     assert_eq!(with_a["model"], "a");
     assert_ne!(with_a["choices"][0]["text"], base["choices"][0]["text"]);
+    // The other dialects pick the adapter and name it too.
+    let (status, resp) = rt.block_on(post(
+        &client,
+        &format!("{}/responses", server.url),
+        &json!({"model": "a", "input": "one two", "max_output_tokens": 4, "store": false}),
+    ));
+    assert_eq!((status, &resp["model"]), (200, &json!("a")), "{resp}");
+    let (status, msg) = rt.block_on(post(
+        &client,
+        &format!("{}/messages", server.url),
+        &json!({"model": "a", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "one two"}]}),
+    ));
+    assert_eq!((status, &msg["model"]), (200, &json!("a")), "{msg}");
     let load = |body: Value| {
         rt.block_on(post(
             &client,

@@ -298,11 +298,12 @@ fn plan(api: &Pipeline, req: &MessagesRequest) -> Result<Plan, ApiError> {
         chat_template_kwargs: (!kwargs.is_empty()).then_some(kwargs),
         ..Default::default()
     };
+    let model = api.model_name(&api.check_model(&chat.params.model)?);
     Ok(Plan {
         chat,
         one_call,
         stop_sequences,
-        model: api.served_name().to_string(),
+        model,
     })
 }
 

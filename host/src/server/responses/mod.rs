@@ -251,7 +251,7 @@ fn plan(api: &Pipeline, store: &ResponseStore, req: &ResponsesRequest) -> Result
         incomplete_details: None,
         instructions: req.instructions.clone(),
         metadata: req.metadata.clone(),
-        model: api.served_name().to_string(),
+        model: api.model_name(&api.check_model(&chat.params.model)?),
         output: Vec::new(),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         temperature: req.temperature,
