@@ -239,7 +239,7 @@ impl Worker {
             };
             while let Some(cmd) = next.take() {
                 match cmd {
-                    Command::Generate(p) => self.waiting.push_back(*p),
+                    Command::Generate(p) => self.enqueue(*p),
                     Command::UpdateWeights(source, reply) => {
                         let _ = reply.send(self.update(source));
                     }
@@ -468,6 +468,31 @@ impl Worker {
         held.unloaded = true;
         self.publish_adapters(None, Some(name));
         Ok(())
+    }
+
+    /// Queues a request, or ends it at once with an error when the adapter it asked for went
+    /// while it was on its way (unloaded, and freed as no admitted request used it).
+    fn enqueue(&mut self, p: Pending) {
+        match p.adapter {
+            Some(id) if !self.adapters.contains_key(&id) => {
+                let now = Instant::now();
+                self.info
+                    .metrics
+                    .finished(FinishReason::Error, &p.times(None), now, p.n);
+                for index in 0..p.n {
+                    let _ = p.events.send(Event::Finished {
+                        index,
+                        reason: FinishReason::Error,
+                        error: Some("its LoRA adapter was unloaded before it started".into()),
+                        stop: None,
+                        text: String::new(),
+                        cached_tokens: 0,
+                    });
+                }
+                self.info.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+            _ => self.waiting.push_back(p),
+        }
     }
 
     /// Frees unloaded adapters no admitted request uses any more.
