@@ -23,9 +23,9 @@ use super::trainer::StepStats;
 pub struct StepLine {
     /// Step (1-based).
     pub step: usize,
-    /// Mean reward of the batch's rollouts.
+    /// Mean reward of the batch's rollouts that did not fail.
     pub reward: f64,
-    /// Mean of each metric.
+    /// Mean of each metric over the rollouts that did not fail.
     pub metrics: BTreeMap<String, f64>,
     /// Groups where every rollout succeeded / failed.
     pub solve_all: usize,
@@ -39,8 +39,13 @@ pub struct StepLine {
     pub seq_len: f64,
     /// Share of truncated rollouts.
     pub truncated: f64,
-    /// Failed rollouts.
+    /// Failed rollouts (a server or environment error): out of their groups' statistics, of
+    /// training and of `reward`.
     pub failed: usize,
+    /// Groups left with fewer than two rollouts that did not fail: nothing trained.
+    pub thin_groups: usize,
+    /// Model turns longer than `trainer.data.seq_len`, left out of training.
+    pub overlong_turns: usize,
     /// The trainer's step statistics.
     pub loss: f64,
     /// Gradient norm.
@@ -164,15 +169,17 @@ impl StepLine {
     /// it, if any.
     pub fn new(batch: &Batch, stats: &StepStats, phases: Phases, eval: Option<Evaluation>) -> Self {
         let n = batch.records.len().max(1) as f64;
+        let valid: Vec<_> = batch.records.iter().filter(|r| r.error.is_none()).collect();
+        let nv = valid.len().max(1) as f64;
         let mut metrics: BTreeMap<String, f64> = BTreeMap::new();
-        for r in &batch.records {
+        for r in &valid {
             for (k, v) in &r.metrics {
-                *metrics.entry(k.clone()).or_default() += v / n;
+                *metrics.entry(k.clone()).or_default() += v / nv;
             }
         }
         Self {
             step: batch.step + 1,
-            reward: batch.records.iter().map(|r| r.reward).sum::<f64>() / n,
+            reward: valid.iter().map(|r| r.reward).sum::<f64>() / nv,
             metrics,
             solve_all: batch.solve_all,
             solve_none: batch.solve_none,
@@ -185,7 +192,9 @@ impl StepLine {
                 .sum::<f64>()
                 / batch.samples.len().max(1) as f64,
             truncated: batch.records.iter().filter(|r| r.truncated).count() as f64 / n,
-            failed: batch.records.iter().filter(|r| r.error.is_some()).count(),
+            failed: batch.failed_rollouts,
+            thin_groups: batch.thin_groups,
+            overlong_turns: batch.overlong_turns,
             loss: stats.loss,
             grad_norm: stats.grad_norm,
             lr: stats.lr,
@@ -272,6 +281,12 @@ impl StepLine {
             self.train_s,
             self.sync_s
         );
+        if self.failed + self.thin_groups + self.overlong_turns > 0 {
+            text.push_str(&format!(
+                " | failed {} (thin groups {}) overlong turns {}",
+                self.failed, self.thin_groups, self.overlong_turns
+            ));
+        }
         if !self.missing_capabilities.is_empty() {
             text.push_str(&format!(
                 " | WITHOUT {} ({} rollouts)",

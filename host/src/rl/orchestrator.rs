@@ -104,6 +104,14 @@ pub struct Batch {
     pub sample_tokens: usize,
     /// Rollouts dropped as stale (each replaced by a fresh one where it could be).
     pub stale_dropped: usize,
+    /// Rollouts that failed (a server or environment error): left out of their group's
+    /// statistics and of training.
+    pub failed_rollouts: usize,
+    /// Groups left with fewer than two rollouts that did not fail: no advantage to compute,
+    /// nothing trained.
+    pub thin_groups: usize,
+    /// Model turns longer than `trainer.data.seq_len`, left out of training.
+    pub overlong_turns: usize,
     /// Per-environment statistics (`env/<id>/…`).
     pub by_env: BTreeMap<String, f64>,
 }
@@ -118,6 +126,8 @@ struct RolloutSamples {
     per_turn_tokens: usize,
     /// The oldest policy version of the turns trained on.
     min_version: Option<u64>,
+    /// Its turns longer than `seq_len` (left out).
+    overlong_turns: usize,
 }
 
 /// The samples of one rollout's model turns (turns that generated nothing have nothing to
@@ -146,19 +156,18 @@ fn rollout_samples(
         );
     }
     let len = |t: &TurnTokens| t.prompt_ids.len() + t.completion_ids.len();
-    let fits = |t: &TurnTokens| {
-        let n = len(t);
-        if n > seq_len {
-            tracing::warn!("a {n}-token turn exceeds seq_len {seq_len}: left out");
-        }
-        n <= seq_len
-    };
+    let overlong = turns.iter().filter(|t| len(t) > seq_len).count();
+    if overlong > 0 {
+        tracing::debug!("{overlong} turns exceed seq_len {seq_len}: left out");
+    }
+    let fits = |t: &TurnTokens| len(t) <= seq_len;
     let extends = turns.windows(2).all(|w| {
         let (a, b) = (&w[0].prompt_ids, &w[1].prompt_ids);
         b.starts_with(a) && b[a.len()..].starts_with(&w[0].completion_ids)
     });
     let mut out = RolloutSamples {
         merged: (turns.len() > 1).then_some(extends),
+        overlong_turns: overlong,
         ..Default::default()
     };
     let mut add = |turns: &[&TurnTokens]| {
@@ -275,8 +284,18 @@ pub fn build_batch(
     let mut samples = Vec::new();
     let (mut kept, mut solve_all, mut solve_none) = (0, 0, 0);
     let (mut merged, mut unmerged, mut sample_tokens) = (0, 0, 0);
+    let (mut failed_rollouts, mut thin_groups, mut overlong_turns) = (0, 0, 0);
     let mut min_version = u64::MAX;
-    for (&example, group) in &groups {
+    for (&example, all) in &groups {
+        // A failed rollout has no reward to compare: its siblings are ranked among
+        // themselves, and a group of fewer than two has no advantage at all.
+        let group: Vec<&RolloutRecord> =
+            all.iter().copied().filter(|r| r.error.is_none()).collect();
+        failed_rollouts += all.len() - group.len();
+        if group.len() < 2 {
+            thin_groups += 1;
+            continue;
+        }
         let wins: Vec<bool> = group.iter().map(|r| crate::eval::correct(r)).collect();
         let won = wins.iter().filter(|&&w| w).count();
         if won == group.len() {
@@ -297,9 +316,6 @@ pub fn build_batch(
         kept += 1;
         let adv = advantages(o.advantage, &rewards);
         for (r, a) in group.iter().zip(adv) {
-            if r.error.is_some() {
-                continue;
-            }
             let masked = o.mask_truncated_completions && r.truncated;
             let made = rollout_samples(r, a as f32, example, masked, seq_len)?;
             match made.merged {
@@ -308,6 +324,7 @@ pub fn build_batch(
                 None => {}
             }
             sample_tokens += made.per_turn_tokens;
+            overlong_turns += made.overlong_turns;
             if let Some(v) = made.min_version {
                 min_version = min_version.min(v);
             }
@@ -335,6 +352,9 @@ pub fn build_batch(
         unmerged_rollouts: unmerged,
         sample_tokens,
         stale_dropped,
+        failed_rollouts,
+        thin_groups,
+        overlong_turns,
         by_env,
     })
 }
@@ -820,17 +840,50 @@ mod tests {
             error: Some("boom".into()),
             ..rollout(1, 0.0, vec![turn(&p, &c1, 1)])
         };
+        let sibling = rollout(1, 0.0, vec![turn(&p, &c3, 3)]);
+        // Group 2: one rollout left after its sibling failed: nothing to compare it with.
+        let alone = rollout(2, 1.0, vec![turn(&p, &c3, 3)]);
+        let failed_too = RolloutRecord {
+            error: Some("boom".into()),
+            ..rollout(2, 0.0, vec![turn(&p, &c1, 1)])
+        };
         let mut cfg = RlConfig::default();
         cfg.trainer.data.seq_len = 40;
-        let records = vec![exact, rewritten, single, long, failed];
+        let records = vec![
+            exact, rewritten, single, long, failed, sibling, alone, failed_too,
+        ];
+        let without: Vec<RolloutRecord> = records
+            .iter()
+            .filter(|r| r.example_index != 1 || r.error.is_none())
+            .cloned()
+            .collect();
         let batch = build_batch(&cfg, generated(records), &ids(), None).unwrap();
+        // The failed rollout is out of its group's statistics: group 1's advantages are those
+        // of the group without it.
+        let clean = build_batch(&cfg, generated(without), &ids(), None).unwrap();
+        let advs = |b: &Batch| -> Vec<(usize, f32)> {
+            b.samples.iter().map(|s| (s.group, s.advantage)).collect()
+        };
+        assert_eq!(advs(&batch), advs(&clean));
+        assert_eq!(
+            (
+                batch.failed_rollouts,
+                batch.thin_groups,
+                batch.overlong_turns
+            ),
+            (2, 1, 1)
+        );
         assert_eq!(
             (batch.merged_rollouts, batch.unmerged_rollouts),
             (2, 1),
             "the exact and the long rollout merge, the rewritten one does not"
         );
         let s = &batch.samples;
-        assert_eq!(s.len(), 5, "1 merged + 2 per-turn + 1 single + 1 merged");
+        assert_eq!(
+            s.len(),
+            6,
+            "1 merged + 2 per-turn + 1 single + 1 merged + 1 sibling"
+        );
         let merged = &s[0];
         assert_eq!(merged.ids, cat(&[&p3, &c3]));
         assert_eq!(merged.group, 0);
@@ -852,12 +905,20 @@ mod tests {
         assert!(s[1..3].iter().all(|x| x.turn_starts.is_empty()));
         assert_eq!(s[2].mask.iter().filter(|&&m| m).count(), 2);
         assert_eq!(s[3].ids, cat(&[&p, &c3]));
-        // Group 1: the long rollout's first turn only; the failed rollout trains nothing.
+        // Group 1: the long rollout's first turn only, ranked against its sibling alone (1.0
+        // against 0.0); the failed rollout trains nothing. Group 2 trains nothing.
         assert_eq!((s[4].ids.len(), s[4].group), (23, 1));
         assert!(s[4].turn_starts.is_empty());
-        assert!(s[0].advantage > 0.0 && s[1].advantage < 0.0 && s[4].advantage > 0.0);
-        // Per-turn tokens: exact 23 + 27 + 31, rewritten 23 + 25, single 23, long 23.
-        assert_eq!(batch.sample_tokens, 23 + 27 + 31 + 23 + 25 + 23 + 23);
+        assert!(s[0].advantage > 0.0 && s[1].advantage < 0.0);
+        let pair = advantages(cfg.orchestrator.advantage, &[1.0, 0.0]);
+        assert_eq!(
+            (s[4].advantage, s[5].advantage),
+            (pair[0] as f32, pair[1] as f32)
+        );
+        assert!(s.iter().all(|x| x.group != 2));
+        // Per-turn tokens: exact 23 + 27 + 31, rewritten 23 + 25, single 23, long 23, sibling
+        // 23.
+        assert_eq!(batch.sample_tokens, 23 + 27 + 31 + 23 + 25 + 23 + 23 + 23);
         assert_eq!(batch.min_version, 3);
         // Masked truncated rollouts keep their shape, trained on nothing.
         cfg.orchestrator.mask_truncated_completions = true;
@@ -928,7 +989,8 @@ mod tests {
         g.replaced = 2;
         let batch = build_batch(&cfg, g, &ids(), Some(5)).unwrap();
         assert_eq!(batch.stale_dropped, 2 + 2, "replaced before, plus two left");
-        assert_eq!(batch.samples.len(), 1);
+        // One rollout left: nothing to rank it against, nothing trained.
+        assert_eq!((batch.samples.len(), batch.thin_groups), (0, 1));
         // Unset, or with the trainer not further ahead, nothing is dropped.
         cfg.orchestrator.max_off_policy_steps = None;
         let batch = build_batch(&cfg, generated(records.clone()), &ids(), Some(5)).unwrap();
