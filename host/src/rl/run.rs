@@ -125,6 +125,51 @@ fn generators(
     Ok((Arc::new(generator), WeightSink::Engine(engine), served))
 }
 
+/// The context (prompt + completion tokens) of the generators: the colocated engine's
+/// `max_model_len`, or the smallest one the servers report (`None`: none reports it).
+fn context(rt: &tokio::runtime::Runtime, sink: &WeightSink) -> Option<usize> {
+    match sink {
+        WeightSink::Engine(e) => Some(e.info().config.max_model_len),
+        WeightSink::Servers { pool, .. } => pool
+            .clients()
+            .iter()
+            .filter_map(|c| {
+                let models = rt.block_on(c.models()).ok()?;
+                models.data.first()?.max_model_len
+            })
+            .min(),
+    }
+}
+
+/// Checks the lengths before any rollout: `orchestrator.sampling.max_tokens` must leave room
+/// for a prompt in the generators' `context` (else every request is refused, as vLLM refuses
+/// it, and the run would stop only after a whole step of failures); a `trainer.data.seq_len`
+/// below the context is allowed and explained (longer turns are left out of training, counted
+/// per step as `overlong_turns`).
+pub fn check_lengths(cfg: &RlConfig, context: Option<usize>) -> anyhow::Result<()> {
+    let max_tokens = cfg.orchestrator.sampling.max_tokens as usize;
+    let seq_len = cfg.trainer.data.seq_len;
+    let Some(context) = context else {
+        tracing::info!("the generators report no max_model_len: lengths not checked");
+        return Ok(());
+    };
+    anyhow::ensure!(
+        max_tokens < context,
+        "orchestrator.sampling.max_tokens = {max_tokens} leaves no room for a prompt in the \
+         generators' context of {context} tokens (max_model_len): every request would be \
+         refused. Lower orchestrator.sampling.max_tokens below {context}, or serve the model \
+         with a longer max_model_len"
+    );
+    if seq_len < context {
+        tracing::info!(
+            "trainer.data.seq_len = {seq_len} is below the generators' context of {context} \
+             tokens: turns longer than {seq_len} tokens are left out of training (overlong_turns \
+             in metrics.jsonl)"
+        );
+    }
+    Ok(())
+}
+
 /// Gives each client the renderer `orchestrator.client.render` asks for: `client` everywhere,
 /// `server` nowhere, `auto` for servers that are not rlhost's (`GET /v1/models`' `owned_by`).
 fn render_where_configured(
@@ -341,6 +386,7 @@ pub fn run(
         .enable_all()
         .build()?;
     let (generator, sink, served) = generators(&cfg, &rt, &out)?;
+    check_lengths(&cfg, context(&rt, &sink))?;
     // `monitor.prometheus_port` (refused with remote servers, which serve their own).
     let port = match (cfg.monitor.prometheus_port, &sink) {
         (Some(p), WeightSink::Engine(engine)) => {

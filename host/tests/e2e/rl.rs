@@ -605,3 +605,40 @@ fn lora_runs_in_process_and_on_remote_servers() {
     assert!(published.join("adapter_model.safetensors").is_file());
     assert!(!published.join("model.safetensors").exists());
 }
+
+/// A `max_tokens` that leaves no room for a prompt in the generators' context is refused
+/// before any rollout, naming the key and the context: the colocated engine's (arith's preset
+/// `inference.max_model_len` of 1,024 here; `max_tokens` above it is refused by the config
+/// check already, equal to it by this one) and a remote server's (its `--max-model-len`).
+#[test]
+fn lengths_are_checked_before_any_rollout() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 4);
+    let started = Instant::now();
+    let args: Vec<String> = without_inference(rl_args(&model, &tmp.path().join("a"), 2));
+    let err = common::run_err(
+        common::host(&home)
+            .args(&args)
+            .args(["--orchestrator.sampling.max-tokens", "1024"]),
+    );
+    assert!(
+        err.contains("orchestrator.sampling.max_tokens = 1024") && err.contains("context of 1024"),
+        "{err}"
+    );
+    let server = common::InferenceServer::start(&model, &["--max-model-len", "256"]);
+    let err = common::run_err(
+        common::host(&home)
+            .args(without_inference(rl_args(&model, &tmp.path().join("b"), 2)))
+            .args([
+                "--orchestrator.sampling.max-tokens",
+                "300",
+                "--orchestrator.client.base-urls",
+                &format!("[\"{}\"]", server.url),
+            ]),
+    );
+    assert!(
+        err.contains("max_tokens = 300") && err.contains("256"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("b/metrics.jsonl").exists(), "no step ran");
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
