@@ -907,10 +907,23 @@ async fn rollout_inner(spec: &RolloutSpec<'_>, rec: &mut RolloutRecord) -> Resul
             }
         }
     }
-    rec.reward = spec
-        .env
-        .info()
-        .rubric
+    let rubric = &spec.env.info().rubric;
+    // A weighed metric nobody returned would score 0 unseen: the plugin is at fault (unless a
+    // reward plugin that would have returned it failed, which is counted already).
+    let missing: Vec<&str> = rubric
+        .iter()
+        .filter(|w| !rec.metrics.contains_key(&w.name))
+        .map(|w| w.name.as_str())
+        .collect();
+    if !missing.is_empty() && rec.reward_errors == 0 {
+        return Err(format!(
+            "{}: its rubric weighs `{}`, which scoring did not return (it returned: {})",
+            spec.env.id(),
+            missing.join("`, `"),
+            rec.metrics.keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    rec.reward = rubric
         .iter()
         .map(|w| w.weight * rec.metrics.get(&w.name).copied().unwrap_or(0.0))
         .sum();

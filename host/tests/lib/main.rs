@@ -18,6 +18,7 @@ mod plugin_runtime;
 mod prometheus;
 mod rl;
 mod rl_config;
+mod rollout;
 mod sandbox;
 mod sandbox_native;
 mod tokenizer;
