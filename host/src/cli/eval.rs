@@ -274,7 +274,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         if records.len() < total {
             interrupted = true;
         }
-        let summary = summarize(
+        let mut summary = summarize(
             env.as_ref(),
             &generator.describe(),
             &split,
@@ -283,6 +283,8 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             a.pass_k_mode,
             started.elapsed().as_secs_f64(),
         );
+        summary.interrupted = records.len() < total;
+        summary.planned_rollouts = total;
         if let Some(dir) = &a.save_dir {
             save(&dir.join(name.replace('/', "--")), &records, &summary)?;
         }

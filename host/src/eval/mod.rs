@@ -293,6 +293,11 @@ pub struct Summary {
     pub rollouts_without_capabilities: u64,
     /// Wall time in seconds.
     pub seconds: f64,
+    /// The run was stopped (Ctrl-C) before every planned rollout finished: these figures cover
+    /// the `rollouts` that did, of `planned_rollouts` (the fast ones first, so biased).
+    pub interrupted: bool,
+    /// Rollouts planned (examples × rollouts per example).
+    pub planned_rollouts: usize,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -387,6 +392,8 @@ pub fn summarize(
             .filter(|r| !r.missing_capabilities.is_empty())
             .count() as u64,
         seconds,
+        interrupted: false,
+        planned_rollouts: records.len(),
     }
 }
 
@@ -421,6 +428,13 @@ impl Summary {
             "{} on {} ({} split): {} examples x {} rollouts = {} rollouts in {:.1} s\n",
             self.model, self.env, self.split, self.examples, k, self.rollouts, self.seconds
         );
+        if self.interrupted {
+            s.push_str(&format!(
+                "  INTERRUPTED: {} of {} planned rollouts finished (the fastest first): these \
+                 figures are not the environment's\n",
+                self.rollouts, self.planned_rollouts
+            ));
+        }
         if !self.missing_capabilities.is_empty() {
             s.push_str(&format!(
                 "  WARNING: {} of {} rollouts ran without capability {} \

@@ -345,3 +345,58 @@ fn the_rust_python_and_extism_arith_tools_evaluate_identically() {
     // 2 of the 20 test questions end in 0: answered 0, without the tool.
     assert_eq!(lines[0], "Reward: 0.900, Correct: 0.900, tool_calls: 0.900");
 }
+
+/// Ctrl-C (SIGINT) stops `host eval` with the rollouts that finished: exit 130, and the saved
+/// summary says it was interrupted and how many of the planned rollouts it covers.
+#[test]
+fn an_interrupted_eval_marks_its_summary() {
+    use std::io::Read;
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 9);
+    let save = tmp.path().join("saved");
+    let mut child = common::host(&home)
+        .args([
+            "eval",
+            "arith",
+            "-n",
+            "200",
+            "-r",
+            "8",
+            "-c",
+            "4",
+            "--max-tokens",
+            "48",
+        ])
+        .args(["--threads", "1", "-m"])
+        .arg(&model)
+        .arg("-s")
+        .arg(&save)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let some rollouts finish, not all 1,600.
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let _ = std::process::Command::new("kill")
+        .args(["-s", "INT", &child.id().to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(save.join("arith/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["interrupted"], true, "{summary}");
+    assert_eq!(summary["planned_rollouts"], 1600);
+    let done = summary["rollouts"].as_u64().unwrap();
+    assert!(done < 1600, "{summary}");
+    assert_eq!(
+        results(&save.join("arith/results.jsonl")).len() as u64,
+        done
+    );
+}
