@@ -347,12 +347,18 @@ fn the_rust_python_and_extism_arith_tools_evaluate_identically() {
 }
 
 /// Ctrl-C (SIGINT) stops `host eval` with the rollouts that finished: exit 130, and the saved
-/// summary says it was interrupted and how many of the planned rollouts it covers.
+/// summary says it was interrupted and how many of the planned rollouts it covers. The signal
+/// goes once the engine has finished requests (its Prometheus port says so), not on a timer.
 #[test]
 fn an_interrupted_eval_marks_its_summary() {
     use std::io::Read;
     let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 9);
     let save = tmp.path().join("saved");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut child = common::host(&home)
         .args([
             "eval",
@@ -366,7 +372,13 @@ fn an_interrupted_eval_marks_its_summary() {
             "--max-tokens",
             "48",
         ])
-        .args(["--threads", "1", "-m"])
+        .args([
+            "--threads",
+            "1",
+            "--monitor.prometheus-port",
+            &port.to_string(),
+            "-m",
+        ])
         .arg(&model)
         .arg("-s")
         .arg(&save)
@@ -374,8 +386,24 @@ fn an_interrupted_eval_marks_its_summary() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Let some rollouts finish, not all 1,600.
-    std::thread::sleep(std::time::Duration::from_secs(8));
+    let finished = || -> f64 {
+        let Ok(text) = metrics_text(port) else {
+            return 0.0;
+        };
+        text.lines()
+            .filter(|l| l.starts_with("vllm:request_success_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let started = std::time::Instant::now();
+    while finished() < 8.0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "no rollout finished"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the eval ended early");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let _ = std::process::Command::new("kill")
         .args(["-s", "INT", &child.id().to_string()])
         .status();
@@ -394,9 +422,23 @@ fn an_interrupted_eval_marks_its_summary() {
     assert_eq!(summary["interrupted"], true, "{summary}");
     assert_eq!(summary["planned_rollouts"], 1600);
     let done = summary["rollouts"].as_u64().unwrap();
-    assert!(done < 1600, "{summary}");
+    assert!(done > 0 && done < 1600, "{summary}");
     assert_eq!(
         results(&save.join("arith/results.jsonl")).len() as u64,
         done
     );
+}
+
+/// `GET http://127.0.0.1:PORT/metrics`, as text.
+fn metrics_text(port: u16) -> Result<String, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let r = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .map_err(|e| e.to_string())?;
+        r.text().await.map_err(|e| e.to_string())
+    })
 }
