@@ -108,6 +108,10 @@ pub enum NormType {
     Token,
     /// Over tokens within each sequence (model turn), then over sequences.
     Sequence,
+    /// Dr.GRPO's: the tokens' sum divided by sequences × a constant length (`norm_length`,
+    /// the generation budget), so no sequence's tokens weigh more for being few (TRL's
+    /// `loss_type = "dr_grpo"`).
+    Constant,
 }
 
 /// What the KL penalty compares the policy with.
@@ -131,8 +135,12 @@ pub struct LossConfig {
     /// The objective.
     #[serde(rename = "type")]
     pub kind: LossKind,
-    /// How token losses are averaged.
+    /// How token losses are averaged: `token` (over the batch's trained tokens), `sequence`
+    /// (within each model turn, then over turns) or `constant` (Dr.GRPO: sum over tokens /
+    /// (turns × `norm_length`)).
     pub norm_type: NormType,
+    /// `norm_type = "constant"`: the constant length (e.g. `orchestrator.sampling.max_tokens`).
+    pub norm_length: Option<usize>,
     /// truncated_is: the ratio's cap C (default 8).
     pub clip_ratio: Option<f64>,
     /// ppo_clip, gspo, cispo: ratios below `1 - eps_low` are clipped (defaults 0.2, 3e-4;
@@ -165,6 +173,7 @@ impl Default for LossConfig {
         Self {
             kind: LossKind::TruncatedIs,
             norm_type: NormType::Token,
+            norm_length: None,
             clip_ratio: None,
             eps_low: None,
             eps_high: None,
@@ -279,6 +288,26 @@ impl LossConfig {
                 None => range("mask_high", &format!("must be above mask_low ({})", p.low)),
             });
         }
+        match (self.norm_type, self.norm_length) {
+            (NormType::Constant, None) => {
+                return Err(range(
+                    "norm_length",
+                    "is needed with norm_type = \"constant\": the length each turn's token sum \
+                     is divided by (Dr.GRPO uses the generation budget, max_tokens)",
+                ));
+            }
+            (NormType::Constant, Some(0)) => {
+                return Err(range("norm_length", "must be at least 1"));
+            }
+            (NormType::Constant, Some(_)) | (_, None) => {}
+            (_, Some(_)) => {
+                return Err(LossConfigError::NotRead {
+                    key: "norm_length",
+                    kind: kind.name(),
+                    readers: "norm_type = \"constant\"",
+                });
+            }
+        }
         if !(self.kl_coef.is_finite() && self.kl_coef >= 0.0) {
             return Err(range("kl_coef", "must be a finite number ≥ 0"));
         }
@@ -363,6 +392,10 @@ pub fn policy_loss(
         NormType::Sequence => {
             let rows = mask.size()[0].max(1) as f64;
             &mask / (mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0) * rows)
+        }
+        NormType::Constant => {
+            let rows = mask.size()[0].max(1) as f64;
+            &mask / (rows * cfg.norm_length.unwrap_or(1).max(1) as f64)
         }
     };
     weighted_policy_loss(
@@ -1153,6 +1186,32 @@ mod tests {
         assert_eq!(
             length_penalized(&[1.0, 0.0], &[5, 9], &[true, false], 0.0),
             vec![1.0, 0.0]
+        );
+    }
+
+    /// `norm_type = "constant"` needs its `norm_length`; `norm_length` with another norm is
+    /// refused as not read.
+    #[test]
+    fn the_constant_norm_needs_its_length_and_nothing_else_reads_it() {
+        let constant = LossConfig {
+            norm_type: NormType::Constant,
+            ..LossConfig::default()
+        };
+        let err = constant.check().unwrap_err().to_string();
+        assert!(err.contains("norm_length"), "{err}");
+        let ok = LossConfig {
+            norm_length: Some(512),
+            ..constant
+        };
+        assert!(ok.check().is_ok());
+        let stray = LossConfig {
+            norm_length: Some(512),
+            ..LossConfig::default()
+        };
+        let err = stray.check().unwrap_err().to_string();
+        assert!(
+            err.contains("norm_length") && err.contains("constant"),
+            "{err}"
         );
     }
 }

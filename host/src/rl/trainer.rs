@@ -808,7 +808,7 @@ impl Trainer {
             Objective::Policy => self.loss.norm_type,
             Objective::Likelihood => NormType::Token,
         };
-        let weights = token_weights(samples, norm);
+        let weights = token_weights(samples, norm, self.loss.norm_length.unwrap_or(1));
         let batches = match self.packing {
             true => pack_sequences(samples, self.micro_batch_tokens, self.share_prefix),
             false => pack(samples, self.micro_batch_tokens),
@@ -1447,9 +1447,10 @@ impl Forward {
 
 /// Per token of each sample, the weight of its loss in the batch's loss under `norm`: on a
 /// trained token `1 / trained tokens` (token) or `1 / (its sequence's trained tokens ×
-/// sequences)` (sequence), where each turn of a sample ([`Sample::turn_starts`]) is a sequence,
-/// trained on or not (as the per-turn samples would be); 0 on every other token.
-fn token_weights(samples: &[Sample], norm: NormType) -> Vec<Vec<f32>> {
+/// sequences)` (sequence) or `1 / (sequences × length)` (constant), where each turn of a sample
+/// ([`Sample::turn_starts`]) is a sequence, trained on or not (as the per-turn samples would
+/// be); 0 on every other token.
+fn token_weights(samples: &[Sample], norm: NormType, length: usize) -> Vec<Vec<f32>> {
     let trained = |mask: &[bool]| mask.iter().filter(|&&m| m).count();
     let tokens: usize = samples.iter().map(|s| trained(&s.mask)).sum();
     let sequences: usize = samples.iter().map(|s| s.turn_starts.len() + 1).sum();
@@ -1465,6 +1466,7 @@ fn token_weights(samples: &[Sample], norm: NormType) -> Vec<Vec<f32>> {
                 let each = match norm {
                     NormType::Token => 1.0 / tokens.max(1) as f64,
                     NormType::Sequence => 1.0 / (trained(&s.mask[a..b]).max(1) * sequences) as f64,
+                    NormType::Constant => 1.0 / (length.max(1) * sequences) as f64,
                 };
                 for (w, _) in w[a..b].iter_mut().zip(&s.mask[a..b]).filter(|(_, m)| **m) {
                     *w = each as f32;
@@ -1581,16 +1583,22 @@ mod tests {
     #[test]
     fn token_weights_normalise_per_token_or_per_turn() {
         let samples = vec![sample(10, 0, 6, vec![]), sample(12, 0, 2, vec![8])];
-        let w = token_weights(&samples, NormType::Token);
+        let w = token_weights(&samples, NormType::Token, 1);
         assert!(w.iter().flatten().all(|&x| x == 0.0 || x == 1.0 / 14.0));
         assert_eq!(w[1].iter().filter(|&&x| x > 0.0).count(), 10);
         // Three sequences: 4 tokens, then 6 (2..8) and 4 (8..12).
-        let w = token_weights(&samples, NormType::Sequence);
+        let w = token_weights(&samples, NormType::Sequence, 1);
         assert_eq!(w[0][5..7], [0.0, 1.0 / 12.0]);
         assert_eq!(w[1][1..3], [0.0, 1.0 / 18.0]);
         assert_eq!(w[1][7..9], [1.0 / 18.0, 1.0 / 12.0]);
         let total: f32 = w.iter().flatten().sum();
         assert!((total - 1.0).abs() < 1e-6, "{total}");
+        // Dr.GRPO's constant: every trained token 1 / (3 sequences × 64), whatever its turn's
+        // length, so the 14 trained tokens weigh 14 / 192 in all.
+        let w = token_weights(&samples, NormType::Constant, 64);
+        assert!(w.iter().flatten().all(|&x| x == 0.0 || x == 1.0 / 192.0));
+        let total: f32 = w.iter().flatten().sum();
+        assert!((total - 14.0 / 192.0).abs() < 1e-6, "{total}");
     }
 
     #[test]
