@@ -96,13 +96,15 @@ impl WeightSink {
         trainer: &Trainer,
         step: usize,
     ) -> anyhow::Result<u64> {
-        if let Some(lora) = trainer.model.lora() {
-            return self.publish_adapter(rt, lora, step);
-        }
+        let lora = trainer.model.lora();
         match self {
-            Self::Engine(e) => {
-                Ok(rt.block_on(e.update_weights(WeightSource::Tensors(trainer.weights())))?)
-            }
+            Self::Engine(e) => Ok(match lora {
+                Some(l) => {
+                    let source = AdapterSource::Lora(l.shallow_clone());
+                    rt.block_on(e.load_adapter(POLICY_ADAPTER, source, true))?
+                }
+                None => rt.block_on(e.update_weights(WeightSource::Tensors(trainer.weights())))?,
+            }),
             Self::Servers {
                 pool,
                 targets,
@@ -110,67 +112,31 @@ impl WeightSink {
             } => {
                 let untied = targets.iter().any(SyncTarget::needs_untied);
                 let dst = publish_dir(root, &format!("step_{step}"), |tmp| {
-                    if untied {
-                        trainer.model.save_untied(tmp)?;
-                    } else {
-                        trainer.model.save(tmp)?;
+                    match lora {
+                        Some(l) => l.save_peft(tmp, l.base().unwrap_or_default(), None)?,
+                        None if untied => trainer.model.save_untied(tmp)?,
+                        None => trainer.model.save(tmp)?,
                     }
                     Ok(())
                 })?;
+                let what = if lora.is_some() { "adapter" } else { "weights" };
                 let mut version = step as u64;
                 for (c, t) in pool.clients().iter().zip(targets) {
-                    version = rt
-                        .block_on(c.update_weights(&dst, t, step as u64))
-                        .with_context(|| {
-                            format!(
-                                "loading the weights of step {step} into {} ({})",
-                                c.base_url(),
-                                t.kind.name()
-                            )
-                        })?;
+                    let loaded = match lora {
+                        Some(_) => {
+                            rt.block_on(c.load_adapter(POLICY_ADAPTER, &dst, t, step as u64))
+                        }
+                        None => rt.block_on(c.update_weights(&dst, t, step as u64)),
+                    };
+                    version = loaded.with_context(|| {
+                        format!(
+                            "loading the {what} of step {step} into {} ({})",
+                            c.base_url(),
+                            t.kind.name()
+                        )
+                    })?;
                 }
                 // Servers have loaded it; keep only the newest two folders.
-                if step >= 2 {
-                    let _ = std::fs::remove_dir_all(root.join(format!("step_{}", step - 2)));
-                }
-                Ok(version)
-            }
-        }
-    }
-
-    /// [`WeightSink::publish`] of a LoRA run: the adapter alone, loaded in place.
-    fn publish_adapter(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        lora: &crate::model::Lora,
-        step: usize,
-    ) -> anyhow::Result<u64> {
-        match self {
-            Self::Engine(e) => {
-                let source = AdapterSource::Lora(lora.shallow_clone());
-                Ok(rt.block_on(e.load_adapter(POLICY_ADAPTER, source, true))?)
-            }
-            Self::Servers {
-                pool,
-                targets,
-                root,
-            } => {
-                let base = lora.base().unwrap_or_default().to_owned();
-                let dst = publish_dir(root, &format!("step_{step}"), |tmp| {
-                    Ok(lora.save_peft(tmp, &base, None)?)
-                })?;
-                let mut version = step as u64;
-                for (c, t) in pool.clients().iter().zip(targets) {
-                    version = rt
-                        .block_on(c.load_adapter(POLICY_ADAPTER, &dst, t, step as u64))
-                        .with_context(|| {
-                            format!(
-                                "loading the adapter of step {step} into {} ({})",
-                                c.base_url(),
-                                t.kind.name()
-                            )
-                        })?;
-                }
                 if step >= 2 {
                     let _ = std::fs::remove_dir_all(root.join(format!("step_{}", step - 2)));
                 }

@@ -302,14 +302,7 @@ impl OpenAiClient {
         let served = match target.kind {
             WeightSync::Vllm => {
                 // vLLM keys cached blocks by the adapter's id, which an in-place load keeps.
-                self.post_ok("/reset_prefix_cache", &()).await?;
-                if target.version_route {
-                    let v = WeightVersion {
-                        new_version: version.to_string(),
-                    };
-                    self.post_ok("/update_weight_version", &v).await?;
-                }
-                version
+                self.vllm_reloaded(target, version).await?
             }
             _ => {
                 let r: UpdateWeightsResponse = openai::parse_response(&text).map_err(|e| {
@@ -320,6 +313,19 @@ impl OpenAiClient {
         };
         self.tracked.store(served, Ordering::SeqCst);
         Ok(served)
+    }
+
+    /// After vLLM reloaded weights or an adapter: its cached KV blocks of the old values are
+    /// dropped, and it is told `version` where it has the route. Returns `version`.
+    async fn vllm_reloaded(&self, target: &SyncTarget, version: u64) -> Result<u64, GenError> {
+        self.post_ok("/reset_prefix_cache", &()).await?;
+        if target.version_route {
+            let v = WeightVersion {
+                new_version: version.to_string(),
+            };
+            self.post_ok("/update_weight_version", &v).await?;
+        }
+        Ok(version)
     }
 
     /// Makes the server load the weights in `dir` the way `target` says, as policy `version`;
@@ -351,15 +357,7 @@ impl OpenAiClient {
                     },
                 };
                 self.post_ok("/collective_rpc", &rpc).await?;
-                // KV blocks cached from the old weights must not be reused.
-                self.post_ok("/reset_prefix_cache", &()).await?;
-                if target.version_route {
-                    let v = WeightVersion {
-                        new_version: version.to_string(),
-                    };
-                    self.post_ok("/update_weight_version", &v).await?;
-                }
-                version
+                self.vllm_reloaded(target, version).await?
             }
             WeightSync::Sglang => {
                 let text = self

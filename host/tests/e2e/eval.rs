@@ -271,8 +271,12 @@ fn an_adapter_evaluates_in_process_as_on_a_server() {
         (summary, results(&dir.join("math500/results.jsonl")))
     };
     let (model_s, adapter_s) = (model.display().to_string(), adapter.display().to_string());
-    let (_, base) = eval(&["-m", &model_s], "base");
-    let (local, with) = eval(&["-m", &model_s, "--lora", &adapter_s], "local");
+    // f32 in process as on the server (`auto` is bf16 on CPUs with bf16 instructions).
+    let (_, base) = eval(&["-m", &model_s, "--dtype", "f32"], "base");
+    let (local, with) = eval(
+        &["-m", &model_s, "--dtype", "f32", "--lora", &adapter_s],
+        "local",
+    );
     assert_ne!(
         base[0]["completion"], with[0]["completion"],
         "the adapter applies"

@@ -66,6 +66,38 @@ fn without_inference(args: Vec<String>) -> Vec<String> {
     out
 }
 
+/// `host rl` (3 synchronous steps, `extra` flags) generating on the server at `url`, then the
+/// server's `/v1/models`; asserts the run succeeded.
+fn remote_run(
+    home: &std::path::Path,
+    model: &std::path::Path,
+    run_dir: &std::path::Path,
+    url: &str,
+    extra: &[String],
+) -> serde_json::Value {
+    let out = common::run(
+        common::host(home)
+            // The inference section configures the colocated engine; a remote run refuses it.
+            .args(without_inference(rl_args(model, run_dir, 3)))
+            .args(extra)
+            .args([
+                "--orchestrator.client.base-urls",
+                &format!("[\"{url}\"]"),
+                "--orchestrator.async-level",
+                "0",
+            ]),
+    );
+    let (stdout, stderr) = common::texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let models = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
+        .unwrap();
+    serde_json::from_str(&models).unwrap()
+}
+
 /// The lines of a run's metrics.jsonl.
 fn metric_lines(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("metrics.jsonl"))
@@ -477,27 +509,8 @@ fn remote_servers_generate_and_receive_weights() {
     let server = common::InferenceServer::start(&model, &[]);
     let url = server.url.clone();
     let run_dir = tmp.path().join("remote");
-    let out = common::run(
-        common::host(&home)
-            // The inference section configures the colocated engine; a remote run refuses it.
-            .args(without_inference(rl_args(&model, &run_dir, 3)))
-            .args([
-                "--orchestrator.client.base-urls",
-                &format!("[\"{url}\"]"),
-                "--orchestrator.async-level",
-                "0",
-            ]),
-    );
-    let models = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
-        .unwrap();
+    let models = remote_run(&home, &model, &run_dir, &url, &[]);
     drop(server);
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
     assert_eq!(
         models["data"][0]["policy_version"], 3,
         "three updates reached the server"
@@ -572,27 +585,8 @@ fn lora_runs_in_process_and_on_remote_servers() {
     let server = common::InferenceServer::start(&model, &["--enable-lora"]);
     let url = server.url.clone();
     let run_dir = tmp.path().join("remote-lora");
-    let out = common::run(
-        common::host(&home)
-            .args(without_inference(rl_args(&model, &run_dir, 3)))
-            .args(&lora)
-            .args([
-                "--orchestrator.client.base-urls",
-                &format!("[\"{url}\"]"),
-                "--orchestrator.async-level",
-                "0",
-            ]),
-    );
-    let models = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async { reqwest::get(format!("{url}/models")).await?.text().await })
-        .unwrap();
+    let models = remote_run(&home, &model, &run_dir, &url, &lora);
     drop(server);
-    let (stdout, stderr) = common::texts(&out);
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
     assert_eq!(models["data"][1]["id"], "policy", "{models}");
     assert_eq!(
         models["data"][0]["policy_version"], 3,

@@ -3,9 +3,9 @@
 //! be even), the in-process engine sampling groups and getting the trainer's weights after each
 //! step. Also the step's entropy and mismatch figures against a direct computation.
 
-use rlhost::engine::{Engine, EngineConfig, SamplingParams, WeightSource};
+use rlhost::engine::{Engine, EngineConfig};
 use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
-use rlhost::rl::loss::{AdvantageKind, KlReference, LossConfig, LossKind, NormType, advantages};
+use rlhost::rl::loss::{KlReference, LossConfig, LossKind, NormType};
 use rlhost::rl::trainer::{OptimConfig, Sample, Trainer};
 use tch::{Device, Kind, Tensor};
 
@@ -36,53 +36,7 @@ fn train(dir: &std::path::Path, loss: LossConfig, steps: usize) -> (Vec<f64>, Tr
         ..Default::default()
     };
     let mut trainer = Trainer::new(policy, optim, loss, 1.0, 4096, steps).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut means = Vec::new();
-    for step in 0..steps {
-        let mut samples = Vec::new();
-        let mut all = Vec::new();
-        for (k, prompt) in prompts().iter().enumerate() {
-            let params = SamplingParams {
-                temperature: 1.0,
-                max_tokens: Some(1),
-                ignore_eos: true,
-                seed: Some((step * 100 + k) as u64),
-                ..Default::default()
-            };
-            let group = rt
-                .block_on(engine.generate(prompt.clone(), params, 8))
-                .unwrap();
-            let rewards: Vec<f64> = group
-                .iter()
-                .map(|c| f64::from(u8::from(c.token_ids[0] % 2 == 0)))
-                .collect();
-            for (c, a) in group
-                .iter()
-                .zip(advantages(AdvantageKind::Drgrpo, &rewards))
-            {
-                let mut old = vec![0f32; prompt.len()];
-                old.extend(&c.logprobs);
-                samples.push(Sample {
-                    ids: prompt.iter().chain(&c.token_ids).copied().collect(),
-                    mask: (0..prompt.len() + 1).map(|i| i >= prompt.len()).collect(),
-                    old_logprobs: old,
-                    advantage: a as f32,
-                    group: k,
-                    turn_starts: Vec::new(),
-                });
-            }
-            all.extend(rewards);
-        }
-        means.push(all.iter().sum::<f64>() / all.len() as f64);
-        let stats = trainer.train_step(&samples).unwrap();
-        assert!(!stats.skipped, "{stats:?}");
-        assert!(stats.entropy > 0.0 && stats.mismatch_kl >= 0.0, "{stats:?}");
-        rt.block_on(engine.update_weights(WeightSource::Tensors(trainer.weights())))
-            .unwrap();
-    }
+    let means = crate::rl::grpo_on_even_first_tokens(&engine, &mut trainer, steps);
     engine.shutdown();
     (means, trainer)
 }

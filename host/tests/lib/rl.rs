@@ -70,7 +70,11 @@ fn prefix_trainer(dir: &std::path::Path, budget: usize, share: bool) -> Trainer 
 /// even), 4 prompts × 8 samples from `engine`, which takes the new weights after each step (with
 /// LoRA the adapter alone, served as `policy`, which the rollouts ask for); the mean reward of
 /// each step. The first step's importance ratio is checked to be 1 (same weights both sides).
-fn grpo_on_even_first_tokens(engine: &Engine, trainer: &mut Trainer, steps: usize) -> Vec<f64> {
+pub(crate) fn grpo_on_even_first_tokens(
+    engine: &Engine,
+    trainer: &mut Trainer,
+    steps: usize,
+) -> Vec<f64> {
     let adapter = trainer.model.lora().map(|_| "policy");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -136,7 +140,8 @@ fn grpo_on_even_first_tokens(engine: &Engine, trainer: &mut Trainer, steps: usiz
         }
         means.push(rewards_all.iter().sum::<f64>() / rewards_all.len() as f64);
         let stats = trainer.train_step(&samples).unwrap();
-        assert!(!stats.skipped);
+        assert!(!stats.skipped, "{stats:?}");
+        assert!(stats.entropy > 0.0 && stats.mismatch_kl >= 0.0, "{stats:?}");
         if step == 0 {
             // Same weights on both sides: the importance ratio is 1 and nothing is clipped.
             assert!(
