@@ -321,6 +321,13 @@ impl LossConfig {
         Ok(())
     }
 
+    /// Whether a token with advantage 0 has no gradient under this objective: every term is
+    /// the advantage times something, with no KL penalty (`kl_coef`) and no squared log-ratio
+    /// (dppo_kl's `kl_tau`). The trainer then need not run such samples at all.
+    pub fn inert_at_zero_advantage(&self) -> bool {
+        self.kl_coef == 0.0 && (self.kind != LossKind::DppoKl || self.kl_tau.unwrap_or(1e-3) == 0.0)
+    }
+
     /// Whether the trainer needs the frozen initial weights.
     pub fn needs_initial_reference(&self) -> bool {
         self.kl_coef > 0.0
@@ -570,6 +577,17 @@ fn masked_mean(x: &Tensor, mask: &Tensor) -> f64 {
         return 0.0;
     }
     (x * mask).sum(Kind::Float).double_value(&[]) / n
+}
+
+/// DAPO's soft overlong punishment (Mar 2025) of a rollout whose longest model turn has
+/// `longest` tokens, with turns capped at `max_tokens` and a buffer of `len` tokens before the
+/// cap: 0 up to `max_tokens - len`, then falling linearly to `-factor` at `max_tokens`.
+pub fn overlong_penalty(longest: usize, max_tokens: usize, len: usize, factor: f64) -> f64 {
+    let start = max_tokens.saturating_sub(len);
+    if longest <= start || len == 0 {
+        return 0.0;
+    }
+    -factor * ((longest - start) as f64 / len as f64).min(1.0)
 }
 
 /// Kimi k1.5's length penalty (Jan 2025) on one group's rewards: with

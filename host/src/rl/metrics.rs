@@ -46,6 +46,17 @@ pub struct StepLine {
     pub thin_groups: usize,
     /// Model turns longer than `trainer.data.seq_len`, left out of training.
     pub overlong_turns: usize,
+    /// Groups trained whose advantages are not all zero.
+    pub informative_groups: usize,
+    /// Groups left out by `orchestrator.filter_groups` (uniform on its metric, or beyond the
+    /// step's groups) or `online_difficulty_filtering`.
+    pub filtered_groups: usize,
+    /// Groups generated after the step's first round (`orchestrator.filter_groups`).
+    pub resampled_groups: usize,
+    /// Rollouts whose reward the overlong buffer lowered.
+    pub overlong_penalized: usize,
+    /// Samples of advantage 0 the trainer did not run (`trainer.skip_zero_advantage`).
+    pub zero_advantage_samples: usize,
     /// The trainer's step statistics.
     pub loss: f64,
     /// Gradient norm.
@@ -195,6 +206,11 @@ impl StepLine {
             failed: batch.failed_rollouts,
             thin_groups: batch.thin_groups,
             overlong_turns: batch.overlong_turns,
+            informative_groups: batch.informative_groups,
+            filtered_groups: batch.filtered_groups,
+            resampled_groups: batch.resampled_groups,
+            overlong_penalized: batch.overlong_penalized,
+            zero_advantage_samples: stats.zero_advantage_samples,
             loss: stats.loss,
             grad_norm: stats.grad_norm,
             lr: stats.lr,
@@ -251,13 +267,14 @@ impl StepLine {
             .collect();
         let ls = &self.loss_stats;
         let mut text = format!(
-            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} mask {:.3} | mismatch-kl {:.4} kl {:.4} | entropy {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | stale {} | {:.0} gen tok/s {:.0} train tok/s | rollouts {:.1}s train {:.1}s sync {:.1}s",
+            "step {:>4} | reward {:.3} | {} | solve all/none {}/{} | groups {} ({} informative) | samples {} | seq {:.0} | {} | {} | trunc {:.0}% | ratio {:.3} (max {:.2}) clip {:.3} mask {:.3} | mismatch-kl {:.4} kl {:.4} | entropy {:.3} | loss {:+.4} | grad {:.3} | lr {:.2e} | lag {} | stale {} | {:.0} gen tok/s {:.0} train tok/s | rollouts {:.1}s train {:.1}s sync {:.1}s",
             self.step,
             self.reward,
             metrics.join(", "),
             self.solve_all,
             self.solve_none,
             self.groups,
+            self.informative_groups,
             self.samples,
             self.seq_len,
             self.prefill_figure(),
@@ -285,6 +302,18 @@ impl StepLine {
             text.push_str(&format!(
                 " | failed {} (thin groups {}) overlong turns {}",
                 self.failed, self.thin_groups, self.overlong_turns
+            ));
+        }
+        if self.filtered_groups + self.resampled_groups + self.zero_advantage_samples > 0 {
+            text.push_str(&format!(
+                " | filtered groups {} resampled {} | zero-advantage samples skipped {}",
+                self.filtered_groups, self.resampled_groups, self.zero_advantage_samples
+            ));
+        }
+        if self.overlong_penalized > 0 {
+            text.push_str(&format!(
+                " | overlong penalised {}",
+                self.overlong_penalized
             ));
         }
         if !self.missing_capabilities.is_empty() {
@@ -403,7 +432,8 @@ pub fn append(path: &Path, line: &impl Serialize) -> anyhow::Result<()> {
 /// (training, and each environment evaluated during training at the steps it was evaluated, the
 /// evaluation before the first step at step 0); each evaluated environment's other metrics
 /// (`correct`, `avg@k`, `pass@k`, …); the training reward of each environment when training on
-/// several; the training rollouts' rubric metrics; loss. An absent or empty log gives empty
+/// several; the training rollouts' rubric metrics; the signal counts ([`SIGNAL`]: groups,
+/// informative, filtered, resampled, failed, overlong, zero-advantage); loss. An absent or empty log gives empty
 /// reward and loss panels.
 pub fn write_curves(log: &Path, out: &Path) -> anyhow::Result<()> {
     let text = match std::fs::read_to_string(log) {
@@ -433,7 +463,25 @@ struct Curves {
     env_reward: BTreeMap<String, Points>,
     /// `eval/<id>/<metric>` (reward included) by environment id, then metric.
     eval: BTreeMap<String, BTreeMap<String, Points>>,
+    /// The per-step counts of [`SIGNAL`] by key.
+    signal: BTreeMap<String, Points>,
 }
+
+/// The per-step counts of how much signal a step had, drawn in one panel (each where it is not
+/// always 0): groups trained, of which informative, filtered out, resampled, left thin by
+/// failures; failed rollouts, overlong turns and penalised rollouts; zero-advantage samples
+/// the trainer skipped.
+pub const SIGNAL: [&str; 9] = [
+    "groups",
+    "informative_groups",
+    "filtered_groups",
+    "resampled_groups",
+    "thin_groups",
+    "failed",
+    "overlong_turns",
+    "overlong_penalized",
+    "zero_advantage_samples",
+];
 
 /// The curves of a per-step log.
 fn curves(log: &str) -> Curves {
@@ -455,7 +503,9 @@ fn curves(log: &str) -> Curves {
                 continue;
             }
             let Some(v) = v.as_f64() else { continue };
-            if k == "reward" {
+            if SIGNAL.contains(&k.as_str()) {
+                c.signal.entry(k.clone()).or_default().push((step, v));
+            } else if k == "reward" {
                 c.reward.push((step, v));
             } else if k == "loss" {
                 c.loss.push((step, v));
@@ -560,6 +610,19 @@ impl Curves {
                 series: self.metrics.iter().map(|(n, p)| per_step(n, p)).collect(),
             });
         }
+        let signal: Vec<Series> = SIGNAL
+            .iter()
+            .filter_map(|k| self.signal.get(*k).map(|p| (k, p)))
+            .filter(|(_, p)| p.iter().any(|&(_, v)| v != 0.0))
+            .map(|(k, p)| per_step(k, p))
+            .collect();
+        if !signal.is_empty() {
+            panels.push(Panel {
+                title: "Signal: groups, rollouts and samples per step".into(),
+                y_desc: "count".into(),
+                series: signal,
+            });
+        }
         panels.push(Panel {
             title: "Loss".into(),
             y_desc: "loss".into(),
@@ -623,6 +686,7 @@ mod tests {
                 ),
             ]
             .into(),
+            signal: BTreeMap::new(),
         };
         assert_eq!(c, expected);
     }
@@ -658,6 +722,37 @@ mod tests {
         );
         let empty: Vec<String> = curves("").panels().into_iter().map(|p| p.title).collect();
         assert_eq!(empty, ["Reward", "Loss"]);
+
+        // The signal counts: one panel, the counts that are ever non-zero, in SIGNAL's order.
+        let c = curves(
+            &[
+                r#"{"step":1,"reward":0.5,"groups":4,"informative_groups":3,"filtered_groups":2,"resampled_groups":0,"failed":0,"zero_advantage_samples":8}"#,
+                r#"{"step":2,"reward":0.6,"groups":4,"informative_groups":4,"filtered_groups":1,"resampled_groups":2,"failed":0,"zero_advantage_samples":0}"#,
+            ]
+            .join("\n"),
+        );
+        let panels = c.panels();
+        let titles: Vec<&str> = panels.iter().map(|p| p.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "Reward",
+                "Signal: groups, rollouts and samples per step",
+                "Loss"
+            ]
+        );
+        let labels: Vec<&str> = panels[1].series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "groups",
+                "informative_groups",
+                "filtered_groups",
+                "resampled_groups",
+                "zero_advantage_samples"
+            ]
+        );
+        assert_eq!(panels[1].series[3].points, points(&[(1, 0.0), (2, 2.0)]));
     }
 
     /// A realistic log: one panel per kind of curve, the evaluation's reward drawn in the reward

@@ -30,7 +30,7 @@ use futures_util::StreamExt;
 use rlhost_sdk::types::Example;
 
 use super::config::RlConfig;
-use super::loss::{advantages, length_penalized};
+use super::loss::{advantages, length_penalized, overlong_penalty};
 use super::trainer::Sample;
 use crate::openai::ChatRequest;
 use crate::plugin::{Environment, RewardFn};
@@ -66,6 +66,11 @@ pub struct Generated {
     /// Rollouts (`(example_index, rollout_index)`) whose next turn was refused in flight as
     /// stale.
     pub refused: BTreeSet<(usize, usize)>,
+    /// Groups not to train (`orchestrator.filter_groups`): uniform on its metric, or informative
+    /// beyond the step's number of groups. Their rollouts count in the step's statistics.
+    pub filtered: BTreeSet<usize>,
+    /// Groups generated after the first round (`orchestrator.filter_groups`).
+    pub resampled: usize,
     /// Rollouts replaced as stale.
     pub replaced: usize,
     /// Completion tokens of the replaced rollouts (generated, then discarded).
@@ -112,6 +117,14 @@ pub struct Batch {
     pub thin_groups: usize,
     /// Model turns longer than `trainer.data.seq_len`, left out of training.
     pub overlong_turns: usize,
+    /// Groups trained whose advantages are not all zero.
+    pub informative_groups: usize,
+    /// Groups left out by `orchestrator.filter_groups` or `online_difficulty_filtering`.
+    pub filtered_groups: usize,
+    /// Groups generated after the step's first round (`orchestrator.filter_groups`).
+    pub resampled_groups: usize,
+    /// Rollouts whose reward the overlong buffer lowered (`orchestrator.overlong_buffer`).
+    pub overlong_penalized: usize,
     /// Per-environment statistics (`env/<id>/…`).
     pub by_env: BTreeMap<String, f64>,
 }
@@ -248,6 +261,8 @@ pub fn build_batch(
         records,
         groups: drawn,
         refused,
+        filtered,
+        resampled,
         replaced,
         discarded_tokens,
         seconds,
@@ -285,6 +300,8 @@ pub fn build_batch(
     let (mut kept, mut solve_all, mut solve_none) = (0, 0, 0);
     let (mut merged, mut unmerged, mut sample_tokens) = (0, 0, 0);
     let (mut failed_rollouts, mut thin_groups, mut overlong_turns) = (0, 0, 0);
+    let (mut informative_groups, mut overlong_penalized) = (0, 0);
+    let mut filtered_groups = filtered.len();
     let mut min_version = u64::MAX;
     for (&example, all) in &groups {
         // A failed rollout has no reward to compare: its siblings are ranked among
@@ -304,16 +321,37 @@ pub fn build_batch(
         if won == 0 {
             solve_none += 1;
         }
+        if filtered.contains(&example) {
+            continue;
+        }
         let mut rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
+        if let Some(b) = &o.overlong_buffer {
+            for (reward, r) in rewards.iter_mut().zip(&group) {
+                let penalty = overlong_penalty(
+                    longest_turn(r),
+                    o.sampling.max_tokens as usize,
+                    b.len,
+                    b.penalty_factor,
+                );
+                if penalty < 0.0 {
+                    *reward += penalty;
+                    overlong_penalized += 1;
+                }
+            }
+        }
         if o.length_penalty > 0.0 {
             let lengths: Vec<usize> = group.iter().map(|r| r.completion_tokens as usize).collect();
             rewards = length_penalized(&rewards, &lengths, &wins, o.length_penalty);
         }
         let same = rewards.iter().all(|&x| (x - rewards[0]).abs() < 1e-12);
         if o.online_difficulty_filtering && same {
+            filtered_groups += 1;
             continue;
         }
         kept += 1;
+        if !same {
+            informative_groups += 1;
+        }
         let adv = advantages(o.advantage, &rewards);
         for (r, a) in group.iter().zip(adv) {
             let masked = o.mask_truncated_completions && r.truncated;
@@ -355,8 +393,66 @@ pub fn build_batch(
         failed_rollouts,
         thin_groups,
         overlong_turns,
+        informative_groups,
+        filtered_groups,
+        resampled_groups: resampled,
+        overlong_penalized,
         by_env,
     })
+}
+
+/// The longest model turn of `r` in tokens (what `sampling.max_tokens` caps).
+fn longest_turn(r: &RolloutRecord) -> usize {
+    r.turns
+        .iter()
+        .map(|t| t.completion_ids.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Which of `groups` groups disagree on `metric` (`reward`: the reward as scored), among their
+/// rollouts that did not fail; a group of fewer than two such rollouts does not.
+pub fn informative(records: &[RolloutRecord], groups: usize, metric: &str) -> Vec<bool> {
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); groups];
+    for r in records.iter().filter(|r| r.error.is_none()) {
+        let v = match metric {
+            "reward" => Some(r.reward),
+            m => r.metrics.get(m).copied(),
+        };
+        if let (Some(v), Some(g)) = (v, values.get_mut(r.example_index)) {
+            g.push(v);
+        }
+    }
+    values
+        .iter()
+        .map(|v| v.len() >= 2 && v.iter().any(|&x| (x - v[0]).abs() > 1e-12))
+        .collect()
+}
+
+/// With `informative` flags per group in generation order and `target` groups wanted: the
+/// groups left out, uniform ones and informative ones past the first `target`.
+pub fn left_out(informative: &[bool], target: usize) -> BTreeSet<usize> {
+    let mut taken = 0;
+    let mut out = BTreeSet::new();
+    for (g, &inf) in informative.iter().enumerate() {
+        if inf && taken < target {
+            taken += 1;
+        } else {
+            out.insert(g);
+        }
+    }
+    out
+}
+
+/// Groups to generate in the next dynamic-sampling round: the `missing` ones divided by the
+/// informative share seen so far (`informative` of `generated`), at least `missing`, at most
+/// `target` (the step's groups).
+pub fn next_round(missing: usize, informative: usize, generated: usize, target: usize) -> usize {
+    let wanted = match informative {
+        0 => target,
+        n => (missing * generated).div_ceil(n),
+    };
+    wanted.clamp(missing.min(target), target.max(1))
 }
 
 /// Per training environment (each named by `env_ids`, drawn for the groups as `drawn` says):
@@ -453,6 +549,30 @@ pub fn draw(
         .collect()
 }
 
+/// `problems` groups for a later round of dynamic sampling at `step`: a seeded draw of its own
+/// (environments by `weights`, examples uniformly within each), so it needs no state and a
+/// resumed run draws what the uninterrupted one would.
+pub fn draw_round(
+    weights: &[f64],
+    sizes: &[usize],
+    problems: usize,
+    seed: u64,
+    step: usize,
+) -> Vec<(usize, usize)> {
+    let mut rng = crate::engine::Rng::new(
+        seed ^ 0x7265_7361 ^ (step as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+    );
+    mixture(weights, problems, seed, step)
+        .into_iter()
+        .map(|e| {
+            (
+                e,
+                ((rng.uniform() * sizes[e] as f64) as usize).min(sizes[e] - 1),
+            )
+        })
+        .collect()
+}
+
 /// A deterministic permutation of `n` (Fisher-Yates with the run's seed).
 pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
     let mut rng = crate::engine::Rng::new(seed ^ 0xda7a);
@@ -537,22 +657,44 @@ impl Producer {
         let started = Instant::now();
         let weights: Vec<f64> = self.envs.iter().map(|e| e.weight).collect();
         let sizes: Vec<usize> = self.envs.iter().map(|e| e.examples.len()).collect();
-        let groups = draw(
-            &weights,
-            &sizes,
-            o.batch_size / o.rollouts_per_example,
-            o.seed,
-            step,
-        );
-        let jobs = (0..groups.len())
-            .flat_map(|p| (0..o.rollouts_per_example).map(move |r| (p, r)))
-            .collect();
-        let (records, refused) = self.rollouts(step, &groups, jobs, 0).await;
+        let target = o.batch_size / o.rollouts_per_example;
+        let mut groups = draw(&weights, &sizes, target, o.seed, step);
+        let jobs = |from: usize, to: usize| -> Vec<(usize, usize)> {
+            (from..to)
+                .flat_map(|p| (0..o.rollouts_per_example).map(move |r| (p, r)))
+                .collect()
+        };
+        let (mut records, mut refused) = self.rollouts(step, &groups, jobs(0, target), 0).await;
+        let mut filtered = BTreeSet::new();
+        if let Some(f) = &o.filter_groups {
+            // Dynamic sampling: more groups, from an order of their own for each round (so a
+            // resumed run draws the same), until enough disagree on the metric.
+            for round in 1.. {
+                let flags = informative(&records, groups.len(), &f.metric);
+                let found = flags.iter().filter(|&&x| x).count();
+                let lost = records.iter().any(|r| r.capability_lost.is_some());
+                if found >= target || round >= f.max_num_gen_batches || lost {
+                    filtered = left_out(&flags, target);
+                    break;
+                }
+                let more = next_round(target - found, found, groups.len(), target);
+                let round_seed = o.seed ^ (round as u64).wrapping_mul(0xa076_1d64_78bd_642f);
+                let from = groups.len();
+                groups.extend(draw_round(&weights, &sizes, more, round_seed, step));
+                let (more_records, more_refused) = self
+                    .rollouts(step, &groups, jobs(from, groups.len()), 0)
+                    .await;
+                records.extend(more_records);
+                refused.extend(more_refused);
+            }
+        }
         Generated {
             step,
             records,
+            resampled: groups.len() - target,
             groups,
             refused,
+            filtered,
             replaced: 0,
             discarded_tokens: 0,
             seconds: started.elapsed().as_secs_f64(),
@@ -638,7 +780,10 @@ impl Producer {
         let started = Instant::now();
         for attempt in 1..=3u64 {
             let stale: Vec<usize> = (0..g.records.len())
-                .filter(|&i| is_stale(&g.refused, &g.records[i], oldest))
+                .filter(|&i| {
+                    !g.filtered.contains(&g.records[i].example_index)
+                        && is_stale(&g.refused, &g.records[i], oldest)
+                })
                 .collect();
             if stale.is_empty() {
                 break;
@@ -780,6 +925,8 @@ mod tests {
             groups: vec![(0, 0); 2],
             records,
             refused: BTreeSet::new(),
+            filtered: BTreeSet::new(),
+            resampled: 0,
             replaced: 0,
             discarded_tokens: 0,
             seconds: 0.0,
@@ -1215,5 +1362,246 @@ mod tests {
             assert!(limited.refused.load(Ordering::SeqCst));
             engine.shutdown();
         });
+    }
+
+    /// Dynamic sampling's pieces: a group is informative when its rollouts that did not fail
+    /// disagree on the metric; the first `target` informative groups are kept; a later round
+    /// asks for the missing groups over the informative share, within `[missing, target]`;
+    /// later rounds draw reproducibly, within the environments' sizes.
+    #[test]
+    fn dynamic_sampling_picks_the_first_informative_groups() {
+        let scored = |example: usize, correct: f64, reward: f64| {
+            let mut r = rollout(example, reward, Vec::new());
+            r.metrics.insert("correct".into(), correct);
+            r
+        };
+        let mut failed = scored(2, 1.0, 0.0);
+        failed.error = Some("server error".into());
+        let records = vec![
+            // 0: disagree on correct. 1: agree on correct, not on reward. 2: one left.
+            scored(0, 1.0, 1.0),
+            scored(0, 0.0, 0.0),
+            scored(1, 0.0, 0.0),
+            scored(1, 0.0, -0.1),
+            scored(2, 0.0, 0.0),
+            failed,
+            scored(3, 1.0, 1.0),
+            scored(3, 0.0, 0.0),
+        ];
+        assert_eq!(
+            informative(&records, 5, "correct"),
+            [true, false, false, true, false]
+        );
+        assert_eq!(
+            informative(&records, 5, "reward"),
+            [true, true, false, true, false]
+        );
+        assert_eq!(informative(&records, 2, "absent"), [false, false]);
+        let flags = [true, false, true, true, false, true];
+        assert_eq!(left_out(&flags, 2), BTreeSet::from([1, 3, 4, 5]));
+        assert_eq!(left_out(&flags, 9), BTreeSet::from([1, 4]));
+        assert_eq!(next_round(3, 1, 4, 4), 4, "12 wanted, the step's 4 at most");
+        assert_eq!(next_round(1, 3, 4, 4), 2, "one missing at a 3/4 share");
+        assert_eq!(
+            next_round(2, 0, 4, 4),
+            4,
+            "nothing found yet: a whole round"
+        );
+        assert_eq!(next_round(1, 8, 8, 4), 1, "at least the missing one");
+        let a = draw_round(&[1.0, 3.0], &[5, 7], 40, 9, 3);
+        assert_eq!(a, draw_round(&[1.0, 3.0], &[5, 7], 40, 9, 3));
+        assert_ne!(a, draw_round(&[1.0, 3.0], &[5, 7], 40, 10, 3));
+        assert!(a.iter().all(|&(e, i)| i < [5, 7][e]));
+        assert!(a.iter().any(|&(e, _)| e == 0) && a.iter().any(|&(e, _)| e == 1));
+    }
+
+    /// DAPO's soft overlong punishment: nothing up to `max_tokens - len`, then linear to
+    /// `-factor` at `max_tokens`.
+    #[test]
+    fn overlong_penalty_ramps_over_the_buffer() {
+        assert_eq!(overlong_penalty(12, 16, 4, 1.0), 0.0);
+        assert_eq!(overlong_penalty(13, 16, 4, 1.0), -0.25);
+        assert_eq!(overlong_penalty(16, 16, 4, 0.5), -0.5);
+        assert_eq!(overlong_penalty(20, 16, 4, 1.0), -1.0);
+    }
+
+    /// In a batch: groups marked filtered are not trained but counted (their rollouts still in
+    /// the step's statistics); the overlong buffer lowers the rewards of long rollouts before
+    /// the advantages, and a group it alone makes informative trains; groups with a spread are
+    /// counted informative.
+    #[test]
+    fn filtered_groups_and_overlong_rewards_in_a_batch() {
+        let p: Vec<u32> = (1..=10).collect();
+        let long: Vec<u32> = (100..116).collect();
+        let records = vec![
+            rollout(0, 1.0, vec![turn(&p, &[100, 101], 0)]),
+            rollout(0, 0.0, vec![turn(&p, &[102], 0)]),
+            // Same reward, one 16 tokens long: informative only with the buffer.
+            rollout(1, 1.0, vec![turn(&p, &long, 0)]),
+            rollout(1, 1.0, vec![turn(&p, &[103], 0)]),
+            rollout(2, 1.0, vec![turn(&p, &[104], 0)]),
+            rollout(2, 0.0, vec![turn(&p, &[105], 0)]),
+        ];
+        let mut cfg = RlConfig::default();
+        cfg.orchestrator.sampling.max_tokens = 16;
+        let mut g = generated(records.clone());
+        g.groups = vec![(0, 0); 3];
+        g.filtered = BTreeSet::from([2]);
+        g.resampled = 1;
+        let batch = build_batch(&cfg, g, &ids(), None).unwrap();
+        assert_eq!((batch.groups, batch.informative_groups), (2, 1));
+        assert_eq!((batch.filtered_groups, batch.resampled_groups), (1, 1));
+        assert_eq!(
+            batch.records.len(),
+            6,
+            "filtered rollouts stay in the statistics"
+        );
+        assert!(batch.samples.iter().all(|s| s.group != 2));
+        assert!(
+            batch
+                .samples
+                .iter()
+                .filter(|s| s.group == 1)
+                .all(|s| s.advantage == 0.0)
+        );
+        assert_eq!(batch.overlong_penalized, 0);
+
+        cfg.orchestrator.overlong_buffer = Some(crate::rl::config::OverlongBuffer {
+            len: 4,
+            penalty_factor: 1.0,
+        });
+        let mut g = generated(records);
+        g.groups = vec![(0, 0); 3];
+        let batch = build_batch(&cfg, g, &ids(), None).unwrap();
+        assert_eq!((batch.groups, batch.informative_groups), (3, 3));
+        assert_eq!(batch.overlong_penalized, 1);
+        let adv: Vec<f32> = batch
+            .samples
+            .iter()
+            .filter(|s| s.group == 1)
+            .map(|s| s.advantage)
+            .collect();
+        // Rewards 0 and 1 after the penalty (drgrpo: reward minus the group mean).
+        assert_eq!(adv, [-0.5, 0.5]);
+    }
+
+    /// A generator that answers arith's questions as a scripted teacher would, over the tiny
+    /// model's real turns (their token ids and log-probs): questions with an even answer get
+    /// the right answer on every second call, the others never; so groups of two of an
+    /// even-answer question disagree and the rest agree.
+    struct Teacher {
+        inner: Arc<dyn Generator>,
+        calls: std::sync::Mutex<BTreeMap<String, usize>>,
+    }
+
+    /// `a op b` in `text` and its value.
+    fn question(text: &str) -> Option<(String, i64)> {
+        let words: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || c == '"' || c == '?')
+            .collect();
+        words.windows(3).find_map(|w| {
+            let (a, b) = (w[0].parse::<i64>().ok()?, w[2].parse::<i64>().ok()?);
+            let v = match w[1] {
+                "+" => a + b,
+                "-" => a - b,
+                "*" => a * b,
+                _ => return None,
+            };
+            Some((w.join(" "), v))
+        })
+    }
+
+    #[async_trait]
+    impl Generator for Teacher {
+        fn describe(&self) -> String {
+            "teacher".into()
+        }
+
+        async fn complete(&self, req: &ChatRequest) -> Result<Turn, GenError> {
+            let mut turn = self.inner.complete(req).await?;
+            let text = serde_json::to_string(&req.messages).unwrap();
+            let (q, v) = question(&text).unwrap_or_else(|| panic!("an arith question in {text}"));
+            let n = {
+                let mut calls = self.calls.lock().unwrap();
+                let n = calls.entry(q).or_default();
+                *n += 1;
+                *n - 1
+            };
+            let right = v % 2 == 0 && n % 2 == 0;
+            turn.content = format!("\\boxed{{{}}}", if right { v } else { v + 1 });
+            Ok(turn)
+        }
+    }
+
+    /// `orchestrator.filter_groups` on arith's real rollouts: the step generates more rounds
+    /// until it has the step's number of groups that disagree on `correct` (or runs out of
+    /// rounds); exactly those train, the rest are filtered and counted.
+    #[test]
+    fn dynamic_sampling_generates_until_enough_groups_disagree() {
+        let mut cfg = RlConfig::default();
+        let o = &mut cfg.orchestrator;
+        (o.batch_size, o.rollouts_per_example, o.max_concurrent) = (8, 2, 8);
+        o.sampling.max_tokens = 4;
+        o.filter_groups = Some(crate::rl::config::FilterGroups {
+            metric: "correct".into(),
+            max_num_gen_batches: 8,
+        });
+        cfg.trainer.data.seq_len = 256;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (mut producer, engine, _dir) = tiny_producer(cfg.clone()).await;
+            producer.generator = Arc::new(Teacher {
+                inner: producer.generator.clone(),
+                calls: Default::default(),
+            });
+            let g = producer.generate(0).await;
+            assert!(g.records.iter().all(|r| r.error.is_none()));
+            let flags = informative(&g.records, g.groups.len(), "correct");
+            let first: Vec<bool> = flags[..4].to_vec();
+            assert!(
+                first.iter().filter(|&&x| x).count() < 4,
+                "the first round has uniform groups ({first:?}): the case tested"
+            );
+            assert!(g.resampled > 0 && g.groups.len() == 4 + g.resampled);
+            assert_eq!(g.records.len(), 2 * g.groups.len());
+            let kept: Vec<usize> = (0..g.groups.len())
+                .filter(|i| !g.filtered.contains(i))
+                .collect();
+            assert_eq!(kept.len(), 4, "{flags:?}");
+            assert!(kept.iter().all(|&i| flags[i]));
+            assert_eq!(kept, left_out_complement(&flags, 4));
+            let (resampled, filtered) = (g.resampled, g.filtered.len());
+            let batch = build_batch(&cfg, g, &ids(), Some(0)).unwrap();
+            assert_eq!((batch.groups, batch.informative_groups), (4, 4));
+            assert_eq!(batch.samples.len(), 8);
+            assert_eq!(
+                (batch.resampled_groups, batch.filtered_groups),
+                (resampled, filtered)
+            );
+            assert!(batch.samples.iter().all(|s| s.advantage != 0.0));
+
+            // Out of rounds: one round only keeps what the first had.
+            let mut cfg1 = cfg.clone();
+            cfg1.orchestrator
+                .filter_groups
+                .as_mut()
+                .unwrap()
+                .max_num_gen_batches = 1;
+            producer.cfg = cfg1;
+            let g = producer.generate(1).await;
+            assert_eq!((g.groups.len(), g.resampled), (4, 0));
+            let flags = informative(&g.records, 4, "correct");
+            assert_eq!(4 - g.filtered.len(), flags.iter().filter(|&&x| x).count());
+            engine.shutdown();
+        });
+    }
+
+    fn left_out_complement(flags: &[bool], target: usize) -> Vec<usize> {
+        let out = left_out(flags, target);
+        (0..flags.len()).filter(|i| !out.contains(i)).collect()
     }
 }

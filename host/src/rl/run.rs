@@ -243,6 +243,23 @@ async fn train_envs(
             e.split,
             e.id
         );
+        if let Some(f) = &cfg.orchestrator.filter_groups
+            && f.metric != "reward"
+        {
+            let mut names: Vec<String> = env.info().rubric.iter().map(|w| w.name.clone()).collect();
+            names.extend(
+                rewards
+                    .iter()
+                    .flat_map(|r| r.info().metrics.iter().cloned()),
+            );
+            anyhow::ensure!(
+                names.contains(&f.metric),
+                "orchestrator.filter_groups.metric: {} reports no `{}` (its metrics: {}; or                  `reward`)",
+                e.id,
+                f.metric,
+                names.join(", ")
+            );
+        }
         out.push(TrainEnv {
             id: e.id.clone(),
             env,
@@ -318,6 +335,7 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
         optim_cpu_offload: cfg.trainer.optim_cpu_offload,
     });
     trainer.packing = cfg.trainer.data.packing;
+    trainer.skip_zero_advantage = cfg.trainer.skip_zero_advantage;
     Ok((trainer, policy_dir, max_steps))
 }
 

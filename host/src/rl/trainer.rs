@@ -175,6 +175,9 @@ pub struct StepStats {
     /// Padding positions the forward passes ran besides (rows right-padded to a micro-batch's
     /// longest, shared prefixes to the longest of theirs): what packing saves.
     pub padding_tokens: usize,
+    /// Samples left out of the passes: advantage 0 and no gradient
+    /// ([`Trainer::skip_zero_advantage`]).
+    pub zero_advantage_samples: usize,
     /// The weights were not updated: a non-finite loss or gradient, or no trained tokens.
     pub skipped: bool,
 }
@@ -471,6 +474,12 @@ pub struct Trainer {
     pub packing: bool,
     /// Activation checkpointing of the policy's layers.
     pub ac: Checkpointing,
+    /// Leave out of the forward and backward passes the samples whose gradient is exactly
+    /// zero: advantage 0 under an objective with no other term
+    /// ([`LossConfig::inert_at_zero_advantage`]). Their tokens still count in the batch's
+    /// normalisation, so the update is the one training them would make; a batch of nothing
+    /// else updates nothing.
+    pub skip_zero_advantage: bool,
     /// Whether the optimiser's state was asked into host memory ([`Trainer::with_memory`]).
     optim_cpu_offload: bool,
     /// Steps taken.
@@ -522,6 +531,7 @@ impl Trainer {
             share_prefix: true,
             packing: false,
             ac: Checkpointing::None,
+            skip_zero_advantage: true,
             optim_cpu_offload: false,
             step: 0,
             total_steps,
@@ -809,6 +819,44 @@ impl Trainer {
             Objective::Likelihood => NormType::Token,
         };
         let weights = token_weights(samples, norm, self.loss.norm_length.unwrap_or(1));
+        // The weights above normalise over every sample; the passes below run only those with
+        // a gradient, so the update is exactly the one of running them all.
+        let inert = |s: &Sample| {
+            objective == Objective::Policy
+                && self.skip_zero_advantage
+                && self.loss.inert_at_zero_advantage()
+                && s.advantage == 0.0
+        };
+        let kept: Vec<Sample>;
+        let (samples, weights) = match samples.iter().any(inert) {
+            false => (samples, weights),
+            true => {
+                let kept_weights;
+                (kept, kept_weights) = samples
+                    .iter()
+                    .zip(weights)
+                    .filter(|(s, _)| !inert(s))
+                    .map(|(s, w)| (s.clone(), w))
+                    .unzip();
+                stats.zero_advantage_samples = samples.len() - kept.len();
+                (&kept[..], kept_weights)
+            }
+        };
+        let trained: usize = samples
+            .iter()
+            .map(|s| s.mask.iter().filter(|&&m| m).count())
+            .sum();
+        stats.tokens = trained;
+        if trained == 0 {
+            tracing::info!(
+                step = self.step,
+                zero_advantage_samples = stats.zero_advantage_samples,
+                "every sample has advantage 0: no update"
+            );
+            stats.skipped = true;
+            self.step += 1;
+            return Ok(stats);
+        }
         let batches = match self.packing {
             true => pack_sequences(samples, self.micro_batch_tokens, self.share_prefix),
             false => pack(samples, self.micro_batch_tokens),

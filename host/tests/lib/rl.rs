@@ -832,6 +832,72 @@ fn packed_training_is_exact() {
     }
 }
 
+/// Samples of advantage 0 (a whole group and one more) are left out of the passes
+/// (`trainer.skip_zero_advantage`) and the step is the one running them takes — loss, gradient
+/// norm, updated weights, padded and packed, for two steps (Adam's moments included) — since
+/// their tokens stay in the normalisation. With a KL penalty they have a gradient: nothing is
+/// left out. A batch of nothing but advantage 0 updates nothing.
+#[test]
+fn zero_advantage_samples_are_skipped_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("init");
+    save_tiny(&dir, 16);
+    let mut samples = grouped_samples(&[]);
+    for s in samples.iter_mut().filter(|s| s.group == 1) {
+        s.advantage = 0.0;
+    }
+    samples[0].advantage = 0.0;
+    let zero = samples.iter().filter(|s| s.advantage == 0.0).count();
+    assert_eq!(zero, 5);
+    let kl = LossConfig {
+        kl_coef: 0.05,
+        ..LossConfig::default()
+    };
+    for (what, loss, packing, skipped) in [
+        ("padded", LossConfig::default(), false, zero),
+        ("packed", LossConfig::default(), true, zero),
+        ("kl", kl, false, 0),
+    ] {
+        let trainer = |skip: bool| {
+            let mut t = load_trainer_with(&dir, optim(), loss.clone(), 0.8, 4096);
+            t.packing = packing;
+            t.skip_zero_advantage = skip;
+            t
+        };
+        let (mut all, mut lean) = (trainer(false), trainer(true));
+        for step in 0..2 {
+            let a = all.step_with(&samples, Objective::Policy).unwrap();
+            let mut b = lean.step_with(&samples, Objective::Policy).unwrap();
+            let what = format!("{what}, step {step}");
+            assert_eq!(a.zero_advantage_samples, 0, "{what}");
+            assert_eq!(b.zero_advantage_samples, skipped, "{what}");
+            if skipped > 0 {
+                assert!(b.computed_tokens < a.computed_tokens, "{what}");
+                assert!(b.tokens < a.tokens, "{what}");
+            }
+            b.tokens = a.tokens;
+            assert_same_step(&what, (&all, &a), (&lean, &b));
+        }
+    }
+    // Nothing but advantage 0: no update, and the step counts.
+    for s in &mut samples {
+        s.advantage = 0.0;
+    }
+    let mut t = load_trainer_with(&dir, optim(), LossConfig::default(), 0.8, 4096);
+    let before: std::collections::BTreeMap<String, tch::Tensor> = t
+        .weights()
+        .into_iter()
+        .map(|(k, v)| (k, v.copy()))
+        .collect();
+    let stats = t.step_with(&samples, Objective::Policy).unwrap();
+    assert!(stats.skipped && stats.computed_tokens == 0, "{stats:?}");
+    assert_eq!(stats.zero_advantage_samples, samples.len());
+    assert_eq!(t.step, 1);
+    for (name, w) in t.weights() {
+        assert!(w.equal(&before[&name]), "{name} moved");
+    }
+}
+
 /// LoRA (`Qwen3::set_lora`): the trainer moves the adapters alone (the base weights stay
 /// bit-identical and get no gradients, the optimiser holds moments for the adapters only) and
 /// the loss falls; checkpointing and packing take the same steps; a checkpoint (a PEFT folder

@@ -41,6 +41,7 @@ fn special(path: &str) -> Option<&'static str> {
         "inference.lora_modules" => "[\"a=/adapter\"]",
         "orchestrator.client.base_urls" => "[\"http://127.0.0.1:9\"]",
         "orchestrator.client.api_key_var" => "KEY",
+        "orchestrator.filter_groups.metric" => "reward",
         "orchestrator.env" => "[{id = \"arith\"}]",
         "orchestrator.eval.env" => "[{id = \"arith\", split = \"test-d1\"}]",
         // What the monitor keys do is read back by TensorBoard, MLflow and prometheus_client in
@@ -136,6 +137,9 @@ fn trainer_probe(cfg: &RlConfig) -> Result<String, String> {
         sample(2, 17, -1.0, 0, vec![]),
         sample(3, 23, 0.5, 1, vec![18]),
         sample(4, 14, -0.5, 1, vec![]),
+        // Advantage 0: no gradient, run or left out by trainer.skip_zero_advantage.
+        sample(5, 16, 0.0, 2, vec![]),
+        sample(6, 15, 0.0, 2, vec![]),
     ];
     for _ in 0..2 {
         let s = t.train_step(&batch).map_err(|e| e.to_string())?;
@@ -185,8 +189,13 @@ fn every_key_is_honoured_or_refused() {
         let probed = k.path.starts_with("trainer.optim.")
             || k.path.starts_with("trainer.loss.")
             || k.path.starts_with("trainer.data.")
-            || ["trainer.dtype", "trainer.ac", "trainer.optim_cpu_offload"]
-                .contains(&k.path.as_str())
+            || [
+                "trainer.dtype",
+                "trainer.ac",
+                "trainer.optim_cpu_offload",
+                "trainer.skip_zero_advantage",
+            ]
+            .contains(&k.path.as_str())
             || k.path == "orchestrator.sampling.temperature";
         if probed && k.path != "trainer.optim.lr" {
             // At the default 1e-6, f32 weights cannot show `lr · weight_decay` (below their
@@ -279,6 +288,7 @@ fn every_key_is_honoured_or_refused() {
         "trainer.ac",
         "trainer.optim_cpu_offload",
         "trainer.data.packing",
+        "trainer.skip_zero_advantage",
         "inference.enable_sleep_mode",
         "inference.kv_cache_fraction",
     ] {

@@ -19,7 +19,8 @@ pub use help::{KeyDoc, help, keys};
 
 pub use inference::{EngineSetup, InferConfig, InferConfigError};
 pub use orchestrator::{
-    ClientConfig, EnvConfig, EvalConfig, EvalEnvConfig, OrchConfig, SamplingConfig,
+    ClientConfig, EnvConfig, EvalConfig, EvalEnvConfig, FilterGroups, OrchConfig, OverlongBuffer,
+    SamplingConfig,
 };
 pub use trainer::{CkptConfig, DataConfig, ModelConfig, TrainerConfig, TrainerModelConfig};
 
@@ -499,6 +500,40 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             "orchestrator.length_penalty",
             "must be a number ≥ 0",
         ));
+    }
+    if let Some(f) = &orch.filter_groups {
+        if f.max_num_gen_batches == 0 {
+            return Err(refuse(
+                "orchestrator.filter_groups.max_num_gen_batches",
+                "must be at least 1",
+            ));
+        }
+        if f.metric.is_empty() {
+            return Err(refuse("orchestrator.filter_groups.metric", "is empty"));
+        }
+        if orch.online_difficulty_filtering {
+            return Err(refuse(
+                "orchestrator.online_difficulty_filtering",
+                "and orchestrator.filter_groups both filter groups: keep one",
+            ));
+        }
+    }
+    if let Some(b) = &orch.overlong_buffer {
+        if b.len == 0 || b.len >= orch.sampling.max_tokens as usize {
+            return Err(refuse(
+                "orchestrator.overlong_buffer.len",
+                &format!(
+                    "is {} but must be within 1..{} (orchestrator.sampling.max_tokens)",
+                    b.len, orch.sampling.max_tokens
+                ),
+            ));
+        }
+        if !(b.penalty_factor >= 0.0 && b.penalty_factor.is_finite()) {
+            return Err(refuse(
+                "orchestrator.overlong_buffer.penalty_factor",
+                "must be a number ≥ 0",
+            ));
+        }
     }
     if !(orch.sampling.temperature > 0.0 && orch.sampling.temperature.is_finite()) {
         return Err(refuse(

@@ -53,6 +53,56 @@ impl Default for SamplingConfig {
     }
 }
 
+/// DAPO's dynamic sampling (`[orchestrator.filter_groups]`, verl's name): a step keeps only
+/// groups whose rollouts disagree on `metric`, generating more groups until it has the
+/// configured number (`batch_size / rollouts_per_example`) or has run `max_num_gen_batches`
+/// rounds; what it has then trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterGroups {
+    /// Dynamic sampling (DAPO), on when a key of this table is set: steps train only groups
+    /// whose rollouts disagree on this, a metric of the environments' rubrics (raw correctness,
+    /// `correct`, not a length-shaped reward) or `reward` (the reward before any length or
+    /// overlong shaping).
+    pub metric: String,
+    /// Generation rounds per step at most (≥ 1): the first generates the step's groups, each
+    /// later one the groups still missing divided by the informative share so far (at most
+    /// the step's groups again).
+    pub max_num_gen_batches: usize,
+}
+
+impl Default for FilterGroups {
+    fn default() -> Self {
+        Self {
+            metric: "correct".into(),
+            max_num_gen_batches: 10,
+        }
+    }
+}
+
+/// DAPO's soft overlong punishment (`[orchestrator.overlong_buffer]`, verl's name): a model turn
+/// within `len` tokens of `sampling.max_tokens` loses reward in proportion to how far into that
+/// buffer it ran, `penalty_factor` at the limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct OverlongBuffer {
+    /// Soft overlong punishment (DAPO), on when a key of this table is set: the tokens before
+    /// `sampling.max_tokens` where the penalty starts (1 ≤ len < max_tokens).
+    pub len: usize,
+    /// The penalty at `max_tokens` (≥ 0): reward − `penalty_factor` · (L − (max_tokens − len))
+    /// / len for a longest turn of L > max_tokens − len tokens.
+    pub penalty_factor: f64,
+}
+
+impl Default for OverlongBuffer {
+    fn default() -> Self {
+        Self {
+            len: 1024,
+            penalty_factor: 1.0,
+        }
+    }
+}
+
 /// Where rollouts are generated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -164,6 +214,10 @@ pub struct OrchConfig {
     pub online_difficulty_filtering: bool,
     /// Train on truncated completions with zero weight.
     pub mask_truncated_completions: bool,
+    /// Dynamic sampling: steps of informative groups only (unset: off).
+    pub filter_groups: Option<FilterGroups>,
+    /// Soft overlong punishment of rewards (unset: off).
+    pub overlong_buffer: Option<OverlongBuffer>,
     /// Generation servers.
     pub client: ClientConfig,
     /// How later turns' prompts carry the conversation: `as_produced` (the token ids the model
@@ -191,6 +245,8 @@ impl Default for OrchConfig {
             length_penalty: 0.0,
             online_difficulty_filtering: false,
             mask_truncated_completions: false,
+            filter_groups: None,
+            overlong_buffer: None,
             client: ClientConfig::default(),
             history: crate::rollout::History::AsProduced,
             eval: EvalConfig::default(),

@@ -129,6 +129,11 @@ pub struct TrainerConfig {
     /// Keep AdamW's state (moments, f32 master weights) in host memory and run the update
     /// there; the device holds weights, gradients and activations only.
     pub optim_cpu_offload: bool,
+    /// Run no forward or backward pass for samples of advantage 0 when the objective gives them
+    /// no gradient (no `loss.kl_coef`, no dppo_kl `kl_tau`): the same update, less compute
+    /// (counted per step in `zero_advantage_samples`). Their tokens still count in the loss's
+    /// normalisation; a batch of nothing else updates nothing.
+    pub skip_zero_advantage: bool,
 }
 
 impl Default for TrainerConfig {
@@ -144,6 +149,7 @@ impl Default for TrainerConfig {
             dtype: "auto".into(),
             ac: Checkpointing::None,
             optim_cpu_offload: false,
+            skip_zero_advantage: true,
         }
     }
 }
