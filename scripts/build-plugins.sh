@@ -50,6 +50,8 @@ assemble math500 "$WASM/math500.wasm" wasm
 assemble aime2024 "$WASM/aime2024.wasm" wasm
 assemble aime2025 "$WASM/aime2025.wasm" wasm
 assemble deepscaler "$WASM/deepscaler.wasm" wasm
+# Test fixture: an environment scored by the reward plugin it declares (not published).
+assemble fixture-judged "$WASM/fixture_judged.wasm" wasm fixtures/judged
 
 # Extism plugins (AssemblyScript, from npm) and Python plugins (the rlhost_env SDK).
 bash "$ROOT/scripts/build-extism-plugins.sh"

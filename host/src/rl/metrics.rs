@@ -87,6 +87,9 @@ pub struct StepLine {
     pub engine_released_bytes: u64,
     /// Seconds of evaluation after this step (0 without one).
     pub eval_s: f64,
+    /// Wall seconds from the start of the run's first step to the end of this one, evaluations
+    /// included (a resumed run counts from its resumption).
+    pub elapsed_s: f64,
     /// Rollouts dropped because weights more than `max_off_policy_steps` versions older than
     /// the trainer's generated one of their turns (each replaced by a fresh rollout).
     pub stale_dropped: usize,
@@ -224,6 +227,7 @@ impl StepLine {
             sync_s: phases.sync_s,
             engine_released_bytes: phases.released_bytes,
             eval_s: eval.as_ref().map_or(0.0, |e| e.seconds),
+            elapsed_s: 0.0,
             stale_dropped: batch.stale_dropped,
             by_env: batch.by_env.clone(),
             eval,

@@ -442,6 +442,7 @@ pub fn run(
         progress(Report::Evaluated(&line));
     }
     let mut lines = Vec::new();
+    let started = Instant::now();
     for step in start..max_steps {
         let batch = orchestrator.next_batch(&rt, step, version)?;
         // Sleep mode: the colocated engine lends its KV memory to the training step (nothing
@@ -475,7 +476,7 @@ pub fn run(
             ),
             false => None,
         };
-        let line = StepLine::new(
+        let mut line = StepLine::new(
             &batch,
             &stats,
             Phases {
@@ -485,6 +486,7 @@ pub fn run(
             },
             eval,
         );
+        line.elapsed_s = started.elapsed().as_secs_f64();
         metrics::append(&log, &line)?;
         if let Some(p) = &port {
             p.set_step(line.step as u64, &crate::monitor::scalars(&line));

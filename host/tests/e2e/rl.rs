@@ -636,3 +636,103 @@ fn lengths_are_checked_before_any_rollout() {
     assert!(!tmp.path().join("b/metrics.jsonl").exists(), "no step ran");
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// An environment's declared reward plugins score its rollouts in `host rl` as in `host eval`
+/// (both load environments with `plugin::install::load_installed`): fixture-judged weighs
+/// `exact_match`, which only the reward plugin rlhost/exact-match returns. The run's step lines
+/// carry the reward plugin's metrics and the evaluation's summary the same names. Dynamic
+/// sampling (`orchestrator.filter_groups`) filters on a metric of either (the fixture's own
+/// `length` here), refuses one that no plugin reports (listing those that do), and every step
+/// accounts for its groups: trained + filtered = the step's 2 + resampled. The soft overlong
+/// buffer's count is on every line.
+#[test]
+fn reward_plugins_score_rl_rollouts_as_in_eval_with_dynamic_sampling() {
+    let common::Workspace { tmp, home, model } =
+        common::workspace(&["exact-match", "fixture-judged"], 4);
+    let args = |dir: &str| -> Vec<String> {
+        let mut a = rl_args(&model, &tmp.path().join(dir), 3);
+        // rl_args trains arith with its tools off; this fixture takes no arguments.
+        let at = a
+            .iter()
+            .position(|x| x == "--orchestrator.env[0].args")
+            .unwrap();
+        a.drain(at..at + 2);
+        a[2] = "fixture-judged".into();
+        a
+    };
+    let err = common::run_err(
+        common::host(&home)
+            .args(args("bad"))
+            .args(["--orchestrator.filter-groups.metric", "nope"]),
+    );
+    assert!(
+        err.contains("orchestrator.filter_groups.metric")
+            && err.contains("exact_match")
+            && err.contains("length"),
+        "{err}"
+    );
+    common::run_ok(common::host(&home).args(args("run")).args([
+        "--orchestrator.filter-groups.metric",
+        "length",
+        "--orchestrator.filter-groups.max-num-gen-batches",
+        "3",
+        "--orchestrator.overlong-buffer.len",
+        "4",
+    ]));
+    let lines = metric_lines(&tmp.path().join("run"));
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        let metrics = l["metrics"].as_object().unwrap();
+        for name in ["exact_match", "has_answer", "length"] {
+            assert!(metrics.contains_key(name), "{name} missing: {l}");
+        }
+        let count = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k}: {l}"));
+        assert_eq!(
+            count("groups") + count("filtered_groups"),
+            2 + count("resampled_groups"),
+            "{l}"
+        );
+        assert!(
+            count("resampled_groups") <= 2 * 2,
+            "two more rounds at most: {l}"
+        );
+        assert!(count("informative_groups") <= count("groups"), "{l}");
+        if count("groups") < 2 {
+            assert!(
+                count("resampled_groups") > 0,
+                "short of groups, it resampled: {l}"
+            );
+        }
+        assert!(count("overlong_penalized") <= 4 * count("groups"), "{l}");
+        assert!(l["elapsed_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    let save = tmp.path().join("eval");
+    common::run_ok(
+        common::host(&home)
+            .args([
+                "eval",
+                "fixture-judged",
+                "-n",
+                "2",
+                "-r",
+                "2",
+                "--max-tokens",
+                "8",
+            ])
+            .arg("-m")
+            .arg(&model)
+            .arg("-s")
+            .arg(&save),
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(save.join("fixture-judged/summary.json")).unwrap(),
+    )
+    .unwrap();
+    let text = summary.to_string();
+    for name in ["exact_match", "has_answer", "length"] {
+        assert!(
+            text.contains(&format!("\"{name}\"")),
+            "{name} missing: {text}"
+        );
+    }
+}
