@@ -11,7 +11,7 @@ WITH_ENV := source $(ENV_FILE) &&
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 HOST := $(TARGET_DIR)/release/host
 
-.PHONY: gpu-bundle gpu-bundle-check interop all install setup setup-py-reference setup-py-bench bench-rl bench-train-memory build plugins sandbox demo test fmt fmt-check clippy
+.PHONY: gpu-bundle gpu-bundle-check interop all install setup setup-py-reference setup-py-bench bench-rl bench-signal bench-train-memory build plugins sandbox demo test fmt fmt-check clippy
 
 all: build
 
@@ -76,6 +76,10 @@ demo: plugins sandbox
 ## bench-rl: host rl against TRL's GRPOTrainer on the CPU (after make demo, which installs arith)
 bench-rl: build setup-py-bench
 	$(WITH_ENV) HOST=$(HOST) bash scripts/bench-rl.sh
+
+## bench-signal: GRPO seconds to the demo's after-RL Correct with and without the signal options (after make demo; about 15 min)
+bench-signal: build
+	$(WITH_ENV) HOST=$(HOST) bash scripts/bench-signal.sh
 
 ## bench-train-memory: the trainer's memory goals on this CPU (0.6B shape; about 30 min)
 bench-train-memory: build

@@ -61,15 +61,21 @@ pub fn latest_checkpoint(dir: &Path) -> Option<(usize, PathBuf)> {
         .find(|(_, p)| p.join("orchestrator_state.json").is_file())
 }
 
-/// Saves the trainer and the orchestrator's step as `OUTPUT/checkpoints/step_STEP`, keeping
-/// the newest `keep`.
-pub fn save(out: &Path, trainer: &Trainer, step: usize, keep: usize) -> anyhow::Result<()> {
+/// Saves the trainer and the orchestrator's state (its step, and its curriculum's when on) as
+/// `OUTPUT/checkpoints/step_STEP`, keeping the newest `keep`.
+pub fn save(
+    out: &Path,
+    trainer: &Trainer,
+    step: usize,
+    keep: usize,
+    orchestrator: &serde_json::Value,
+) -> anyhow::Result<()> {
     let root = out.join("checkpoints");
     publish_dir(&root, &format!("step_{step}"), |tmp| {
         trainer.save(tmp)?;
         rlhost_fs::write_atomically(
             &tmp.join("orchestrator_state.json"),
-            serde_json::json!({"step": step}).to_string().as_bytes(),
+            orchestrator.to_string().as_bytes(),
         )?;
         Ok(())
     })?;

@@ -7,6 +7,8 @@
 //! - [`orchestrator`]: each step's rollouts from the weighted mixture of training
 //!   environments (up to `async_level` batches ahead), group advantages (length penalty,
 //!   difficulty filtering), merged multi-turn samples, the off-policy drop, per-env statistics.
+//! - [`curriculum`]: the pass-rate curriculum: which examples a step draws, its history by
+//!   step so batches generated ahead and resumed runs draw the same.
 //! - [`weights`]: the weight sink: the colocated engine in memory, or remote servers.
 //! - [`checkpoint`]: checkpoints and published weight folders (one atomic-publish helper).
 //! - [`evals`]: evaluations during training (`[orchestrator.eval]`).
@@ -22,6 +24,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod curriculum;
 pub mod evals;
 pub mod logprobs;
 pub mod loss;

@@ -648,6 +648,8 @@ pub struct Producer {
     pub cfg: RlConfig,
     /// The policy version the generators serve now (set after each weight update).
     pub served: AtomicU64,
+    /// The pass-rate curriculum (`orchestrator.curriculum`), when on.
+    pub curriculum: Option<Arc<super::curriculum::Curriculum>>,
 }
 
 impl Producer {
@@ -658,7 +660,18 @@ impl Producer {
         let weights: Vec<f64> = self.envs.iter().map(|e| e.weight).collect();
         let sizes: Vec<usize> = self.envs.iter().map(|e| e.examples.len()).collect();
         let target = o.batch_size / o.rollouts_per_example;
-        let mut groups = draw(&weights, &sizes, target, o.seed, step);
+        let pool = match &self.curriculum {
+            Some(c) => Some((c, c.pool_for(step).await)),
+            None => None,
+        };
+        let pick = |problems: usize, seed: u64, round: bool| match &pool {
+            Some((c, pool)) => {
+                super::curriculum::draw(&weights, pool, &c.cfg, problems, seed, step)
+            }
+            None if round => draw_round(&weights, &sizes, problems, seed, step),
+            None => draw(&weights, &sizes, problems, seed, step),
+        };
+        let mut groups = pick(target, o.seed, false);
         let jobs = |from: usize, to: usize| -> Vec<(usize, usize)> {
             (from..to)
                 .flat_map(|p| (0..o.rollouts_per_example).map(move |r| (p, r)))
@@ -680,7 +693,7 @@ impl Producer {
                 let more = next_round(target - found, found, groups.len(), target);
                 let round_seed = o.seed ^ (round as u64).wrapping_mul(0xa076_1d64_78bd_642f);
                 let from = groups.len();
-                groups.extend(draw_round(&weights, &sizes, more, round_seed, step));
+                groups.extend(pick(more, round_seed, true));
                 let (more_records, more_refused) = self
                     .rollouts(step, &groups, jobs(from, groups.len()), 0)
                     .await;
@@ -884,7 +897,29 @@ impl Orchestrator {
         {
             rt.block_on(self.producer.replace_stale(&mut generated, now));
         }
-        build_batch(&self.producer.cfg, generated, &self.env_ids, Some(now))
+        let Some(c) = &self.producer.curriculum else {
+            return build_batch(&self.producer.cfg, generated, &self.env_ids, Some(now));
+        };
+        c.record(step, &generated.groups, &generated.records);
+        let mut batch = build_batch(&self.producer.cfg, generated, &self.env_ids, Some(now))?;
+        for (e, id) in self.env_ids.iter().enumerate() {
+            let (pool, retired, hard) = c.counts(e);
+            batch.by_env.insert(format!("env/{id}/pool"), pool as f64);
+            batch
+                .by_env
+                .insert(format!("env/{id}/retired"), retired as f64);
+            batch.by_env.insert(format!("env/{id}/hard"), hard as f64);
+        }
+        Ok(batch)
+    }
+
+    /// What a checkpoint after `steps` steps keeps of the orchestrator: the step and, with a
+    /// curriculum, the versions of its history the next batches draw from.
+    pub fn state(&self, steps: usize) -> serde_json::Value {
+        match &self.producer.curriculum {
+            Some(c) => serde_json::json!({"step": steps, "curriculum": c.save(steps)}),
+            None => serde_json::json!({"step": steps}),
+        }
     }
 
     /// The trainer has finished `steps` steps and the generators now serve policy `version`:
@@ -1255,6 +1290,7 @@ mod tests {
             model: "tiny".into(),
             cfg,
             served: AtomicU64::new(0),
+            curriculum: None,
         };
         (producer, engine, dir)
     }

@@ -23,6 +23,7 @@ use anyhow::Context;
 
 use super::checkpoint;
 use super::config::{RlConfig, RunOptions};
+use super::curriculum::Curriculum;
 use super::evals::Evaluations;
 use super::metrics::{self, EvalLine, Phases, Report, StepLine};
 use super::orchestrator::{Orchestrator, Producer, TrainEnv};
@@ -340,17 +341,27 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
 }
 
 /// With `--resume`, restores the newest checkpoint under `out` into `trainer`; returns the step
-/// the run goes on from. Per-step records of later steps (logged before a crash, after that
+/// the run goes on from and the orchestrator's state saved with it. Per-step records of later steps (logged before a crash, after that
 /// checkpoint) are redone, so they go now, not after the new ones: lines of `metrics.jsonl`
 /// and weight folders published to remote servers.
-fn resume(trainer: &mut Trainer, out: &Path, resume: bool) -> anyhow::Result<usize> {
+fn resume(
+    trainer: &mut Trainer,
+    out: &Path,
+    resume: bool,
+) -> anyhow::Result<(usize, serde_json::Value)> {
     let mut start = 0;
+    let mut state = serde_json::Value::Null;
     if resume {
         match latest_checkpoint(out) {
             Some((step, dir)) => {
                 trainer
                     .restore(&dir)
                     .with_context(|| format!("restoring {}", dir.display()))?;
+                let path = dir.join("orchestrator_state.json");
+                state = std::fs::read_to_string(&path)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|t| Ok(serde_json::from_str(&t)?))
+                    .with_context(|| format!("reading {}", path.display()))?;
                 start = step;
                 tracing::info!("resuming from {} (step {step})", dir.display());
             }
@@ -370,7 +381,7 @@ fn resume(trainer: &mut Trainer, out: &Path, resume: bool) -> anyhow::Result<usi
         );
     }
     checkpoint::remove_steps_after(&out.join("weights"), start);
-    Ok(start)
+    Ok((start, state))
 }
 
 /// Runs `host rl` on the loaded environments `envs` (every id the configuration names, for
@@ -418,14 +429,36 @@ pub fn run(
         }
         _ => None,
     };
-    let start = resume(&mut trainer, &out, opts.resume)?;
+    let (start, saved) = resume(&mut trainer, &out, opts.resume)?;
     let mut version = sink.initial(&rt, &trainer, start)?;
+    let train = rt.block_on(train_envs(&cfg, &envs))?;
+    let curriculum = match &cfg.orchestrator.curriculum {
+        Some(c) => {
+            let sizes: Vec<usize> = train.iter().map(|e| e.examples.len()).collect();
+            let saved = match saved.get("curriculum") {
+                Some(v) => Some(
+                    serde_json::from_value(v.clone())
+                        .context("the checkpoint's curriculum state")?,
+                ),
+                None => None,
+            };
+            Some(Arc::new(Curriculum::new(
+                c.clone(),
+                cfg.orchestrator.async_level,
+                &sizes,
+                start,
+                saved,
+            )?))
+        }
+        None => None,
+    };
     let producer = Producer {
-        envs: rt.block_on(train_envs(&cfg, &envs))?,
+        envs: train,
         generator: generator.clone(),
         model: served.clone(),
         cfg: cfg.clone(),
         served: AtomicU64::new(version),
+        curriculum,
     };
     let evals = rt.block_on(Evaluations::prepare(&cfg, &envs, &served))?;
     let mut orchestrator = Orchestrator::start(&rt, producer, start, max_steps);
@@ -495,7 +528,13 @@ pub fn run(
         lines.push(line);
         let (done, interval) = (step + 1, cfg.trainer.ckpt.interval);
         if (interval > 0 && done.is_multiple_of(interval)) || done == max_steps {
-            checkpoint::save(&out, &trainer, done, cfg.trainer.ckpt.keep)?;
+            checkpoint::save(
+                &out,
+                &trainer,
+                done,
+                cfg.trainer.ckpt.keep,
+                &orchestrator.state(done),
+            )?;
         }
     }
     // Curves of the whole run (metrics.jsonl includes resumed parts, trimmed to the resume

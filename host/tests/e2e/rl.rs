@@ -736,3 +736,84 @@ fn reward_plugins_score_rl_rollouts_as_in_eval_with_dynamic_sampling() {
         );
     }
 }
+
+/// The pass-rate curriculum (`orchestrator.curriculum`) resumes exactly: a run stopped at its
+/// step-3 checkpoint and resumed to step 6 ends with the curriculum state of the uninterrupted
+/// run (every example's draws, streaks and solves), and reports the same pool counts on every
+/// step (`env/arith/pool`, `retired`, `hard`), although its batches were generated one step
+/// ahead (async_level 1) across the restart. Resuming a checkpoint saved without a curriculum
+/// with one is refused.
+#[test]
+fn the_curriculum_resumes_exactly() {
+    let common::Workspace { tmp, home, model } = common::workspace(&["arith"], 4);
+    let args = |dir: &std::path::Path, steps: usize| -> Vec<String> {
+        let mut a = rl_args(&model, dir, steps);
+        a.extend(
+            [
+                "--orchestrator.curriculum.hard-weight",
+                "0.5",
+                "--orchestrator.async-level",
+                "1",
+                "--trainer.ckpt.interval",
+                "3",
+                "--trainer.ckpt.keep",
+                "5",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    let (whole, split) = (tmp.path().join("whole"), tmp.path().join("split"));
+    common::run_ok(common::host(&home).args(args(&whole, 6)));
+    common::run_ok(common::host(&home).args(args(&split, 3)));
+    common::run_ok(common::host(&home).args(args(&split, 6)).arg("--resume"));
+    let state = |dir: &std::path::Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join("checkpoints/step_6/orchestrator_state.json"))
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let (a, b) = (state(&whole), state(&split));
+    assert_eq!(a["step"], 6);
+    // Versions 5 and 6 (async_level 1): after five and six steps of two groups each.
+    let drawn: u64 = a["curriculum"]["versions"]["6"]["envs"][0]["drawn"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap())
+        .sum();
+    assert_eq!(drawn, 12, "{a}");
+    assert_eq!(
+        a["curriculum"], b["curriculum"],
+        "the resumed run's curriculum"
+    );
+    let counts = |dir: &std::path::Path| -> Vec<(f64, f64, f64)> {
+        metric_lines(dir)
+            .iter()
+            .map(|l| {
+                let get = |k: &str| l[format!("env/arith/{k}")].as_f64().unwrap();
+                (get("pool"), get("retired"), get("hard"))
+            })
+            .collect()
+    };
+    let (ca, cb) = (counts(&whole), counts(&split));
+    assert_eq!(ca.len(), 6);
+    assert_eq!(ca, cb);
+    // The tiny model solves nothing: every example drawn is hard, none retired.
+    assert!(
+        ca.iter()
+            .all(|&(pool, retired, _)| retired == 0.0 && pool > 100.0)
+    );
+    assert!(
+        ca.windows(2).all(|w| w[1].2 >= w[0].2) && ca[5].2 > 0.0,
+        "{ca:?}"
+    );
+    // A checkpoint without curriculum state: refused with a curriculum, by name.
+    let plain = tmp.path().join("plain");
+    common::run_ok(
+        common::host(&home)
+            .args(rl_args(&model, &plain, 3))
+            .args(["--trainer.ckpt.interval", "3"]),
+    );
+    let err = common::run_err(common::host(&home).args(args(&plain, 4)).arg("--resume"));
+    assert!(err.contains("curriculum"), "{err}");
+}

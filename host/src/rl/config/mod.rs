@@ -19,8 +19,8 @@ pub use help::{KeyDoc, help, keys};
 
 pub use inference::{EngineSetup, InferConfig, InferConfigError};
 pub use orchestrator::{
-    ClientConfig, EnvConfig, EvalConfig, EvalEnvConfig, FilterGroups, OrchConfig, OverlongBuffer,
-    SamplingConfig,
+    ClientConfig, CurriculumConfig, EnvConfig, EvalConfig, EvalEnvConfig, FilterGroups, OrchConfig,
+    OverlongBuffer, SamplingConfig,
 };
 pub use trainer::{CkptConfig, DataConfig, ModelConfig, TrainerConfig, TrainerModelConfig};
 
@@ -515,6 +515,20 @@ pub fn validate(cfg: &RlConfig, baseline: &RlConfig) -> Result<(), RlConfigError
             return Err(refuse(
                 "orchestrator.online_difficulty_filtering",
                 "and orchestrator.filter_groups both filter groups: keep one",
+            ));
+        }
+    }
+    if let Some(c) = &orch.curriculum {
+        if c.easy_streak == 0 {
+            return Err(refuse(
+                "orchestrator.curriculum.easy_streak",
+                "must be at least 1",
+            ));
+        }
+        if !(c.hard_weight > 0.0 && c.hard_weight <= 1.0) {
+            return Err(refuse(
+                "orchestrator.curriculum.hard_weight",
+                "must be within (0, 1]",
             ));
         }
     }

@@ -103,6 +103,28 @@ impl Default for OverlongBuffer {
     }
 }
 
+/// The pass-rate curriculum (`[orchestrator.curriculum]`; see `rl::curriculum`): which
+/// examples steps draw, by how their groups fared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CurriculumConfig {
+    /// Pass-rate curriculum, on when a key of this table is set: an example whose groups were
+    /// solved by every rollout the last this-many times it was drawn leaves the pool (≥ 1).
+    pub easy_streak: usize,
+    /// The weight (0 < w ≤ 1, against 1 for the others) examples drawn and never solved by any
+    /// rollout are drawn with.
+    pub hard_weight: f64,
+}
+
+impl Default for CurriculumConfig {
+    fn default() -> Self {
+        Self {
+            easy_streak: 2,
+            hard_weight: 0.25,
+        }
+    }
+}
+
 /// Where rollouts are generated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -218,6 +240,8 @@ pub struct OrchConfig {
     pub filter_groups: Option<FilterGroups>,
     /// Soft overlong punishment of rewards (unset: off).
     pub overlong_buffer: Option<OverlongBuffer>,
+    /// Pass-rate curriculum over the environments' examples (unset: every example in turn).
+    pub curriculum: Option<CurriculumConfig>,
     /// Generation servers.
     pub client: ClientConfig,
     /// How later turns' prompts carry the conversation: `as_produced` (the token ids the model
@@ -247,6 +271,7 @@ impl Default for OrchConfig {
             mask_truncated_completions: false,
             filter_groups: None,
             overlong_buffer: None,
+            curriculum: None,
             client: ClientConfig::default(),
             history: crate::rollout::History::AsProduced,
             eval: EvalConfig::default(),
