@@ -3,8 +3,10 @@
 //! `OUTPUT/curves.png` (reward, evaluations, loss per step: see [`write_curves`]) drawn from the
 //! whole log. Keys users compare runs by: the objective's statistics (`ratio_mean`, `ratio_max`,
 //! `clipped_frac`, `masked_frac`, `mismatch_kl`, `kl`), `entropy`, `policy_lag`,
-//! `stale_dropped`, and each phase's throughput or time (`rollout_tokens_per_s`,
-//! `tokens_per_s` for training, `sync_s`, `eval_s`).
+//! `stale_dropped`, how much signal the step had (`informative_groups`, `filtered_groups`,
+//! `resampled_groups`, `thin_groups`, `failed`, `overlong_turns`, `overlong_penalized`,
+//! `zero_advantage_samples`), and each phase's throughput or time (`rollout_tokens_per_s`,
+//! `tokens_per_s` for training, `sync_s`, `eval_s`, `elapsed_s`).
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,8 +5,9 @@
 //! - [`run`]: the RL loop, reading as the loop: batches in, a trainer step, weights out,
 //!   evaluations, the step line, checkpoints.
 //! - [`orchestrator`]: each step's rollouts from the weighted mixture of training
-//!   environments (up to `async_level` batches ahead), group advantages (length penalty,
-//!   difficulty filtering), merged multi-turn samples, the off-policy drop, per-env statistics.
+//!   environments (up to `async_level` batches ahead), dynamic sampling, group advantages
+//!   (failed rollouts left out; length penalty, overlong punishment, difficulty filtering),
+//!   merged multi-turn samples, the off-policy drop, per-env statistics.
 //! - [`curriculum`]: the pass-rate curriculum: which examples a step draws, its history by
 //!   step so batches generated ahead and resumed runs draw the same.
 //! - [`weights`]: the weight sink: the colocated engine in memory, or remote servers.
