@@ -87,25 +87,31 @@ impl Pool {
     }
 
     /// The pool after a step whose groups were `groups` (`(environment, example)`), with
-    /// `records` their rollouts (`example_index` = the group): a group with at least one rollout
-    /// that did not fail counts as drawn, solved by all or not, solved by some or not
-    /// ([`crate::eval::correct`]).
+    /// `records` their rollouts (`example_index` = the group). Each example the step drew, once
+    /// however many of its groups it had, with at least one rollout that did not fail counts as
+    /// drawn and, when any rollout solved it ([`crate::eval::correct`]), as solved; its streak
+    /// grows when two or more rollouts did not fail and every one solved it, and restarts when
+    /// one did not.
     pub fn after(&self, groups: &[(usize, usize)], records: &[RolloutRecord]) -> Self {
         let mut next = self.clone();
-        let mut outcome: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+        let mut outcome: BTreeMap<(usize, usize), (usize, usize)> = BTreeMap::new();
         for r in records.iter().filter(|r| r.error.is_none()) {
-            let o = outcome.entry(r.example_index).or_default();
+            let Some(&key) = groups.get(r.example_index) else {
+                continue;
+            };
+            let o = outcome.entry(key).or_default();
             o.0 += 1;
             o.1 += usize::from(crate::eval::correct(r));
         }
-        for (g, (n, won)) in outcome {
-            let Some(&(e, i)) = groups.get(g) else {
-                continue;
-            };
+        for ((e, i), (n, won)) in outcome {
             let p = &mut next.envs[e];
             p.drawn[i] += 1;
-            p.streak[i] = if won == n { p.streak[i] + 1 } else { 0 };
             p.solved[i] |= won > 0;
+            if won < n {
+                p.streak[i] = 0;
+            } else if n >= 2 {
+                p.streak[i] += 1;
+            }
         }
         next
     }
@@ -313,8 +319,22 @@ mod tests {
         p = p.after(&groups[..1], &step[..2]);
         assert_eq!(p.weight(&c, 0, 0), 0.0, "solved by all twice in a row");
         assert_eq!(p.counts(&c, 0), (3, 1, 1));
-        // A later miss would reset an unretired streak.
+        // One rollout left is too little evidence to grow a streak; two groups of one example
+        // in a step count once.
         let q = p.after(&[(0, 2)], &[rollout(0, true)]);
+        assert_eq!((q.envs[0].streak[2], q.envs[0].drawn[2]), (0, 2));
+        let q = q.after(
+            &[(0, 2), (0, 2)],
+            &[
+                rollout(0, true),
+                rollout(0, true),
+                rollout(1, true),
+                rollout(1, true),
+            ],
+        );
+        assert_eq!((q.envs[0].streak[2], q.envs[0].drawn[2]), (1, 3));
+        // A later miss would reset an unretired streak.
+        let q = p.after(&[(0, 2)], &[rollout(0, true), rollout(0, true)]);
         assert_eq!(q.envs[0].streak[2], 1);
         let q = q.after(&[(0, 2)], &[rollout(0, true), rollout(0, false)]);
         assert_eq!(q.envs[0].streak[2], 0);

@@ -57,7 +57,8 @@ pub struct StepLine {
     pub resampled_groups: usize,
     /// Rollouts whose reward the overlong buffer lowered.
     pub overlong_penalized: usize,
-    /// Samples of advantage 0 the trainer did not run (`trainer.skip_zero_advantage`).
+    /// Samples of advantage 0 the trainer did not run (`trainer.skip_zero_advantage`); the
+    /// step's entropy and ratio statistics are over the samples it ran.
     pub zero_advantage_samples: usize,
     /// The trainer's step statistics.
     pub loss: f64,
@@ -104,7 +105,8 @@ pub struct StepLine {
     /// step.
     #[serde(flatten)]
     pub eval: Option<Evaluation>,
-    /// The step was skipped (non-finite).
+    /// The weights were not updated: a non-finite loss or gradient, or nothing to train (every
+    /// token masked, or every sample of advantage 0 and skipped).
     pub skipped: bool,
     /// Multi-turn rollouts trained as one sample (every turn's prompt extends the previous
     /// turn's prompt and completion exactly).

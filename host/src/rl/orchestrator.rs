@@ -285,7 +285,10 @@ pub fn build_batch(
     let mut stale_dropped = replaced;
     for r in &records {
         if is_stale(&refused, r, oldest) {
-            stale_dropped += 1;
+            // A filtered group trains nothing anyway: its stale rollouts were not replaced.
+            if !filtered.contains(&r.example_index) {
+                stale_dropped += 1;
+            }
             continue;
         }
         groups.entry(r.example_index).or_default().push(r);
@@ -316,7 +319,9 @@ pub fn build_batch(
             all.iter().copied().filter(|r| r.error.is_none()).collect();
         failed_rollouts += all.len() - group.len();
         if group.len() < 2 {
-            thin_groups += 1;
+            if !filtered.contains(&example) {
+                thin_groups += 1;
+            }
             continue;
         }
         let wins: Vec<bool> = group.iter().map(|r| crate::eval::correct(r)).collect();
@@ -358,7 +363,12 @@ pub fn build_batch(
         if !same {
             informative_groups += 1;
         }
-        let adv = advantages(o.advantage, &rewards);
+        // Uniform rewards have no signal: exactly 0 (a float mean need not equal its terms),
+        // so the trainer skips them.
+        let adv = match same {
+            true => vec![0.0; rewards.len()],
+            false => advantages(o.advantage, &rewards),
+        };
         for (r, a) in group.iter().zip(adv) {
             let masked = o.mask_truncated_completions && r.truncated;
             let made = rollout_samples(r, a as f32, example, masked, seq_len)?;
@@ -405,6 +415,32 @@ pub fn build_batch(
         overlong_penalized,
         by_env,
     })
+}
+
+/// Up to `wanted` groups from `draws(0)`, `draws(1)`, … that `have` does not hold yet (nor an
+/// earlier pick): a later round of dynamic sampling repeats no example of its step while the
+/// splits have others. After 8 draws, what is missing is taken as drawn.
+fn unseen(
+    have: &[(usize, usize)],
+    wanted: usize,
+    draws: impl Fn(u64) -> Vec<(usize, usize)>,
+) -> Vec<(usize, usize)> {
+    let mut seen: BTreeSet<(usize, usize)> = have.iter().copied().collect();
+    let mut out = Vec::with_capacity(wanted);
+    let mut last = Vec::new();
+    for k in 0..8 {
+        last = draws(k);
+        for g in &last {
+            if out.len() < wanted && seen.insert(*g) {
+                out.push(*g);
+            }
+        }
+        if out.len() == wanted {
+            return out;
+        }
+    }
+    out.extend(last.into_iter().take(wanted - out.len()));
+    out
 }
 
 /// The longest model turn of `r` in tokens (what `sampling.max_tokens` caps).
@@ -699,7 +735,9 @@ impl Producer {
                 let more = next_round(target - found, found, groups.len(), target);
                 let round_seed = o.seed ^ (round as u64).wrapping_mul(0xa076_1d64_78bd_642f);
                 let from = groups.len();
-                groups.extend(pick(more, round_seed, true));
+                groups.extend(unseen(&groups, more, |k| {
+                    pick(more, round_seed.wrapping_add(k), true)
+                }));
                 let (more_records, more_refused) = self
                     .rollouts(step, &groups, jobs(from, groups.len()), 0)
                     .await;
@@ -1525,6 +1563,33 @@ mod tests {
             .collect();
         // Rewards 0 and 1 after the penalty (drgrpo: reward minus the group mean).
         assert_eq!(adv, [-0.5, 0.5]);
+
+        // Equal rewards whose float mean is not one of them: advantages exactly 0, under
+        // each kind (so the trainer skips them).
+        for kind in [
+            crate::rl::loss::AdvantageKind::Drgrpo,
+            crate::rl::loss::AdvantageKind::Grpo,
+        ] {
+            let mut cfg = RlConfig::default();
+            cfg.orchestrator.advantage = kind;
+            let same: Vec<RolloutRecord> = (0..8)
+                .map(|k| rollout(0, 0.2, vec![turn(&p, &[100 + k], 0)]))
+                .collect();
+            let batch = build_batch(&cfg, generated(same), &ids(), None).unwrap();
+            assert_eq!((batch.groups, batch.informative_groups), (1, 0));
+            assert!(batch.samples.iter().all(|s| s.advantage == 0.0), "{kind:?}");
+        }
+    }
+
+    /// Later rounds of dynamic sampling repeat no example of their step while the draws offer
+    /// others; when they offer none, what is missing is taken as drawn.
+    #[test]
+    fn later_rounds_draw_unseen_examples() {
+        let have = [(0, 1), (0, 2)];
+        let got = unseen(&have, 3, |k| vec![(0, 1), (0, 2 + k as usize), (0, 9)]);
+        assert_eq!(got, [(0, 9), (0, 3), (0, 4)]);
+        let stuck = unseen(&have, 2, |_| vec![(0, 1), (0, 2)]);
+        assert_eq!(stuck, [(0, 1), (0, 2)]);
     }
 
     /// A generator that answers arith's questions as a scripted teacher would, over the tiny

@@ -477,8 +477,10 @@ pub struct Trainer {
     /// Leave out of the forward and backward passes the samples whose gradient is exactly
     /// zero: advantage 0 under an objective with no other term
     /// ([`LossConfig::inert_at_zero_advantage`]). Their tokens still count in the batch's
-    /// normalisation, so the update is the one training them would make; a batch of nothing
-    /// else updates nothing.
+    /// normalisation, so the gradient is the one running them gives (the step's entropy and
+    /// ratio statistics are then over the samples run). A batch of nothing else updates
+    /// nothing, where running it would still move the weights by Adam's momentum and weight
+    /// decay.
     pub skip_zero_advantage: bool,
     /// Whether the optimiser's state was asked into host memory ([`Trainer::with_memory`]).
     optim_cpu_offload: bool,

@@ -301,8 +301,15 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     let run_dir = tmp.path().join("run");
     let steps = 12;
     // Start, wait for the first checkpoint, kill hard.
-    let mut child = common::host(&home)
-        .args(rl_args(&model, &run_dir, steps))
+    // The tiny model scores 0 on every rollout: advantages are all 0, and the trainer would
+    // skip every sample. Run them, so the trainer's statistics below have tokens behind them.
+    let run = || {
+        let mut c = common::host(&home);
+        c.args(rl_args(&model, &run_dir, steps))
+            .args(["--trainer.skip-zero-advantage", "false"]);
+        c
+    };
+    let mut child = run()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -322,11 +329,7 @@ fn steps_checkpoints_and_resume_after_a_kill() {
     child.kill().unwrap();
     child.wait().unwrap();
     // Resume to the end.
-    let stdout = common::run_ok(
-        common::host(&home)
-            .args(rl_args(&model, &run_dir, steps))
-            .arg("--resume"),
-    );
+    let stdout = common::run_ok(run().arg("--resume"));
     assert!(stdout.contains(&format!("step   {steps} |")), "{stdout}");
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .unwrap()
@@ -550,10 +553,12 @@ fn lora_runs_in_process_and_on_remote_servers() {
     }
     let before = std::fs::read(model.join("model.safetensors")).unwrap();
     let run_dir = tmp.path().join("lora");
+    // Every reward 0 (the tiny model): samples run anyway, so the ratios below are measured.
     let out = common::run(
         common::host(&home)
             .args(rl_args(&model, &run_dir, 3))
-            .args(&lora),
+            .args(&lora)
+            .args(["--trainer.skip-zero-advantage", "false"]),
     );
     let (stdout, stderr) = common::texts(&out);
     assert!(out.status.success(), "{stdout}{stderr}");

@@ -132,7 +132,7 @@ pub struct TrainerConfig {
     /// Run no forward or backward pass for samples of advantage 0 when the objective gives them
     /// no gradient (no `loss.kl_coef`, no dppo_kl `kl_tau`): the same update, less compute
     /// (counted per step in `zero_advantage_samples`). Their tokens still count in the loss's
-    /// normalisation; a batch of nothing else updates nothing.
+    /// normalisation; a batch of nothing else updates nothing (no momentum or decay step).
     pub skip_zero_advantage: bool,
 }
 
