@@ -571,7 +571,14 @@ fn vllm_interop() {
     // trainer holds and vLLM's log-probs must match the trainer's (`mismatch_kl`) on every step,
     // which holds only if every update reached it.
     let steps = 6;
-    let same = ["--orchestrator.async-level", "0"];
+    // Every sample through the trainer (zero advantages included), so `mismatch_kl` measures
+    // every step's rollouts, not only those with a signal.
+    let same = [
+        "--orchestrator.async-level",
+        "0",
+        "--trainer.skip-zero-advantage",
+        "false",
+    ];
     let local = tmp.path().join("rl-local");
     rl(&home, &warm, &local, steps, &same);
     let remote = tmp.path().join("rl-vllm");
@@ -699,6 +706,8 @@ fn vllm_interop() {
     let lora = [
         "--orchestrator.async-level",
         "0",
+        "--trainer.skip-zero-advantage",
+        "false",
         "--model.lora.rank",
         "8",
         "--model.lora.alpha",
