@@ -1,7 +1,7 @@
 """Report of scripts/bench-signal.sh: per variant and seed, the held-out Correct of the warm start
 and of the last checkpoint, the gain, and the steps and GRPO wall seconds (the run's `elapsed_s`)
 to the first checkpoint at or above the target; then each variant's mean and spread over the
-seeds.
+seeds, and its seconds as a ratio to plain's (the peer: every sample trained) from the same run.
 
     python3 scripts/bench-signal.py WORK TARGET "VARIANTS" "SEEDS"
 """
@@ -61,16 +61,32 @@ def main() -> None:
                 f"| {f'{reached[1]:.1f}' if reached else '-'} | {r['grpo_s']:.1f} "
                 f"| {r['informative']}/{r['groups']} | {r['resampled']} | {r['skipped']} | {r['train_s']:.1f} |"
             )
-    print("\n| variant | gain mean | gain min..max | reached target | GRPO s to target, mean of those reached | GRPO s (all steps) mean |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| variant | gain mean | gain min..max | reached target | GRPO s to target, mean of "
+        "those reached | vs plain | GRPO s (all steps) mean | vs plain | trainer s mean | vs plain |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    peer = {}
     for v in variants:
         rs = [runs[(v, s)] for s in seeds]
         gains = [r["after"] - r["before"] for r in rs]
         hit = [r["reached"][1] for r in rs if r["reached"]]
-        to_target = f"{statistics.mean(hit):.1f}" if hit else "-"
+        figures = {
+            "to_target": statistics.mean(hit) if hit else None,
+            "grpo_s": statistics.mean(r["grpo_s"] for r in rs),
+            "train_s": statistics.mean(r["train_s"] for r in rs),
+        }
+        if v == "plain" or not peer:
+            peer = figures
+
+        def cell(k: str) -> str:
+            x, p = figures[k], peer[k]
+            ratio = f"{x / p:.2f}x" if x is not None and p else "-"
+            return f"{x:.1f} | {ratio}" if x is not None else f"- | {ratio}"
+
         print(
             f"| {v} | {statistics.mean(gains):+.3f} | {min(gains):+.3f}..{max(gains):+.3f} "
-            f"| {len(hit)}/{len(rs)} | {to_target} | {statistics.mean(r['grpo_s'] for r in rs):.1f} |"
+            f"| {len(hit)}/{len(rs)} | {cell('to_target')} | {cell('grpo_s')} | {cell('train_s')} |"
         )
 
 if __name__ == "__main__":

@@ -195,6 +195,11 @@ impl Rng {
     pub fn uniform(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
+
+    /// A uniform index in `0..n` (`n` ≥ 1): seeded shuffles and draws.
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.uniform() * n as f64) as usize).min(n - 1)
+    }
 }
 
 /// One row of a sampling step.

@@ -75,7 +75,7 @@ pub fn pass_rates(outcomes: &[Vec<bool>], mode: PassKMode) -> Vec<(usize, f64)> 
                     let mut any = false;
                     for j in 0..k {
                         let left = idx.len() - j;
-                        let pick = j + ((rng.uniform() * left as f64) as usize).min(left - 1);
+                        let pick = j + rng.below(left);
                         idx.swap(j, pick);
                         any |= o[idx[j]];
                     }

@@ -149,7 +149,7 @@ pub fn draw(
         keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         picks.extend(keyed.iter().take(want).map(|&(_, i)| i));
         while picks.len() < want {
-            picks.push(((rng.uniform() * n as f64) as usize).min(n - 1));
+            picks.push(rng.below(n));
         }
     }
     let mut next = vec![0usize; weights.len()];

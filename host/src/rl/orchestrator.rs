@@ -354,7 +354,7 @@ pub fn build_batch(
             let lengths: Vec<usize> = group.iter().map(|r| r.completion_tokens as usize).collect();
             rewards = length_penalized(&rewards, &lengths, &wins, o.length_penalty);
         }
-        let same = rewards.iter().all(|&x| (x - rewards[0]).abs() < 1e-12);
+        let same = all_equal(&rewards);
         if o.online_difficulty_filtering && same {
             filtered_groups += 1;
             continue;
@@ -467,8 +467,13 @@ pub fn informative(records: &[RolloutRecord], groups: usize, metric: &str) -> Ve
     }
     values
         .iter()
-        .map(|v| v.len() >= 2 && v.iter().any(|&x| (x - v[0]).abs() > 1e-12))
+        .map(|v| v.len() >= 2 && !all_equal(v))
         .collect()
+}
+
+/// Whether `values` are all the same (within 1e-12): a group of them has no signal.
+fn all_equal(values: &[f64]) -> bool {
+    values.iter().all(|&x| (x - values[0]).abs() < 1e-12)
 }
 
 /// With `informative` flags per group in generation order and `target` groups wanted: the
@@ -606,12 +611,7 @@ pub fn draw_round(
     );
     mixture(weights, problems, seed, step)
         .into_iter()
-        .map(|e| {
-            (
-                e,
-                ((rng.uniform() * sizes[e] as f64) as usize).min(sizes[e] - 1),
-            )
-        })
+        .map(|e| (e, rng.below(sizes[e])))
         .collect()
 }
 
@@ -620,7 +620,7 @@ pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
     let mut rng = crate::engine::Rng::new(seed ^ 0xda7a);
     let mut v: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
-        let j = ((rng.uniform() * (i + 1) as f64) as usize).min(i);
+        let j = rng.below(i + 1);
         v.swap(i, j);
     }
     v
@@ -1339,6 +1339,22 @@ mod tests {
         (producer, engine, dir)
     }
 
+    /// The configuration of a run on [`tiny_producer`] (`batch` rollouts a step in groups of
+    /// `group`, all in flight at once, 4 tokens a turn) and a runtime for it.
+    fn tiny_run(batch: usize, group: usize) -> (RlConfig, tokio::runtime::Runtime) {
+        let mut cfg = RlConfig::default();
+        let o = &mut cfg.orchestrator;
+        (o.batch_size, o.rollouts_per_example, o.max_concurrent) = (batch, group, batch);
+        o.sampling.max_tokens = 4;
+        cfg.trainer.data.seq_len = 256;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        (cfg, rt)
+    }
+
     /// A slow trainer, made deterministic: a batch generated on policy 0 is consumed after one,
     /// then two weight updates, with `max_off_policy_steps = 1`. One version behind, it is kept
     /// (only a rollout refused in flight is redone, on policy 1); two behind, every rollout
@@ -1348,17 +1364,8 @@ mod tests {
     /// the weights served.
     #[test]
     fn stale_rollouts_are_replaced_on_the_current_weights() {
-        let mut cfg = RlConfig::default();
-        let o = &mut cfg.orchestrator;
-        (o.batch_size, o.rollouts_per_example, o.max_concurrent) = (4, 2, 4);
-        o.sampling.max_tokens = 4;
-        o.max_off_policy_steps = Some(1);
-        cfg.trainer.data.seq_len = 256;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let (mut cfg, rt) = tiny_run(4, 2);
+        cfg.orchestrator.max_off_policy_steps = Some(1);
         rt.block_on(async {
             let (producer, engine, dir) = tiny_producer(cfg.clone()).await;
             // A trainer step's weight update, as the run's loop publishes it.
@@ -1645,20 +1652,11 @@ mod tests {
     /// rounds); exactly those train, the rest are filtered and counted.
     #[test]
     fn dynamic_sampling_generates_until_enough_groups_disagree() {
-        let mut cfg = RlConfig::default();
-        let o = &mut cfg.orchestrator;
-        (o.batch_size, o.rollouts_per_example, o.max_concurrent) = (8, 2, 8);
-        o.sampling.max_tokens = 4;
-        o.filter_groups = Some(crate::rl::config::FilterGroups {
+        let (mut cfg, rt) = tiny_run(8, 2);
+        cfg.orchestrator.filter_groups = Some(crate::rl::config::FilterGroups {
             metric: "correct".into(),
             max_num_gen_batches: 8,
         });
-        cfg.trainer.data.seq_len = 256;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
         rt.block_on(async {
             let (mut producer, engine, _dir) = tiny_producer(cfg.clone()).await;
             producer.generator = Arc::new(Teacher {

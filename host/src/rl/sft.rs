@@ -245,7 +245,7 @@ pub fn train(
         while batch.len() < opts.batch_size.min(samples.len()) {
             if cursor >= order.len() {
                 for i in (1..order.len()).rev() {
-                    let j = ((rng.uniform() * (i + 1) as f64) as usize).min(i);
+                    let j = rng.below(i + 1);
                     order.swap(i, j);
                 }
                 cursor = 0;

@@ -829,24 +829,13 @@ impl Trainer {
                 && self.loss.inert_at_zero_advantage()
                 && s.advantage == 0.0
         };
-        let kept: Vec<Sample>;
-        let (samples, weights) = match samples.iter().any(inert) {
-            false => (samples, weights),
-            true => {
-                let kept_weights;
-                (kept, kept_weights) = samples
-                    .iter()
-                    .zip(weights)
-                    .filter(|(s, _)| !inert(s))
-                    .map(|(s, w)| (s.clone(), w))
-                    .unzip();
-                stats.zero_advantage_samples = samples.len() - kept.len();
-                (&kept[..], kept_weights)
-            }
-        };
+        let live: Vec<bool> = samples.iter().map(|s| !inert(s)).collect();
+        stats.zero_advantage_samples = live.iter().filter(|&&l| !l).count();
         let trained: usize = samples
             .iter()
-            .map(|s| s.mask.iter().filter(|&&m| m).count())
+            .zip(&live)
+            .filter(|(_, l)| **l)
+            .map(|(s, _)| s.mask.iter().filter(|&&m| m).count())
             .sum();
         stats.tokens = trained;
         if trained == 0 {
@@ -860,8 +849,8 @@ impl Trainer {
             return Ok(stats);
         }
         let batches = match self.packing {
-            true => pack_sequences(samples, self.micro_batch_tokens, self.share_prefix),
-            false => pack(samples, self.micro_batch_tokens),
+            true => pack_sequences(samples, &live, self.micro_batch_tokens, self.share_prefix),
+            false => pack(samples, &live, self.micro_batch_tokens),
         };
         stats.micro_batches = batches.len();
         let mut loss_total = 0.0;
@@ -1012,11 +1001,12 @@ impl Trainer {
     }
 }
 
-/// Sample indices by group, each group's longest first, the groups by their longest sample.
-fn groups_longest_first(samples: &[Sample]) -> Vec<Vec<usize>> {
+/// Indices of the `live` samples by group, each group's longest first, the groups by their
+/// longest sample.
+fn groups_longest_first(samples: &[Sample], live: &[bool]) -> Vec<Vec<usize>> {
     let len = |i: usize| samples[i].ids.len();
     let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, s) in samples.iter().enumerate() {
+    for (i, s) in samples.iter().enumerate().filter(|&(i, _)| live[i]) {
         groups.entry(s.group).or_default().push(i);
     }
     let mut groups: Vec<Vec<usize>> = groups.into_values().collect();
@@ -1027,13 +1017,14 @@ fn groups_longest_first(samples: &[Sample]) -> Vec<Vec<usize>> {
     groups
 }
 
-/// Packs sample indices into micro-batches of at most `budget` padded tokens (rows × longest):
+/// Packs the indices of the `live` samples into micro-batches of at most `budget` padded tokens
+/// (rows × longest):
 /// whole groups, longest first, while they fit; a group that does not fit an empty
 /// micro-batch is split across several (rows longest first, so rows of a micro-batch have
 /// similar lengths). One group (every sample's `group` alike) packs by length alone.
-fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
+fn pack(samples: &[Sample], live: &[bool], budget: usize) -> Vec<Vec<usize>> {
     let len = |i: usize| samples[i].ids.len();
-    let groups = groups_longest_first(samples);
+    let groups = groups_longest_first(samples, live);
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
     let mut cur_len = 0;
@@ -1058,17 +1049,23 @@ fn pack(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Packs sample indices into micro-batches of packed rows ([`Trainer::packing`]): whole
+/// Packs the indices of the `live` samples into micro-batches of packed rows
+/// ([`Trainer::packing`]): whole
 /// samples, groups together and longest first, while the tokens a micro-batch computes stay
 /// within `budget` (a group's shared prompt counts once when `share` and it is long enough;
 /// for the whole group it is no longer than for any part of it, so the count is an upper
 /// bound). A sample longer than the budget has a micro-batch of its own.
-fn pack_sequences(samples: &[Sample], budget: usize, share: bool) -> Vec<Vec<usize>> {
+fn pack_sequences(
+    samples: &[Sample],
+    live: &[bool],
+    budget: usize,
+    share: bool,
+) -> Vec<Vec<usize>> {
     let len = |i: usize| samples[i].ids.len();
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
     let mut cost = 0;
-    for g in groups_longest_first(samples) {
+    for g in groups_longest_first(samples, live) {
         let shared = if share { shared_prefix(samples, &g) } else { 0 };
         // Whether the group has a sample in `cur` already (its prompt counted).
         let mut started = false;
@@ -1575,8 +1572,13 @@ mod tests {
         }
     }
 
+    /// Every sample live.
+    fn all(samples: &[Sample]) -> Vec<bool> {
+        vec![true; samples.len()]
+    }
+
     /// Micro-batches hold whole groups (longest first) while they fit; a group bigger than the
-    /// budget is split; one group packs by length alone.
+    /// budget is split; one group packs by length alone; samples not live are left out.
     #[test]
     fn packing_keeps_groups_whole() {
         let samples = vec![
@@ -1587,10 +1589,13 @@ mod tests {
             sample(28, 1, 5, vec![]),
             sample(18, 2, 5, vec![]),
         ];
-        assert_eq!(pack(&samples, 80), [vec![1, 4], vec![3, 5, 2, 0]]);
+        assert_eq!(
+            pack(&samples, &all(&samples), 80),
+            [vec![1, 4], vec![3, 5, 2, 0]]
+        );
         // Group 1 alone needs 60: with 45 it is split, and group 2 starts a micro-batch.
         assert_eq!(
-            pack(&samples, 45),
+            pack(&samples, &all(&samples), 45),
             [vec![1], vec![4], vec![3, 5], vec![2, 0]]
         );
         let one: Vec<Sample> = samples
@@ -1600,7 +1605,16 @@ mod tests {
                 ..s.clone()
             })
             .collect();
-        assert_eq!(pack(&one, 60), [vec![1, 4], vec![3, 5, 2], vec![0]]);
+        assert_eq!(
+            pack(&one, &all(&one), 60),
+            [vec![1, 4], vec![3, 5, 2], vec![0]]
+        );
+        let live = [true, false, true, true, false, true];
+        assert_eq!(pack(&samples, &live, 80), [vec![3, 5, 2, 0]]);
+        assert_eq!(
+            pack_sequences(&samples, &live, 80, false),
+            [vec![3, 5, 2, 0]]
+        );
     }
 
     /// Packed micro-batches count the tokens they compute: a group's shared prompt once (29
@@ -1615,17 +1629,23 @@ mod tests {
             sample(36, 0, 30, vec![]),
         ];
         // 40 + (36 - 29) = 47, then group 1's 25 + 20 = 45.
-        assert_eq!(pack_sequences(&samples, 60, true), [vec![1, 3], vec![0, 2]]);
         assert_eq!(
-            pack_sequences(&samples, 60, false),
+            pack_sequences(&samples, &all(&samples), 60, true),
+            [vec![1, 3], vec![0, 2]]
+        );
+        assert_eq!(
+            pack_sequences(&samples, &all(&samples), 60, false),
             [vec![1], vec![3], vec![0, 2]]
         );
         assert_eq!(
-            pack_sequences(&samples, 30, false),
+            pack_sequences(&samples, &all(&samples), 30, false),
             [vec![1], vec![3], vec![0], vec![2]]
         );
         // Padded, the same budget holds rows × longest: 40 × 2 does not fit 60.
-        assert_eq!(pack(&samples, 60), [vec![1], vec![3], vec![0, 2]]);
+        assert_eq!(
+            pack(&samples, &all(&samples), 60),
+            [vec![1], vec![3], vec![0, 2]]
+        );
     }
 
     /// Token normalisation weighs every trained token alike; sequence normalisation weighs a
