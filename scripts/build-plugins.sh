@@ -31,6 +31,8 @@ assemble() {
     cp "$artifact" "$tmp/plugin.so"
   fi
   if [ -d "$src/data" ]; then cp -r "$src/data" "$tmp/data"; fi
+  # The README the registry's page shows (`host env pack` packs it).
+  if [ -f "$src/README.md" ]; then cp "$src/README.md" "$tmp/README.md"; fi
   python3 "$ROOT/scripts/pack-datasets.py" "$src/plugin.toml" "$tmp/data"
   rm -rf "$out" && mv "$tmp" "$out"
   echo "    $out"

@@ -6,7 +6,9 @@
 #   2. libtorch for tch, from PyPI's torch wheel, minimal `--no-deps --target` install, cached under
 #      ~/.cache/rlhost (see ../shared/SETUP-NOTES.md for why each piece is there);
 #   3. Node.js and npm (the AssemblyScript plugins' compiler comes from npm);
-#   4. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
+#   4. a headless Chromium (Debian's chromium-headless-shell), where apt is available: the hub's
+#      browser test (host/tests/e2e/hub.rs) walks the registry's web pages in it;
+#   5. `.rlhost-env`, a small env file that the Makefile and .ci/run source.
 #
 # With --cuda (`make build CUDA=1`), step 2 also installs the CUDA wheels torch's METADATA names for
 # Linux (cuBLAS, cuDNN, cuFFT, cuFile, cuRAND, cuSOLVER, cuSPARSE(Lt), NCCL, NVRTC, NVSHMEM...,
@@ -109,7 +111,20 @@ else
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm >/dev/null
 fi
 
-# --- 4. env file ------------------------------------------------------------------------------
+# --- 4. Chromium -------------------------------------------------------------------------------
+# The registry's web pages are tested in a real browser; without one that test says it skipped
+# (and CI, which runs this script, fails on the skip).
+if command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null; then
+  say "chromium: already installed"
+elif command -v apt-get >/dev/null && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null; }; then
+  say "installing chromium-headless-shell (Debian package, for the hub's browser test)"
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
+else
+  say "no apt-get: not installing chromium (the hub's browser test will skip)"
+fi
+
+# --- 5. env file ------------------------------------------------------------------------------
 say "writing $ENV_FILE"
 tmp_env="$ENV_FILE.tmp.$$"
 cat >"$tmp_env" <<ENV

@@ -47,4 +47,9 @@ pub trait RegistryBackend: Send + Sync {
         yanked: bool,
         token: Option<&str>,
     ) -> Result<(), RegistryError>;
+    /// Publishes a signed evaluation summary of a package published here.
+    async fn publish_eval(
+        &self,
+        e: crate::evals::EvalPublication<'_>,
+    ) -> Result<crate::evals::StoredEval, RegistryError>;
 }

@@ -287,6 +287,139 @@ impl DirRegistry {
         self.write_index(name, &entries)
     }
 
+    /// `<root>/evals/<owner>/<name>`.
+    fn evals_dir(&self, name: &PackageName) -> PathBuf {
+        name.path_under(&self.root.join("evals"))
+    }
+
+    /// Publishes an evaluation summary of a package published here, signed by `public_key`,
+    /// which must be accepted for `publisher` (a server's authenticated owner), or, when no
+    /// publisher is given (a folder registry, authorised by file permissions), for some owner.
+    /// The same bytes published twice are one evaluation.
+    pub fn add_eval(
+        &self,
+        summary: &[u8],
+        sig: &str,
+        public_key: &str,
+        publisher: Option<&str>,
+    ) -> Result<crate::evals::StoredEval, RegistryError> {
+        let parsed =
+            crate::evals::check_summary(summary).map_err(|reason| RegistryError::InvalidEval {
+                package: "(unknown)".into(),
+                reason,
+            })?;
+        let name: PackageName = parsed.plugin.parse()?;
+        let invalid = |reason: String| RegistryError::InvalidEval {
+            package: name.to_string(),
+            reason,
+        };
+        let cksum = checksum(summary);
+        crate::sign::verify_eval(
+            public_key,
+            sig,
+            name.as_str(),
+            &parsed.plugin_version,
+            &cksum,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        let _lock = self.lock()?;
+        if !self
+            .entries(&name)?
+            .iter()
+            .any(|e| e.vers == parsed.plugin_version)
+        {
+            return Err(RegistryError::NotPublished {
+                package: format!("{name}@{}", parsed.plugin_version),
+            });
+        }
+        let config = self.config()?;
+        let accepted = |owner: &str| {
+            config
+                .keys
+                .get(owner)
+                .is_some_and(|keys| keys.iter().any(|k| k == public_key))
+        };
+        let publisher = match publisher {
+            Some(owner) if accepted(owner) => owner.to_owned(),
+            Some(owner) => {
+                return Err(RegistryError::Refused {
+                    package: format!("an evaluation of {name}"),
+                    reason: format!(
+                        "key {public_key} is not accepted for owner {owner:?} by this registry"
+                    ),
+                });
+            }
+            None => config
+                .keys
+                .keys()
+                .find(|o| accepted(o))
+                .cloned()
+                .ok_or_else(|| RegistryError::Refused {
+                    package: format!("an evaluation of {name}"),
+                    reason: format!("key {public_key} is not accepted for any owner"),
+                })?,
+        };
+        let text = String::from_utf8(summary.to_vec())
+            .map_err(|_| invalid("the summary is not UTF-8".into()))?;
+        let stored = crate::evals::StoredEval {
+            cksum: cksum.clone(),
+            publisher,
+            key: public_key.to_owned(),
+            sig: sig.to_owned(),
+            summary: text,
+        };
+        let path = self.evals_dir(&name).join(format!("{cksum}.json"));
+        if let Some(existing) = self.eval(&name, &cksum)? {
+            return Ok(existing);
+        }
+        let bytes = serde_json::to_vec_pretty(&stored).expect("serialisable");
+        self.write_atomically(&path, &bytes)?;
+        Ok(stored)
+    }
+
+    /// The evaluation of `name` with id `cksum`, if published.
+    pub fn eval(
+        &self,
+        name: &PackageName,
+        cksum: &str,
+    ) -> Result<Option<crate::evals::StoredEval>, RegistryError> {
+        if cksum.len() != 64 || !cksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        let path = self.evals_dir(name).join(format!("{cksum}.json"));
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| self.corrupt(format!("evals/{name}/{cksum}.json: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io(&path, e)),
+        }
+    }
+
+    /// Every evaluation of `name`, newest first (by the date the evaluation finished).
+    pub fn evals(
+        &self,
+        name: &PackageName,
+    ) -> Result<Vec<crate::evals::StoredEval>, RegistryError> {
+        let dir = self.evals_dir(name);
+        let Ok(files) = std::fs::read_dir(&dir) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for f in files.flatten() {
+            let file = f.file_name().to_string_lossy().into_owned();
+            // Temporaries of atomic writes are not evaluations.
+            if let Some(cksum) = file.strip_suffix(".json")
+                && let Some(e) = self.eval(name, cksum)?
+            {
+                out.push(e);
+            }
+        }
+        let date = |e: &crate::evals::StoredEval| e.parsed().map(|s| s.date).unwrap_or_default();
+        out.sort_by(|a, b| date(b).cmp(&date(a)).then_with(|| a.cksum.cmp(&b.cksum)));
+        Ok(out)
+    }
+
     /// The newest non-yanked version of every package whose name or description contains
     /// `query` (all packages for an empty query).
     pub fn search(&self, query: &str) -> Result<Vec<IndexEntry>, RegistryError> {
@@ -355,5 +488,11 @@ impl RegistryBackend for DirBackend {
         _token: Option<&str>,
     ) -> Result<(), RegistryError> {
         self.dir.yank(name, version, yanked)
+    }
+    async fn publish_eval(
+        &self,
+        e: crate::evals::EvalPublication<'_>,
+    ) -> Result<crate::evals::StoredEval, RegistryError> {
+        self.dir.add_eval(e.summary, e.sig, e.public_key, None)
     }
 }

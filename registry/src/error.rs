@@ -45,6 +45,15 @@ pub enum RegistryError {
         /// `owner/name@version`.
         package: String,
     },
+    /// An evaluation summary that cannot be published: not a summary, interrupted, or its
+    /// signature does not verify.
+    #[error("cannot publish an evaluation of {package}: {reason}")]
+    InvalidEval {
+        /// `owner/name` (or what the summary named).
+        package: String,
+        /// Why.
+        reason: String,
+    },
     /// The registry refused a request (HTTP status and message).
     #[error("registry {url}: {status}: {message}")]
     Http {

@@ -159,4 +159,22 @@ impl RegistryBackend for HttpRegistry {
         }
         self.send(req).await.map(|_| ())
     }
+
+    async fn publish_eval(
+        &self,
+        e: crate::evals::EvalPublication<'_>,
+    ) -> Result<crate::evals::StoredEval, RegistryError> {
+        let mut req = self
+            .client
+            .put(format!("{}/api/v1/evals", self.base))
+            .query(&[("sig", e.sig), ("key", e.public_key)])
+            .header("content-type", "application/json")
+            .body(e.summary.to_vec());
+        if let Some(t) = e.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = self.send(req).await?;
+        let bytes = resp.bytes().await.map_err(|e| self.fail(e))?;
+        serde_json::from_slice(&bytes).map_err(|e| self.fail(e))
+    }
 }

@@ -8,7 +8,9 @@
 pub mod backend;
 pub mod dir;
 pub mod error;
+pub mod evals;
 pub mod http;
+pub mod hub;
 pub mod index;
 pub mod manifest;
 pub mod name;
@@ -22,7 +24,7 @@ pub use backend::{Publication, RegistryBackend};
 pub use dir::{DirBackend, DirRegistry};
 pub use error::RegistryError;
 pub use index::{IndexEntry, PackageRef, RegistryConfig, ResolveError, resolve};
-pub use manifest::{Manifest, ManifestError, PluginKind, Runtime};
+pub use manifest::{ArgType, EnvArg, Manifest, ManifestError, PluginKind, Runtime};
 pub use name::{NameError, PackageName};
 pub use sign::PublisherKey;
 pub use trust::{TrustStore, verify_artifact};

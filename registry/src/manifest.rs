@@ -72,6 +72,10 @@ pub struct Manifest {
     /// Dataset files shipped in the data folder, with their provenance.
     #[serde(default)]
     pub datasets: Vec<DatasetSource>,
+    /// The environment arguments the plugin accepts (`-a '{"max_turns": 5}'`), documented for
+    /// `host env info` and the registry's pages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<EnvArg>,
     /// Present when the plugin is written in Python: `host env build` makes the artifact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonSource>,
@@ -138,6 +142,57 @@ pub struct DatasetSource {
     /// Anything a user should know (partial copies, answer conventions).
     #[serde(default)]
     pub note: Option<String>,
+}
+
+/// One `[[args]]` entry: an environment argument the plugin accepts.
+///
+/// ```toml
+/// [[args]]
+/// name = "max_turns"
+/// type = "integer"          # string, integer, number or boolean
+/// default = "3"             # JSON text, optional
+/// description = "Maximum assistant turns"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvArg {
+    /// The key in the JSON object of environment arguments.
+    pub name: String,
+    /// Its JSON type.
+    #[serde(rename = "type")]
+    pub kind: ArgType,
+    /// The value used when the argument is not given, as JSON text.
+    #[serde(default)]
+    pub default: Option<String>,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The JSON type of an environment argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArgType {
+    /// A JSON string.
+    String,
+    /// A JSON integer.
+    Integer,
+    /// Any JSON number.
+    Number,
+    /// `true` or `false`.
+    Boolean,
+}
+
+impl ArgType {
+    /// Whether `value` has this type.
+    pub fn admits(self, value: &serde_json::Value) -> bool {
+        match self {
+            Self::String => value.is_string(),
+            Self::Integer => value.is_i64() || value.is_u64(),
+            Self::Number => value.is_number(),
+            Self::Boolean => value.is_boolean(),
+        }
+    }
 }
 
 /// What kind of plugin a package holds.
@@ -277,6 +332,29 @@ impl Manifest {
                     "datasets.source",
                     format!("{:?} must be a relative path without `..`", d.source),
                 ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for arg in &self.args {
+            if arg.name.is_empty() || !seen.insert(arg.name.as_str()) {
+                return Err(bad(
+                    "args.name",
+                    format!("{:?} is empty or declared twice", arg.name),
+                ));
+            }
+            if let Some(default) = &arg.default {
+                let ok = serde_json::from_str::<serde_json::Value>(default)
+                    .is_ok_and(|v| arg.kind.admits(&v));
+                if !ok {
+                    return Err(bad(
+                        "args.default",
+                        format!(
+                            "of {:?} is {default:?}: expected JSON text of a {}",
+                            arg.name,
+                            serde_json::to_string(&arg.kind).expect("serialisable")
+                        ),
+                    ));
+                }
             }
         }
         if let Some(py) = &self.python {
@@ -449,6 +527,30 @@ capabilities = ["sandbox.python"]
             "kind = \"environment\"\nkinds = 1",
         ));
         assert!(e.contains("unknown field `kinds`"), "{e}");
+    }
+
+    #[test]
+    fn environment_arguments_are_checked() {
+        let with = |args: &str| Manifest::parse(&format!("{GOOD}\n{args}"), "p.toml");
+        let m = with(
+            "[[args]]\nname = \"max_turns\"\ntype = \"integer\"\ndefault = \"3\"\ndescription = \"turns\"",
+        )
+        .unwrap();
+        assert_eq!(m.args[0].kind, ArgType::Integer);
+        let e = with("[[args]]\nname = \"tools\"\ntype = \"string\"\ndefault = \"python\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("args.default") && e.contains("\"tools\""), "{e}");
+        let e = with(
+            "[[args]]\nname = \"x\"\ntype = \"integer\"\n[[args]]\nname = \"x\"\ntype = \"string\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("declared twice"), "{e}");
+        let e = with("[[args]]\nname = \"x\"\ntype = \"list\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `list`"), "{e}");
     }
 
     #[test]

@@ -222,9 +222,78 @@ pub fn unpack(packed: &[u8], dest: &Path) -> Result<Manifest, PackageError> {
     Ok(manifest)
 }
 
+/// Largest file [`read_files`] returns (a README or a manifest).
+pub const MAX_READ_FILE_BYTES: u64 = 1 << 20;
+
+/// The files named in `wanted` (paths inside the package, e.g. `README.md`) read from `.rlpkg`
+/// bytes in memory, without unpacking the rest; a file absent from the package is absent from
+/// the answer. Entries are checked as [`unpack`] checks them; a wanted file over
+/// [`MAX_READ_FILE_BYTES`] is refused.
+pub fn read_files(
+    packed: &[u8],
+    wanted: &[&str],
+) -> Result<std::collections::BTreeMap<String, Vec<u8>>, PackageError> {
+    if packed.len() as u64 > MAX_PACKED_BYTES {
+        return Err(PackageError::Unsafe(format!(
+            "{} bytes is over the {MAX_PACKED_BYTES}-byte package limit",
+            packed.len()
+        )));
+    }
+    let decoder = zstd::stream::read::Decoder::new(packed)
+        .map_err(|e| PackageError::Unsafe(format!("not zstd: {e}")))?;
+    let mut archive = tar::Archive::new(decoder.take(MAX_UNPACKED_BYTES + (1 << 20)));
+    let entries = archive
+        .entries()
+        .map_err(|e| PackageError::Unsafe(format!("not a tar archive: {e}")))?;
+    let mut out = std::collections::BTreeMap::new();
+    for (count, entry) in entries.enumerate() {
+        let mut entry = entry.map_err(|e| PackageError::Unsafe(format!("corrupt archive: {e}")))?;
+        if count >= MAX_ENTRIES {
+            return Err(PackageError::Unsafe(format!(
+                "more than {MAX_ENTRIES} entries"
+            )));
+        }
+        let path = entry
+            .path()
+            .map_err(|e| PackageError::Unsafe(format!("bad entry name: {e}")))?;
+        let name = slash_path(&path);
+        if !wanted.contains(&name.as_str())
+            || entry.header().entry_type() != tar::EntryType::Regular
+        {
+            continue;
+        }
+        let size = entry.header().size().unwrap_or(u64::MAX);
+        if size > MAX_READ_FILE_BYTES {
+            return Err(PackageError::Unsafe(format!(
+                "{name} is {size} bytes, over the {MAX_READ_FILE_BYTES}-byte limit"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        entry
+            .read_to_end(&mut bytes)
+            .map_err(|e| PackageError::Unsafe(format!("entry {name:?} is truncated: {e}")))?;
+        out.insert(name, bytes);
+        if out.len() == wanted.len() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_files_are_read_in_memory() {
+        let dir = plugin_dir();
+        let (packed, _) = pack(dir.path()).unwrap();
+        let files = read_files(&packed, &["README.md", "plugin.toml", "missing.md"]).unwrap();
+        assert_eq!(files["README.md"], b"# demo");
+        assert!(files["plugin.toml"].starts_with(b"[plugin]"));
+        assert!(!files.contains_key("missing.md"));
+        assert!(read_files(b"not a package", &["README.md"]).is_err());
+    }
 
     fn plugin_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,18 @@
 //! | `GET /api/v1/search?q=` | newest version of matching packages |
 //! | `PUT /api/v1/publish?sig=&key=[&min_host=]` | upload a signed package (bearer token of its owner) |
 //! | `POST /api/v1/yank` | `{"name", "version", "yanked"}` (bearer token of the owner) |
+//! | `PUT /api/v1/evals?sig=&key=` | publish an evaluation summary (bearer token of the publisher) |
+//! | `GET /` `?q=` | the hub: search box, environments and reward functions (HTML) |
+//! | `GET /{owner}` | one publisher's keys and packages (HTML) |
+//! | `GET /{owner}/{name}` `?version=` | a package: README, versions, signature, data, evaluations (HTML) |
+//! | `GET /{owner}/{name}/evals/{id}.json` | a published evaluation's summary, the exact bytes signed |
+//! | `GET /api/v1/hub?q=`, `/api/v1/owners/{owner}`, `/api/v1/packages/{owner}/{name}` | the pages' data as JSON |
+//! | `GET /static/{file}` | the pages' stylesheet, script and icon |
+//!
+//! The HTML pages answer JSON (the same data) to `Accept: application/json`. Pages carry a
+//! strict Content-Security-Policy (nothing from elsewhere, no inline script), an ETag and
+//! `Cache-Control: no-cache` (revalidated, answered 304 when unchanged); content-addressed
+//! artifacts and versioned static files are immutable.
 //!
 //! Errors are JSON `{"error": …}` with 400 (invalid package, name or signature), 401 (no or unknown
 //! token), 403 (another owner's package, or a key not accepted for the owner), 404, 408 (a body
@@ -36,6 +48,8 @@ use rlhost_serve::ServeLimits;
 
 use crate::dir::DirRegistry;
 use crate::error::RegistryError;
+use crate::hub::render::{Pages, asset, asset_version};
+use crate::hub::{Hub, HubError};
 use crate::name::PackageName;
 use crate::package::PackageError;
 use crate::tokens::TokenStore;
@@ -50,6 +64,8 @@ pub const MAX_CONCURRENT_UPLOADS: usize = 2;
 
 struct AppState {
     registry: DirRegistry,
+    hub: Hub,
+    pages: Pages,
     root: PathBuf,
     uploads: tokio::sync::Semaphore,
 }
@@ -83,6 +99,7 @@ fn registry_api_error(state: &AppState, e: RegistryError) -> ApiError {
         RegistryError::Refused { .. } => StatusCode::FORBIDDEN,
         RegistryError::Name(_) => StatusCode::BAD_REQUEST,
         RegistryError::NotPublished { .. } => StatusCode::NOT_FOUND,
+        RegistryError::InvalidEval { .. } => StatusCode::BAD_REQUEST,
         RegistryError::Package(PackageError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
         RegistryError::Package(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -163,7 +180,8 @@ async fn index(
                 text.push_str(&serde_json::to_string(&e).expect("serialisable"));
                 text.push('\n');
             }
-            text.into_response()
+            // Yanks and new versions change it: clients revalidate.
+            ([(header::CACHE_CONTROL, "no-cache")], text).into_response()
         }
         Err(e) => registry_api_error(&s, e).into_response(),
     }
@@ -177,7 +195,15 @@ async fn artifact(State(s): State<Shared>, UrlPath(file): UrlPath<String>) -> Re
         return error(StatusCode::NOT_FOUND, "no such artifact");
     }
     match s.registry.artifact(cksum) {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Ok(bytes) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                // Content-addressed: these bytes never change.
+                (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+            ],
+            bytes,
+        )
+            .into_response(),
         Err(_) => error(StatusCode::NOT_FOUND, format!("no artifact {cksum}")),
     }
 }
@@ -331,10 +357,311 @@ async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Respon
     }
 }
 
+/// The security headers of every page: nothing loads from elsewhere, no inline script runs,
+/// no framing, no sniffing, no referrer.
+const PAGE_HEADERS: [(header::HeaderName, &str); 4] = [
+    (
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; \
+         form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::REFERRER_POLICY, "no-referrer"),
+    (header::X_FRAME_OPTIONS, "DENY"),
+];
+
+/// Whether the client asked for JSON rather than HTML.
+fn wants_json(headers: &HeaderMap) -> bool {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    accept.contains("application/json") && !accept.contains("text/html")
+}
+
+/// A page or its JSON twin, with an ETag (answered 304 when the client has it) and
+/// `Cache-Control: no-cache` (pages change when packages are published or yanked).
+fn page(headers: &HeaderMap, status: StatusCode, content_type: &str, body: String) -> Response {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(body.as_bytes());
+    let etag = format!(
+        "\"{}\"",
+        digest[..12]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let fresh = status == StatusCode::OK
+        && headers
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let mut response = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (status, body).into_response()
+    };
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, content_type.parse().expect("valid"));
+    h.insert(header::CACHE_CONTROL, "no-cache".parse().expect("valid"));
+    h.insert(header::ETAG, etag.parse().expect("hex"));
+    h.insert(header::VARY, "Accept".parse().expect("valid"));
+    for (name, value) in PAGE_HEADERS {
+        h.insert(name, value.parse().expect("valid"));
+    }
+    response
+}
+
+/// Answers a hub page: its HTML, or its data as JSON when asked, or the error page.
+async fn hub_page<T: serde::Serialize + Send + 'static>(
+    s: Shared,
+    headers: HeaderMap,
+    build: impl FnOnce(&Hub) -> Result<T, HubError> + Send + 'static,
+    html: impl FnOnce(&Pages, &T) -> String + Send + 'static,
+) -> Response {
+    let json_wanted = wants_json(&headers);
+    let state = s.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        build(&state.hub).map(|data| match json_wanted {
+            true => serde_json::to_string_pretty(&data).expect("serialisable"),
+            false => html(&state.pages, &data),
+        })
+    })
+    .await;
+    let (status, message) = match result {
+        Ok(Ok(body)) => {
+            let kind = match json_wanted {
+                true => "application/json",
+                false => "text/html; charset=utf-8",
+            };
+            return page(&headers, StatusCode::OK, kind, body);
+        }
+        Ok(Err(HubError::NotFound(m))) => (StatusCode::NOT_FOUND, m),
+        Ok(Err(HubError::Registry(e))) => {
+            let ApiError(status, m) = registry_api_error(&s, e);
+            (status, m)
+        }
+        Err(e) => {
+            tracing::error!("page task failed: {e}");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error".to_owned(),
+            )
+        }
+    };
+    if json_wanted {
+        return api_error(status, message).into_response();
+    }
+    let body = s.pages.error(status.as_u16(), &message);
+    page(&headers, status, "text/html; charset=utf-8", body)
+}
+
+#[derive(serde::Deserialize)]
+struct VersionQuery {
+    version: Option<semver::Version>,
+}
+
+async fn hub_index(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    let query = q.q.trim().to_owned();
+    hub_page(s, headers, move |hub| hub.index(&query), Pages::index).await
+}
+
+async fn hub_index_json(
+    State(s): State<Shared>,
+    mut headers: HeaderMap,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
+    hub_index(State(s), headers, Query(q)).await
+}
+
+async fn hub_owner(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(owner): UrlPath<String>,
+) -> Response {
+    if !crate::name::is_slug(&owner) {
+        let pages = s.clone();
+        let body = pages.pages.error(404, "no such page");
+        return page(
+            &headers,
+            StatusCode::NOT_FOUND,
+            "text/html; charset=utf-8",
+            body,
+        );
+    }
+    hub_page(s, headers, move |hub| hub.owner(&owner), Pages::owner).await
+}
+
+async fn hub_owner_json(
+    State(s): State<Shared>,
+    mut headers: HeaderMap,
+    owner: UrlPath<String>,
+) -> Response {
+    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
+    hub_owner(State(s), headers, owner).await
+}
+
+async fn hub_package(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    UrlPath((owner, name)): UrlPath<(String, String)>,
+    Query(q): Query<VersionQuery>,
+) -> Response {
+    let name = match PackageName::new(&owner, &name) {
+        Ok(n) => n,
+        Err(e) => {
+            let body = s.pages.error(400, &e.to_string());
+            return page(
+                &headers,
+                StatusCode::BAD_REQUEST,
+                "text/html; charset=utf-8",
+                body,
+            );
+        }
+    };
+    hub_page(
+        s,
+        headers,
+        move |hub| hub.package(&name, q.version.as_ref()),
+        Pages::package,
+    )
+    .await
+}
+
+async fn hub_package_json(
+    State(s): State<Shared>,
+    mut headers: HeaderMap,
+    path: UrlPath<(String, String)>,
+    q: Query<VersionQuery>,
+) -> Response {
+    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
+    hub_package(State(s), headers, path, q).await
+}
+
+/// A published evaluation's summary: the exact bytes its publisher signed, with the signature
+/// and key in headers so anyone can check them.
+async fn eval_summary(
+    State(s): State<Shared>,
+    UrlPath((owner, name, file)): UrlPath<(String, String, String)>,
+) -> Response {
+    let Ok(name) = PackageName::new(&owner, &name) else {
+        return error(StatusCode::NOT_FOUND, "no such evaluation");
+    };
+    let Some(id) = file.strip_suffix(".json") else {
+        return error(StatusCode::NOT_FOUND, "no such evaluation");
+    };
+    match s.registry.eval(&name, id) {
+        Ok(Some(e)) => (
+            [
+                (header::CONTENT_TYPE, "application/json".to_owned()),
+                (
+                    header::CACHE_CONTROL,
+                    "public, max-age=31536000, immutable".to_owned(),
+                ),
+                (header::HeaderName::from_static("x-rlhost-signature"), e.sig),
+                (header::HeaderName::from_static("x-rlhost-key"), e.key),
+                (
+                    header::HeaderName::from_static("x-rlhost-publisher"),
+                    e.publisher,
+                ),
+            ],
+            e.summary,
+        )
+            .into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            format!("no evaluation {id} of {name}"),
+        ),
+        Err(e) => registry_api_error(&s, e).into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct EvalQuery {
+    sig: Option<String>,
+    key: Option<String>,
+}
+
+async fn publish_eval(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<EvalQuery>,
+    body: Body,
+) -> Response {
+    let owner = match authenticate(&s, &headers) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let (Some(sig), Some(key)) = (q.sig, q.key) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "an evaluation must be signed: give sig and key (host eval --publish --key FILE signs it)",
+        );
+    };
+    let body = match axum::body::to_bytes(body, crate::evals::MAX_EVAL_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("reading the summary: {e}"),
+            );
+        }
+    };
+    let state = s.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        state
+            .registry
+            .add_eval(&body, &sig, &key, Some(&owner))
+            .map_err(|e| registry_api_error(&state, e))
+    })
+    .await;
+    match result {
+        Ok(Ok(stored)) => json(stored),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => {
+            tracing::error!("publish task failed: {e}");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct AssetQuery {
+    v: Option<String>,
+}
+
+async fn static_file(UrlPath(file): UrlPath<String>, Query(q): Query<AssetQuery>) -> Response {
+    let Some(a) = asset(&file) else {
+        return error(StatusCode::NOT_FOUND, "no such file");
+    };
+    // Pages link `?v=<hash of the files>`: that URL's bytes never change.
+    let cache = match q.v.as_deref() == Some(asset_version()) {
+        true => "public, max-age=31536000, immutable",
+        false => "public, max-age=300",
+    };
+    (
+        [
+            (header::CONTENT_TYPE, a.content_type),
+            (header::CACHE_CONTROL, cache),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        a.bytes,
+    )
+        .into_response()
+}
+
 /// The router over the directory registry at `root`.
 pub fn router(root: &Path) -> Result<Router, RegistryError> {
+    let registry = DirRegistry::open(root, false)?;
     let state = Arc::new(AppState {
-        registry: DirRegistry::open(root, false)?,
+        hub: Hub::new(registry.clone()),
+        pages: Pages::new(),
+        registry,
         root: root.to_owned(),
         uploads: tokio::sync::Semaphore::new(MAX_CONCURRENT_UPLOADS),
     });
@@ -346,6 +673,15 @@ pub fn router(root: &Path) -> Result<Router, RegistryError> {
         .route("/api/v1/search", get(search))
         .route("/api/v1/publish", put(publish))
         .route("/api/v1/yank", post(yank))
+        .route("/api/v1/evals", put(publish_eval))
+        .route("/api/v1/hub", get(hub_index_json))
+        .route("/api/v1/owners/{owner}", get(hub_owner_json))
+        .route("/api/v1/packages/{owner}/{name}", get(hub_package_json))
+        .route("/", get(hub_index))
+        .route("/static/{file}", get(static_file))
+        .route("/{owner}", get(hub_owner))
+        .route("/{owner}/{name}", get(hub_package))
+        .route("/{owner}/{name}/evals/{file}", get(eval_summary))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(state))

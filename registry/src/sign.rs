@@ -39,6 +39,24 @@ pub fn signed_message(name: &str, version: &semver::Version, cksum: &str) -> Vec
     format!("rlhost-package-v1\n{name}\n{version}\n{cksum}\n").into_bytes()
 }
 
+/// The bytes a publisher signs for an evaluation summary of `name@version` whose bytes hash to
+/// `cksum`: bound to the environment, so a summary cannot be moved to another package.
+pub fn eval_message(name: &str, version: &semver::Version, cksum: &str) -> Vec<u8> {
+    format!("rlhost-eval-v1\n{name}\n{version}\n{cksum}\n").into_bytes()
+}
+
+/// A short, readable name of a public key (hex): the first 16 hex digits of its sha256, in
+/// groups of four (`3f2a 9c01 …`). Two keys with the same fingerprint are almost surely one.
+pub fn fingerprint(key: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key.trim().to_lowercase().as_bytes());
+    let h = hex(&digest[..8]);
+    (0..4)
+        .map(|i| &h[4 * i..4 * i + 4])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -125,6 +143,14 @@ impl PublisherKey {
             .sign(&signed_message(name, version, cksum))
             .to_bytes())
     }
+
+    /// Signs an evaluation summary of `name@version` with checksum `cksum`; hex signature.
+    pub fn sign_eval(&self, name: &str, version: &semver::Version, cksum: &str) -> String {
+        hex(&self
+            .key
+            .sign(&eval_message(name, version, cksum))
+            .to_bytes())
+    }
 }
 
 /// Checks that `key` is a well-formed ed25519 public key (hex).
@@ -145,6 +171,33 @@ pub fn verify(
     version: &semver::Version,
     cksum: &str,
 ) -> Result<(), SignError> {
+    verify_message(
+        key,
+        sig,
+        &signed_message(name, version, cksum),
+        name,
+        version,
+    )
+}
+
+/// Checks `sig` (hex) by `key` (hex) over an evaluation summary's identity.
+pub fn verify_eval(
+    key: &str,
+    sig: &str,
+    name: &str,
+    version: &semver::Version,
+    cksum: &str,
+) -> Result<(), SignError> {
+    verify_message(key, sig, &eval_message(name, version, cksum), name, version)
+}
+
+fn verify_message(
+    key: &str,
+    sig: &str,
+    message: &[u8],
+    name: &str,
+    version: &semver::Version,
+) -> Result<(), SignError> {
     let vk = VerifyingKey::from_bytes(&unhex::<32>(key, "public key")?).map_err(|e| {
         SignError::Malformed {
             what: "public key",
@@ -152,7 +205,7 @@ pub fn verify(
         }
     })?;
     let sig = Signature::from_bytes(&unhex::<64>(sig, "signature")?);
-    vk.verify(&signed_message(name, version, cksum), &sig)
+    vk.verify(message, &sig)
         .map_err(|_| SignError::BadSignature {
             package: format!("{name}@{version}"),
             key: key.to_owned(),
@@ -185,6 +238,13 @@ mod tests {
         let other = PublisherKey::generate().unwrap();
         assert!(verify(&other.public_hex(), &sig, "will/demo", &v, "ab12").is_err());
         assert!(verify("zz", &sig, "will/demo", &v, "ab12").is_err());
+        // A package signature is not an evaluation's, nor the other way round.
+        assert!(verify_eval(&public, &sig, "will/demo", &v, "ab12").is_err());
+        let eval = key.sign_eval("will/demo", &v, "ab12");
+        verify_eval(&public, &eval, "will/demo", &v, "ab12").unwrap();
+        assert!(verify(&public, &eval, "will/demo", &v, "ab12").is_err());
+        assert_eq!(fingerprint(&public).len(), 19);
+        assert_ne!(fingerprint(&public), fingerprint(&other.public_hex()));
     }
 
     #[test]

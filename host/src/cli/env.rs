@@ -181,9 +181,9 @@ struct YankArgs {
 }
 
 /// `--registry URL`, defaulting to $RLHOST_REGISTRY, the settings file, or the local registry.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, serde::Serialize)]
 pub(super) struct RegistryFlag {
-    /// Registry URL (file://PATH).
+    /// Registry URL (file://PATH or http://HOST:PORT).
     #[arg(long)]
     registry: Option<String>,
 }
@@ -198,7 +198,7 @@ impl RegistryFlag {
         }
     }
 
-    fn open(&self, home: &RlhostHome) -> anyhow::Result<Box<dyn RegistryBackend>> {
+    pub(super) fn open(&self, home: &RlhostHome) -> anyhow::Result<Box<dyn RegistryBackend>> {
         Ok(rlhost_registry::open(&self.url(home)?)?)
     }
 }
@@ -554,6 +554,20 @@ fn info(a: InfoArgs) -> anyhow::Result<ExitCode> {
             if let Some(note) = &d.note {
                 println!("    {note}");
             }
+        }
+        for arg in &m.args {
+            let default = arg
+                .default
+                .as_deref()
+                .map(|d| format!(" = {d}"))
+                .unwrap_or_default();
+            let kind = serde_json::to_string(&arg.kind)?;
+            println!(
+                "  arg {} ({}){default}: {}",
+                arg.name,
+                kind.trim_matches('"'),
+                arg.description
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

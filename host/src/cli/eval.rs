@@ -109,6 +109,20 @@ pub struct EvalArgs {
     /// Without it such a plugin is refused before any rollout.
     #[arg(long)]
     allow_missing_capabilities: bool,
+    /// Publish each environment's summary to the registry, signed with --key: it appears on the
+    /// environment's page (`host registry serve`). An interrupted run is not published.
+    #[arg(long, requires = "key")]
+    publish: bool,
+    /// --publish: your publisher key file (from `host registry keygen`), accepted by the
+    /// registry for the owner you publish as.
+    #[arg(long, value_name = "FILE", requires = "publish")]
+    key: Option<PathBuf>,
+    /// --publish: environment variable holding the registry's publish token (HTTP registries).
+    #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
+    token_var: String,
+    /// --publish: the registry.
+    #[command(flatten)]
+    registry: super::env::RegistryFlag,
     /// Monitors of the evaluation: its summary's figures go to TensorBoard or MLflow, and
     /// with -m the engine's Prometheus metrics are served while it runs.
     #[command(flatten)]
@@ -184,6 +198,15 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
     let home = crate::home::RlhostHome::from_env()?;
+    // The key and the registry are checked before any rollout: a run is not wasted on a typo.
+    let publisher = match &a.key {
+        Some(key) if a.publish => Some((
+            rlhost_registry::PublisherKey::load(key)
+                .with_context(|| format!("--key {}", key.display()))?,
+            a.registry.open(&home)?,
+        )),
+        _ => None,
+    };
     // Installed plugins only: every name is checked before anything loads, saying exactly how
     // to install a missing one.
     for name in &names {
@@ -285,8 +308,23 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         );
         summary.interrupted = records.len() < total;
         summary.planned_rollouts = total;
+        summary.sampling = rlhost_registry::evals::EvalSampling {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            max_tokens: a.max_tokens,
+            seed: Some(a.seed),
+        };
+        summary.env_args = serde_json::to_string(&env_args)?;
         if let Some(dir) = &a.save_dir {
             save(&dir.join(name.replace('/', "--")), &records, &summary)?;
+        }
+        if let Some((key, registry)) = &publisher {
+            if summary.interrupted {
+                eprintln!("not publishing {name}: the evaluation was interrupted");
+            } else {
+                publish(&rt, &summary, key, registry.as_ref(), &a.token_var)
+                    .with_context(|| format!("publishing the evaluation of {name}"))?;
+            }
         }
         if !a.json {
             print!("{}", summary.to_text());
@@ -315,6 +353,43 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         return Ok(ExitCode::from(130));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The bytes of `summary.json`: what is saved, and what `--publish` signs and uploads.
+fn summary_bytes(summary: &crate::eval::Summary) -> anyhow::Result<Vec<u8>> {
+    Ok((serde_json::to_string_pretty(summary)? + "\n").into_bytes())
+}
+
+/// Signs `summary` with `key` and publishes it to `registry`.
+fn publish(
+    rt: &tokio::runtime::Runtime,
+    summary: &crate::eval::Summary,
+    key: &rlhost_registry::PublisherKey,
+    registry: &dyn rlhost_registry::RegistryBackend,
+    token_var: &str,
+) -> anyhow::Result<()> {
+    let bytes = summary_bytes(summary)?;
+    let cksum = rlhost_registry::package::checksum(&bytes);
+    let sig = key.sign_eval(&summary.plugin, &summary.plugin_version, &cksum);
+    let public_key = key.public_hex();
+    let token = std::env::var(token_var).ok();
+    let stored = rt.block_on(
+        registry.publish_eval(rlhost_registry::evals::EvalPublication {
+            summary: &bytes,
+            sig: &sig,
+            public_key: &public_key,
+            token: token.as_deref(),
+        }),
+    )?;
+    eprintln!(
+        "published the evaluation of {}@{} to {} as {} (id {})",
+        summary.plugin,
+        summary.plugin_version,
+        registry.url(),
+        stored.publisher,
+        stored.cksum
+    );
+    Ok(())
 }
 
 /// Runs `plan`'s rollouts on `examples` until they are done or Ctrl-C stops them (the records
@@ -471,9 +546,6 @@ fn save(
         lines.push('\n');
     }
     rlhost_fs::write_atomically(&out.join("results.jsonl"), lines.as_bytes())?;
-    rlhost_fs::write_atomically(
-        &out.join("summary.json"),
-        (serde_json::to_string_pretty(summary)? + "\n").as_bytes(),
-    )?;
+    rlhost_fs::write_atomically(&out.join("summary.json"), &summary_bytes(summary)?)?;
     Ok(())
 }

@@ -298,6 +298,43 @@ pub struct Summary {
     pub interrupted: bool,
     /// Rollouts planned (examples × rollouts per example).
     pub planned_rollouts: usize,
+    /// The environment, `owner/name` (what a registry files the evaluation under).
+    pub plugin: String,
+    /// Its version.
+    pub plugin_version: semver::Version,
+    /// The sampling asked for (absent values: the generator's defaults).
+    pub sampling: rlhost_registry::evals::EvalSampling,
+    /// The environment arguments (JSON object text).
+    pub env_args: String,
+    /// When the evaluation finished (RFC 3339, UTC).
+    pub date: String,
+    /// This host's version.
+    pub host_version: String,
+}
+
+/// `t` as RFC 3339 in UTC, to the second (`2026-11-28T12:34:56Z`).
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -394,6 +431,12 @@ pub fn summarize(
         seconds,
         interrupted: false,
         planned_rollouts: records.len(),
+        plugin: env.id().name.clone(),
+        plugin_version: env.id().version.clone(),
+        sampling: Default::default(),
+        env_args: "{}".into(),
+        date: rfc3339(std::time::SystemTime::now()),
+        host_version: crate::VERSION.to_owned(),
     }
 }
 
@@ -504,7 +547,17 @@ impl Summary {
 
 #[cfg(test)]
 mod tests {
-    use super::{PassKMode, pass_at_k, pass_rates};
+    use super::{PassKMode, pass_at_k, pass_rates, rfc3339};
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        let at = |s: u64| rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        // `date -u -d @1795869296`: Sat Nov 28 12:34:56 UTC 2026; a leap day; the year 2000.
+        assert_eq!(at(1_795_869_296), "2026-11-28T12:34:56Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(4_107_542_399), "2100-02-28T23:59:59Z");
+    }
 
     #[test]
     fn pass_rates_per_mode() {

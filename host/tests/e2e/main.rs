@@ -16,6 +16,7 @@ mod doctor;
 mod env_init;
 mod eval;
 mod grammar;
+mod hub;
 mod inference;
 mod install;
 mod interop;

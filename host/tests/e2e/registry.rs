@@ -670,12 +670,23 @@ impl World {
         let owner_line = format!("owner = \"{owner}\"");
         let name_line = format!("name = \"{name}\"");
         let pkg = self.package("arith", version, &move |m: String| {
+            // Only the [plugin] table's owner and name ([[args]] tables have names too).
+            let mut table = String::new();
             let mut m: String = m
                 .lines()
-                .map(|l| match l {
-                    l if l.starts_with("owner = ") => format!("{owner_line}\n"),
-                    l if l.starts_with("name = ") => format!("{name_line}\n"),
-                    l => format!("{l}\n"),
+                .map(|l| {
+                    if l.starts_with('[') {
+                        table = l.to_owned();
+                    }
+                    match l {
+                        l if table == "[plugin]" && l.starts_with("owner = ") => {
+                            format!("{owner_line}\n")
+                        }
+                        l if table == "[plugin]" && l.starts_with("name = ") => {
+                            format!("{name_line}\n")
+                        }
+                        l => format!("{l}\n"),
+                    }
                 })
                 .collect();
             m.push_str(&extra);

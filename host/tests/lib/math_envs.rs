@@ -417,3 +417,59 @@ async fn math_verify_reward_plugin_scores_with_both_conventions() {
     let m = score(deep, "1", "{}").await.unwrap();
     assert_eq!(value(&m, "correct"), 0.0);
 }
+
+/// The `[[args]]` a math environment's manifest declares (what `host env info` and the
+/// registry's page show) are the ones it accepts, and each declared default is what it does
+/// when the argument is left out: the same prompt and the same episode state.
+#[tokio::test]
+async fn declared_arguments_are_accepted_and_their_defaults_are_true() {
+    for name in [
+        "math-python",
+        "math500",
+        "aime2024",
+        "aime2025",
+        "deepscaler",
+        "arith",
+    ] {
+        let manifest = rlhost_registry::Manifest::load(&dist(name).join("plugin.toml")).unwrap();
+        assert!(!manifest.args.is_empty(), "{name} declares no arguments");
+        let env = env(name).await;
+        let split = env.info().splits[0].clone();
+        let example = first_example(env.as_ref(), &split).await;
+        let mut s = env.start(1).await.unwrap();
+        let plain = s.initial_prompt(&example, "{}").await.unwrap();
+        for arg in &manifest.args {
+            let (args, same) = match &arg.default {
+                Some(d) => (format!("{{\"{}\": {d}}}", arg.name), true),
+                None => {
+                    let value = match arg.kind {
+                        rlhost_registry::ArgType::String => "\"default\"",
+                        rlhost_registry::ArgType::Integer => "2",
+                        rlhost_registry::ArgType::Number => "0.5",
+                        rlhost_registry::ArgType::Boolean => "true",
+                    };
+                    (format!("{{\"{}\": {value}}}", arg.name), false)
+                }
+            };
+            let start = s
+                .initial_prompt(&example, &args)
+                .await
+                .unwrap_or_else(|e| panic!("{name} refuses its declared {args}: {e:?}"));
+            if same {
+                assert_eq!(
+                    start.messages, plain.messages,
+                    "{name}: {args} is not the default"
+                );
+                assert_eq!(
+                    start.state, plain.state,
+                    "{name}: {args} is not the default"
+                );
+            }
+        }
+        let err = s
+            .initial_prompt(&example, r#"{"not_an_argument": 1}"#)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not_an_argument"), "{name}: {err}");
+    }
+}
