@@ -215,6 +215,15 @@ impl DirRegistry {
                 reason: e.to_string(),
             }
         })?;
+        if crate::server::RESERVED_OWNERS.contains(&manifest.plugin.owner.as_str()) {
+            return Err(RegistryError::Refused {
+                package,
+                reason: format!(
+                    "the owner name {:?} is reserved: it is a route of the registry's web pages",
+                    manifest.plugin.owner
+                ),
+            });
+        }
         let _lock = self.lock()?;
         let config = self.config()?;
         let accepted = config

@@ -54,6 +54,10 @@ use crate::name::PackageName;
 use crate::package::PackageError;
 use crate::tokens::TokenStore;
 
+/// Owner names no package may use: the first segment of the server's own routes, which would
+/// hide the owner's pages (`/static/x` is a file, not the package `static/x`).
+pub const RESERVED_OWNERS: &[&str] = &["api", "static", "index", "artifacts"];
+
 /// Largest upload accepted.
 pub const MAX_UPLOAD_BYTES: usize = 256 << 20;
 /// Largest body of any other request (a yank).

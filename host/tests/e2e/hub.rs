@@ -562,6 +562,24 @@ fn the_hub_agrees_with_the_cli_and_renders_hostile_readmes_inert() {
     assert_eq!(status, 404);
     assert!(body.contains("\"error\""), "{body}");
 
+    // An owner named like a route of the pages cannot publish: its pages would be hidden.
+    let dir = hub.root.join("src-static");
+    copy_dir(&common::dist("arith"), &dir);
+    let manifest = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        manifest.replacen("owner = \"rlhost\"", "owner = \"static\"", 1),
+    )
+    .unwrap();
+    let pkg = hub.root.join("static.rlpkg");
+    hub.local(&["env", "pack", &s(&dir), "-o", &s(&pkg)]);
+    let err = common::run_err(
+        host(&hub.home())
+            .env("RLHOST_REGISTRY", format!("file://{}", hub.reg().display()))
+            .args(["env", "publish", &s(&pkg), "--key", &s(&hub.key_file())]),
+    );
+    assert!(err.contains("\"static\" is reserved"), "{err}");
+
     browser(&hub, &public);
 }
 
@@ -762,6 +780,12 @@ fn evaluations_published_by_host_eval_show_their_figures() {
         "{row}"
     );
     assert!(row.contains(summary["model"].as_str().unwrap()), "{row}");
+    for m in summary["metrics"].as_array().unwrap() {
+        let shown = format!("{} {:.3}", m[0].as_str().unwrap(), m[1].as_f64().unwrap());
+        assert!(row.contains(&shown), "{shown} not in {row}");
+    }
+    assert_eq!(page["leaderboard"][0]["id"], id);
+    assert_eq!(page["leaderboard"][0]["avg_at_k"], summary["avg_at_k"]);
     assert!(
         get_json(url, "/api/v1/hub")["environments"]
             .as_array()

@@ -169,6 +169,54 @@ pub struct EvalRow {
     pub fingerprint: String,
 }
 
+/// One line of a package's leaderboard: a model's best Avg@k on a split.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaderRow {
+    /// The model.
+    pub model: String,
+    /// The split.
+    pub split: String,
+    /// Its best Avg@k there.
+    pub avg_at_k: f64,
+    /// k (rollouts per example) of that evaluation.
+    pub k: usize,
+    /// Examples of that evaluation.
+    pub examples: usize,
+    /// The evaluation it comes from.
+    pub id: String,
+}
+
+/// The leaderboard of `evals`: each (model, split)'s best Avg@k (ties: the earlier one), best
+/// first.
+pub fn leaderboard(evals: &[EvalRow]) -> Vec<LeaderRow> {
+    let mut best: Vec<LeaderRow> = Vec::new();
+    // Oldest first, so a later tie does not displace the first to reach a score.
+    for e in evals.iter().rev() {
+        let row = LeaderRow {
+            model: e.model.clone(),
+            split: e.split.clone(),
+            avg_at_k: e.avg_at_k,
+            k: e.rollouts_per_example,
+            examples: e.examples,
+            id: e.id.clone(),
+        };
+        match best
+            .iter_mut()
+            .find(|b| b.model == e.model && b.split == e.split)
+        {
+            Some(b) if e.avg_at_k > b.avg_at_k => *b = row,
+            Some(_) => {}
+            None => best.push(row),
+        }
+    }
+    best.sort_by(|a, b| {
+        b.avg_at_k
+            .total_cmp(&a.avg_at_k)
+            .then_with(|| a.model.cmp(&b.model))
+    });
+    best
+}
+
 /// `/owner/name`: everything about a package.
 #[derive(Debug, Clone, Serialize)]
 pub struct PackagePage {
@@ -214,6 +262,8 @@ pub struct PackagePage {
     pub readme: Option<String>,
     /// Published evaluations, newest first.
     pub evaluations: Vec<EvalRow>,
+    /// Each model's best Avg@k per split, best first.
+    pub leaderboard: Vec<LeaderRow>,
 }
 
 /// What the hub reads from inside a package (cached by checksum: packages never change).
@@ -438,7 +488,7 @@ impl Hub {
             shown.vers
         );
         let m = &files.manifest;
-        let evaluations = self
+        let evaluations: Vec<EvalRow> = self
             .registry
             .evals(name)?
             .into_iter()
@@ -500,9 +550,61 @@ impl Hub {
                 })
                 .collect(),
             readme: files.readme.clone(),
+            leaderboard: leaderboard(&evaluations),
             evaluations,
         })
     }
 }
 
 pub mod render;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, model: &str, split: &str, avg: f64) -> EvalRow {
+        EvalRow {
+            id: id.into(),
+            version: semver::Version::new(0, 1, 0),
+            model: model.into(),
+            split: split.into(),
+            examples: 10,
+            rollouts_per_example: 4,
+            reward: avg,
+            avg_at_k: avg,
+            pass_at_k: vec![],
+            metrics: vec![],
+            sampling: Default::default(),
+            env_args: "{}".into(),
+            date: String::new(),
+            host_version: String::new(),
+            publisher: "will".into(),
+            fingerprint: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_leaderboard_keeps_each_models_best_per_split() {
+        // Newest first, as the page lists them.
+        let evals = [
+            row("e4", "b", "test", 0.5),
+            row("e3", "a", "test", 0.7),
+            row("e2", "a", "test", 0.7),
+            row("e1", "a", "test", 0.4),
+            row("e0", "a", "train", 0.9),
+        ];
+        let board: Vec<(String, String, f64, String)> = leaderboard(&evals)
+            .into_iter()
+            .map(|r| (r.model, r.split, r.avg_at_k, r.id))
+            .collect();
+        let want = [
+            ("a", "train", 0.9, "e0"),
+            ("a", "test", 0.7, "e2"),
+            ("b", "test", 0.5, "e4"),
+        ];
+        assert_eq!(
+            board,
+            want.map(|(m, s, a, i)| (m.to_owned(), s.to_owned(), a, i.to_owned()))
+        );
+    }
+}
