@@ -86,6 +86,11 @@ impl DirRegistry {
 
     /// Accepts `public_key` (hex) as a publisher key for `owner`.
     pub fn add_key(&self, owner: &str, public_key: &str) -> Result<(), RegistryError> {
+        if crate::server::RESERVED_OWNERS.contains(&owner) {
+            return Err(self.corrupt(format!(
+                "the owner name {owner:?} is reserved: it is a route of the registry's web pages"
+            )));
+        }
         let _lock = self.lock()?;
         let mut config = self.config()?;
         let keys = config.keys.entry(owner.to_owned()).or_default();
@@ -381,6 +386,21 @@ impl DirRegistry {
         if let Some(existing) = self.eval(&name, &cksum)? {
             return Ok(existing);
         }
+        let mine = self
+            .evals(&name)?
+            .iter()
+            .filter(|e| e.publisher == stored.publisher)
+            .count();
+        if mine >= crate::evals::MAX_EVALS_PER_PUBLISHER {
+            return Err(RegistryError::Refused {
+                package: format!("an evaluation of {name}"),
+                reason: format!(
+                    "{} has published {mine} evaluations of {name}, the most this registry keeps \
+                     per publisher and package",
+                    stored.publisher
+                ),
+            });
+        }
         let bytes = serde_json::to_vec_pretty(&stored).expect("serialisable");
         self.write_atomically(&path, &bytes)?;
         Ok(stored)
@@ -405,42 +425,48 @@ impl DirRegistry {
         }
     }
 
+    /// The ids of `name`'s evaluations (file names only: nothing is parsed).
+    pub fn eval_ids(&self, name: &PackageName) -> Result<Vec<String>, RegistryError> {
+        let dir = self.evals_dir(name);
+        let Ok(files) = std::fs::read_dir(&dir) else {
+            return Ok(Vec::new());
+        };
+        let mut ids: Vec<String> = files
+            .flatten()
+            .filter_map(|f| {
+                let file = f.file_name().to_string_lossy().into_owned();
+                let id = file.strip_suffix(".json")?;
+                (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_owned())
+            })
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
     /// Every evaluation of `name`, newest first (by the date the evaluation finished).
     pub fn evals(
         &self,
         name: &PackageName,
     ) -> Result<Vec<crate::evals::StoredEval>, RegistryError> {
-        let dir = self.evals_dir(name);
-        let Ok(files) = std::fs::read_dir(&dir) else {
-            return Ok(Vec::new());
-        };
         let mut out = Vec::new();
-        for f in files.flatten() {
-            let file = f.file_name().to_string_lossy().into_owned();
-            // Temporaries of atomic writes are not evaluations.
-            if let Some(cksum) = file.strip_suffix(".json")
-                && let Some(e) = self.eval(name, cksum)?
-            {
-                out.push(e);
+        for id in self.eval_ids(name)? {
+            if let Some(e) = self.eval(name, &id)? {
+                let date = e.parsed().map(|s| s.date).unwrap_or_default();
+                out.push((date, e));
             }
         }
-        let date = |e: &crate::evals::StoredEval| e.parsed().map(|s| s.date).unwrap_or_default();
-        out.sort_by(|a, b| date(b).cmp(&date(a)).then_with(|| a.cksum.cmp(&b.cksum)));
-        Ok(out)
+        out.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cksum.cmp(&b.1.cksum)));
+        Ok(out.into_iter().map(|(_, e)| e).collect())
     }
 
-    /// The newest non-yanked version of every package whose name or description contains
+    /// The newest listed version (see [`newest_listed`]) of every package whose name or description contains
     /// `query` (all packages for an empty query).
     pub fn search(&self, query: &str) -> Result<Vec<IndexEntry>, RegistryError> {
         let q = query.to_lowercase();
         let mut out = Vec::new();
         for name in self.packages()? {
             let entries = self.entries(&name.parse()?)?;
-            let newest = entries
-                .iter()
-                .filter(|e| !e.yanked)
-                .max_by(|a, b| a.vers.cmp(&b.vers));
-            if let Some(e) = newest
+            if let Some(e) = newest_listed(&entries)
                 && (e.name.contains(&q) || e.description.to_lowercase().contains(&q))
             {
                 out.push(e.clone());
@@ -448,6 +474,17 @@ impl DirRegistry {
         }
         Ok(out)
     }
+}
+
+/// The version a package is listed with: its newest release that is not yanked, else (only
+/// pre-releases left) its newest pre-release that is not yanked — what `host env install
+/// owner/name` picks when it picks a release.
+pub fn newest_listed(entries: &[IndexEntry]) -> Option<&IndexEntry> {
+    let live = || entries.iter().filter(|e| !e.yanked);
+    live()
+        .filter(|e| e.vers.pre.is_empty())
+        .max_by(|a, b| a.vers.cmp(&b.vers))
+        .or_else(|| live().max_by(|a, b| a.vers.cmp(&b.vers)))
 }
 
 /// A folder registry behind [`RegistryBackend`], at its `file://` URL.

@@ -10,7 +10,13 @@
 use serde::{Deserialize, Serialize};
 
 /// Largest summary accepted.
-pub const MAX_EVAL_BYTES: usize = 1 << 20;
+pub const MAX_EVAL_BYTES: usize = 256 << 10;
+/// Evaluations one publisher may keep on one package.
+pub const MAX_EVALS_PER_PUBLISHER: usize = 100;
+/// Longest model name, split or metric name shown.
+pub const MAX_NAME_CHARS: usize = 200;
+/// Most metrics, and most Pass@k values, in a summary.
+pub const MAX_FIGURES: usize = 64;
 
 /// The sampling an evaluation ran with.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -120,5 +126,128 @@ pub(crate) fn check_summary(bytes: &[u8]) -> Result<EvalSummary, String> {
             "the evaluation was interrupted: its figures cover the fastest rollouts only".into(),
         );
     }
+    summary.check()?;
     Ok(summary)
+}
+
+impl EvalSummary {
+    /// The figures hold together: names of sane length, finite values, rates in [0, 1],
+    /// `rollouts = examples × rollouts_per_example`, Pass@k for k in 1..=rollouts per example,
+    /// an RFC 3339 UTC date. A summary that fails this was not written by `host eval`.
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = |what: &str, s: &str| {
+            if s.is_empty() || s.chars().count() > MAX_NAME_CHARS || s.chars().any(char::is_control)
+            {
+                Err(format!(
+                    "{what} must be 1-{MAX_NAME_CHARS} printable characters"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        name_ok("model", &self.model)?;
+        name_ok("split", &self.split)?;
+        if self.metrics.len() > MAX_FIGURES || self.pass_at_k.len() > MAX_FIGURES {
+            return Err(format!("at most {MAX_FIGURES} metrics and Pass@k values"));
+        }
+        for (name, value) in &self.metrics {
+            name_ok("a metric name", name)?;
+            if !value.is_finite() {
+                return Err(format!("metric {name} is not finite"));
+            }
+        }
+        if !self.reward.is_finite() {
+            return Err("reward is not finite".into());
+        }
+        let rate = |what: &str, x: f64| match (0.0..=1.0).contains(&x) {
+            true => Ok(()),
+            false => Err(format!("{what} is {x}, not a rate in [0, 1]")),
+        };
+        rate("avg_at_k", self.avg_at_k)?;
+        if self.examples == 0 || self.rollouts_per_example == 0 {
+            return Err("an evaluation of no example or no rollout".into());
+        }
+        if self.examples.checked_mul(self.rollouts_per_example) != Some(self.rollouts) {
+            return Err(format!(
+                "rollouts is {}, not examples × rollouts_per_example = {} × {}",
+                self.rollouts, self.examples, self.rollouts_per_example
+            ));
+        }
+        for &(k, p) in &self.pass_at_k {
+            if k == 0 || k > self.rollouts_per_example {
+                return Err(format!(
+                    "pass@{k} with {} rollouts per example",
+                    self.rollouts_per_example
+                ));
+            }
+            rate(&format!("pass@{k}"), p)?;
+        }
+        if self.env_args.len() > 4096 {
+            return Err("env_args is over 4096 bytes".into());
+        }
+        if !is_rfc3339_utc(&self.date) {
+            return Err(format!(
+                "date {:?} is not RFC 3339 UTC (YYYY-MM-DDTHH:MM:SSZ)",
+                self.date
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` with a plausible month, day, hour, minute and second.
+fn is_rfc3339_utc(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| -> Option<u32> {
+        b.get(r.clone())?
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| s[r].parse().ok())?
+    };
+    b.len() == 20
+        && (b[4], b[7], b[10], b[13], b[16], b[19]) == (b'-', b'-', b'T', b':', b':', b'Z')
+        && digits(0..4).is_some()
+        && digits(5..7).is_some_and(|m| (1..=12).contains(&m))
+        && digits(8..10).is_some_and(|d| (1..=31).contains(&d))
+        && digits(11..13).is_some_and(|h| h < 24)
+        && digits(14..16).is_some_and(|m| m < 60)
+        && digits(17..19).is_some_and(|s| s < 61)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> serde_json::Value {
+        serde_json::json!({
+            "plugin": "rlhost/arith", "plugin_version": "0.1.0", "model": "tiny", "split": "test",
+            "examples": 2, "rollouts_per_example": 2, "rollouts": 4, "reward": 0.5,
+            "metrics": [["correct", 0.5]], "avg_at_k": 0.5, "pass_at_k": [[1, 0.5], [2, 0.75]],
+            "date": "2026-11-28T12:00:00Z", "host_version": "0.1.0"
+        })
+    }
+
+    #[test]
+    fn summaries_must_hold_together() {
+        let check = |v: &serde_json::Value| check_summary(v.to_string().as_bytes());
+        check(&good()).unwrap();
+        let bad = |path: &str, value: serde_json::Value, why: &str| {
+            let mut v = good();
+            v[path] = value;
+            let err = check(&v).unwrap_err();
+            assert!(err.contains(why), "{path}: {err}");
+        };
+        bad("avg_at_k", serde_json::json!(1e308), "not a rate");
+        bad("pass_at_k", serde_json::json!([[3, 0.5]]), "pass@3 with 2");
+        bad("pass_at_k", serde_json::json!([[1, 5.0]]), "not a rate");
+        bad("rollouts", serde_json::json!(0), "rollouts is 0");
+        bad("examples", serde_json::json!(0), "no example");
+        bad("date", serde_json::json!("9999-99-99"), "RFC 3339");
+        bad("model", serde_json::json!("z".repeat(201)), "model must be");
+        bad("model", serde_json::json!(""), "model must be");
+        bad("interrupted", serde_json::json!(true), "interrupted");
+        bad("metrics", serde_json::json!([["x\ny", 0.5]]), "metric name");
+        let huge = serde_json::json!("x".repeat(MAX_EVAL_BYTES));
+        bad("env_args", huge, "over the");
+    }
 }

@@ -336,10 +336,19 @@ impl Manifest {
         }
         let mut seen = std::collections::BTreeSet::new();
         for arg in &self.args {
-            if arg.name.is_empty() || !seen.insert(arg.name.as_str()) {
+            if !is_identifier(&arg.name) || arg.name.len() > 64 {
                 return Err(bad(
                     "args.name",
-                    format!("{:?} is empty or declared twice", arg.name),
+                    format!(
+                        "is {:?}: expected an identifier (letters, digits, `_`; at most 64)",
+                        arg.name
+                    ),
+                ));
+            }
+            if !seen.insert(arg.name.as_str()) {
+                return Err(bad(
+                    "args.name",
+                    format!("{:?} is declared twice", arg.name),
                 ));
             }
             if let Some(default) = &arg.default {
@@ -551,6 +560,10 @@ capabilities = ["sandbox.python"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown variant `list`"), "{e}");
+        let e = with("[[args]]\nname = \"x'$(id)\"\ntype = \"string\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected an identifier"), "{e}");
     }
 
     #[test]

@@ -69,8 +69,16 @@ fn package_files(dir: &Path, manifest: &Manifest) -> Result<Vec<(String, PathBuf
         )));
     }
     files.push((slash_path(&artifact), dir.join(&artifact)));
-    if dir.join("README.md").is_file() {
-        files.push(("README.md".into(), dir.join("README.md")));
+    let readme = dir.join("README.md");
+    if readme.is_file() {
+        let size = std::fs::metadata(&readme).map_err(io(&readme))?.len();
+        if size > MAX_READ_FILE_BYTES {
+            return Err(PackageError::Incomplete(format!(
+                "{} is {size} bytes: a README may be at most {MAX_READ_FILE_BYTES} bytes",
+                readme.display()
+            )));
+        }
+        files.push(("README.md".into(), readme));
     }
     let data = manifest.data_dir();
     if dir.join(&data).is_dir() {
@@ -226,9 +234,9 @@ pub fn unpack(packed: &[u8], dest: &Path) -> Result<Manifest, PackageError> {
 pub const MAX_READ_FILE_BYTES: u64 = 1 << 20;
 
 /// The files named in `wanted` (paths inside the package, e.g. `README.md`) read from `.rlpkg`
-/// bytes in memory, without unpacking the rest; a file absent from the package is absent from
-/// the answer. Entries are checked as [`unpack`] checks them; a wanted file over
-/// [`MAX_READ_FILE_BYTES`] is refused.
+/// bytes in memory, without unpacking the rest; a file absent from the package, or over
+/// [`MAX_READ_FILE_BYTES`] (packages made elsewhere), is absent from the answer. Entries are
+/// checked as [`unpack`] checks them.
 pub fn read_files(
     packed: &[u8],
     wanted: &[&str],
@@ -264,9 +272,10 @@ pub fn read_files(
         }
         let size = entry.header().size().unwrap_or(u64::MAX);
         if size > MAX_READ_FILE_BYTES {
-            return Err(PackageError::Unsafe(format!(
-                "{name} is {size} bytes, over the {MAX_READ_FILE_BYTES}-byte limit"
-            )));
+            tracing::warn!(
+                "{name} is {size} bytes, over the {MAX_READ_FILE_BYTES}-byte limit: left out"
+            );
+            continue;
         }
         let mut bytes = Vec::with_capacity(size as usize);
         entry

@@ -241,18 +241,23 @@ struct PublishQuery {
 
 /// Reads an upload's body once its sender is known: over-limit sizes are refused from the
 /// `content-length` header alone, and at most [`MAX_CONCURRENT_UPLOADS`] bodies are read at once.
-async fn read_upload(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+async fn read_upload(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         api_error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("uploads are limited to {MAX_UPLOAD_BYTES} bytes"),
+            format!("uploads here are limited to {limit} bytes"),
         )
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
     let _turn = s
@@ -260,21 +265,19 @@ async fn read_upload(s: &AppState, headers: &HeaderMap, body: Body) -> Result<By
         .acquire()
         .await
         .expect("the semaphore is never closed");
-    axum::body::to_bytes(body, MAX_UPLOAD_BYTES)
-        .await
-        .map_err(|e| {
-            let mut source: Option<&dyn std::error::Error> = Some(&e);
-            while let Some(err) = source {
-                if err.is::<rlhost_serve::BodyTimeout>() {
-                    return api_error(StatusCode::REQUEST_TIMEOUT, err);
-                }
-                if err.is::<http_body_util::LengthLimitError>() {
-                    return too_large();
-                }
-                source = err.source();
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&dyn std::error::Error> = Some(&e);
+        while let Some(err) = source {
+            if err.is::<rlhost_serve::BodyTimeout>() {
+                return api_error(StatusCode::REQUEST_TIMEOUT, err);
             }
-            api_error(StatusCode::BAD_REQUEST, format!("reading the upload: {e}"))
-        })
+            if err.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            source = err.source();
+        }
+        api_error(StatusCode::BAD_REQUEST, format!("reading the upload: {e}"))
+    })
 }
 
 async fn publish(
@@ -288,7 +291,7 @@ async fn publish(
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
-    let body = match read_upload(&s, &headers, body).await {
+    let body = match read_upload(&s, &headers, body, MAX_UPLOAD_BYTES).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
@@ -374,13 +377,54 @@ const PAGE_HEADERS: [(header::HeaderName, &str); 4] = [
     (header::X_FRAME_OPTIONS, "DENY"),
 ];
 
-/// Whether the client asked for JSON rather than HTML.
+/// Whether the client prefers JSON to HTML: `application/json` with a higher quality than
+/// `text/html` (RFC 9110 q-values; `*/*` and a missing header mean HTML).
 fn wants_json(headers: &HeaderMap) -> bool {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    accept.contains("application/json") && !accept.contains("text/html")
+    let quality = |wanted: &str| -> f32 {
+        accept
+            .split(',')
+            .filter_map(|item| {
+                let mut parts = item.split(';');
+                let media = parts.next()?.trim().to_ascii_lowercase();
+                let q = parts
+                    .filter_map(|p| p.trim().strip_prefix("q="))
+                    .find_map(|q| q.trim().parse::<f32>().ok())
+                    .unwrap_or(1.0);
+                (media == wanted).then_some(q)
+            })
+            .fold(0.0, f32::max)
+    };
+    let json = quality("application/json");
+    json > 0.0 && json > quality("text/html")
+}
+
+/// Whether `If-None-Match` names `etag` (weakly: `W/"…"` matches `"…"`, as RFC 9110 says).
+fn etag_matches(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+        })
+}
+
+/// Headers every answer carries: no sniffing, and (unless the answer set its own, as pages do)
+/// a policy under which nothing in it runs or loads.
+async fn safe_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    h.entry(header::X_CONTENT_TYPE_OPTIONS)
+        .or_insert(header::HeaderValue::from_static("nosniff"));
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(header::HeaderValue::from_static(
+            "default-src 'none'; frame-ancestors 'none'",
+        ));
+    response
 }
 
 /// A page or its JSON twin, with an ETag (answered 304 when the client has it) and
@@ -395,11 +439,7 @@ fn page(headers: &HeaderMap, status: StatusCode, content_type: &str, body: Strin
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     );
-    let fresh = status == StatusCode::OK
-        && headers
-            .get(header::IF_NONE_MATCH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let fresh = status == StatusCode::OK && etag_matches(headers, &etag);
     let mut response = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -453,11 +493,16 @@ async fn hub_page<T: serde::Serialize + Send + 'static>(
             )
         }
     };
-    if json_wanted {
+    page_error(&s, &headers, status, &message)
+}
+
+/// An error as the client reads pages: JSON `{"error"}` or the error page.
+fn page_error(s: &AppState, headers: &HeaderMap, status: StatusCode, message: &str) -> Response {
+    if wants_json(headers) {
         return api_error(status, message).into_response();
     }
-    let body = s.pages.error(status.as_u16(), &message);
-    page(&headers, status, "text/html; charset=utf-8", body)
+    let body = s.pages.error(status.as_u16(), message);
+    page(headers, status, "text/html; charset=utf-8", body)
 }
 
 #[derive(serde::Deserialize)]
@@ -465,86 +510,94 @@ struct VersionQuery {
     version: Option<semver::Version>,
 }
 
+type PageQuery<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
+type PagePath<T> = Result<UrlPath<T>, axum::extract::rejection::PathRejection>;
+
+/// Forces the JSON answer (the `/api/v1/…` twins of the pages).
+fn as_json(mut headers: HeaderMap) -> HeaderMap {
+    headers.insert(
+        header::ACCEPT,
+        header::HeaderValue::from_static("application/json"),
+    );
+    headers
+}
+
 async fn hub_index(
     State(s): State<Shared>,
     headers: HeaderMap,
-    Query(q): Query<SearchQuery>,
+    q: PageQuery<SearchQuery>,
 ) -> Response {
-    let query = q.q.trim().to_owned();
+    let query = match q {
+        Ok(Query(q)) => q.q.trim().to_owned(),
+        Err(e) => return page_error(&s, &headers, StatusCode::BAD_REQUEST, &e.body_text()),
+    };
     hub_page(s, headers, move |hub| hub.index(&query), Pages::index).await
 }
 
 async fn hub_index_json(
-    State(s): State<Shared>,
-    mut headers: HeaderMap,
-    Query(q): Query<SearchQuery>,
+    state: State<Shared>,
+    headers: HeaderMap,
+    q: PageQuery<SearchQuery>,
 ) -> Response {
-    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
-    hub_index(State(s), headers, Query(q)).await
+    hub_index(state, as_json(headers), q).await
 }
 
 async fn hub_owner(
     State(s): State<Shared>,
     headers: HeaderMap,
-    UrlPath(owner): UrlPath<String>,
+    owner: PagePath<String>,
 ) -> Response {
-    if !crate::name::is_slug(&owner) {
-        let pages = s.clone();
-        let body = pages.pages.error(404, "no such page");
-        return page(
-            &headers,
-            StatusCode::NOT_FOUND,
-            "text/html; charset=utf-8",
-            body,
-        );
-    }
+    let owner = match owner {
+        Ok(UrlPath(o)) if crate::name::is_slug(&o) => o,
+        _ => return page_error(&s, &headers, StatusCode::NOT_FOUND, "no such page"),
+    };
     hub_page(s, headers, move |hub| hub.owner(&owner), Pages::owner).await
 }
 
 async fn hub_owner_json(
-    State(s): State<Shared>,
-    mut headers: HeaderMap,
-    owner: UrlPath<String>,
+    state: State<Shared>,
+    headers: HeaderMap,
+    owner: PagePath<String>,
 ) -> Response {
-    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
-    hub_owner(State(s), headers, owner).await
+    hub_owner(state, as_json(headers), owner).await
 }
 
 async fn hub_package(
     State(s): State<Shared>,
     headers: HeaderMap,
-    UrlPath((owner, name)): UrlPath<(String, String)>,
-    Query(q): Query<VersionQuery>,
+    path: PagePath<(String, String)>,
+    q: PageQuery<VersionQuery>,
 ) -> Response {
+    let Ok(UrlPath((owner, name))) = path else {
+        return page_error(&s, &headers, StatusCode::NOT_FOUND, "no such page");
+    };
     let name = match PackageName::new(&owner, &name) {
         Ok(n) => n,
+        Err(e) => return page_error(&s, &headers, StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let version = match q {
+        Ok(Query(q)) => q.version,
         Err(e) => {
-            let body = s.pages.error(400, &e.to_string());
-            return page(
-                &headers,
-                StatusCode::BAD_REQUEST,
-                "text/html; charset=utf-8",
-                body,
-            );
+            let message = format!("?version= must be a semver version ({})", e.body_text());
+            return page_error(&s, &headers, StatusCode::BAD_REQUEST, &message);
         }
     };
     hub_page(
         s,
         headers,
-        move |hub| hub.package(&name, q.version.as_ref()),
+        move |hub| hub.package(&name, version.as_ref()),
         Pages::package,
     )
     .await
 }
 
 async fn hub_package_json(
-    State(s): State<Shared>,
-    mut headers: HeaderMap,
-    path: UrlPath<(String, String)>,
-    q: Query<VersionQuery>,
+    state: State<Shared>,
+    headers: HeaderMap,
+    path: PagePath<(String, String)>,
+    q: PageQuery<VersionQuery>,
 ) -> Response {
-    headers.insert(header::ACCEPT, "application/json".parse().expect("valid"));
-    hub_package(State(s), headers, path, q).await
+    hub_package(state, as_json(headers), path, q).await
 }
 
 /// A published evaluation's summary: the exact bytes its publisher signed, with the signature
@@ -607,14 +660,9 @@ async fn publish_eval(
             "an evaluation must be signed: give sig and key (host eval --publish --key FILE signs it)",
         );
     };
-    let body = match axum::body::to_bytes(body, crate::evals::MAX_EVAL_BYTES).await {
+    let body = match read_upload(&s, &headers, body, crate::evals::MAX_EVAL_BYTES).await {
         Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("reading the summary: {e}"),
-            );
-        }
+        Err(e) => return e.into_response(),
     };
     let state = s.clone();
     let result = tokio::task::spawn_blocking(move || {
@@ -662,6 +710,8 @@ async fn static_file(UrlPath(file): UrlPath<String>, Query(q): Query<AssetQuery>
 /// The router over the directory registry at `root`.
 pub fn router(root: &Path) -> Result<Router, RegistryError> {
     let registry = DirRegistry::open(root, false)?;
+    // Messages are redacted by the root's full path (a relative `reg` would cut words).
+    let root = &root.canonicalize().unwrap_or_else(|_| root.to_owned());
     let state = Arc::new(AppState {
         hub: Hub::new(registry.clone()),
         pages: Pages::new(),
@@ -688,6 +738,7 @@ pub fn router(root: &Path) -> Result<Router, RegistryError> {
         .route("/{owner}/{name}/evals/{file}", get(eval_summary))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .layer(axum::middleware::map_response(safe_headers))
         .with_state(state))
 }
 
@@ -706,4 +757,42 @@ pub async fn serve(
             path: "(server)".into(),
             source: e,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn json_is_chosen_by_quality() {
+        for (value, json) in [
+            ("application/json", true),
+            ("text/html", false),
+            ("*/*", false),
+            ("text/html,application/xhtml+xml,*/*;q=0.8", false),
+            ("application/json;q=0", false),
+            ("text/html;q=0, application/json", true),
+            ("application/json;q=0.5, text/html;q=0.9", false),
+            ("application/jsonp", false),
+            ("", false),
+        ] {
+            assert_eq!(wants_json(&accept(value)), json, "{value}");
+        }
+    }
+
+    #[test]
+    fn weak_etags_match_strong_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(header::IF_NONE_MATCH, "W/\"ab\", \"cd\"".parse().unwrap());
+        assert!(etag_matches(&h, "\"ab\""));
+        assert!(etag_matches(&h, "\"cd\""));
+        assert!(!etag_matches(&h, "\"ef\""));
+        assert!(!etag_matches(&HeaderMap::new(), "\"ab\""));
+    }
 }

@@ -546,6 +546,77 @@ fn the_hub_agrees_with_the_cli_and_renders_hostile_readmes_inert() {
         !page_html.contains("http://") && !page_html.contains("https://"),
         "an external resource"
     );
+    let weak = format!("W/{etag}");
+    let (status, _, _) = http(
+        url,
+        "GET",
+        "/will/math-python",
+        &[("If-None-Match", &weak)],
+        b"",
+    );
+    assert_eq!(status, 304);
+    // Bad input: the page's error (HTML, same headers) or JSON for the twins, never a bare 400.
+    let (status, headers, body) = http(url, "GET", "/will/math-python?version=garbage", &[], b"");
+    assert_eq!(status, 400);
+    assert!(
+        header(&headers, "content-type")
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(
+        header(&headers, "content-security-policy")
+            .unwrap()
+            .contains("default-src 'none'")
+    );
+    assert!(
+        unescape(&body).contains("?version= must be a semver version"),
+        "{body}"
+    );
+    for path in [
+        "/api/v1/packages/will/Evil",
+        "/api/v1/owners/Bad",
+        "/api/v1/packages/will/math-python?version=x",
+    ] {
+        let (status, headers, body) = http(url, "GET", path, &[], b"");
+        assert!(status == 400 || status == 404, "{path}: {status}");
+        assert_eq!(
+            header(&headers, "content-type"),
+            Some("application/json"),
+            "{path}"
+        );
+        assert!(body.contains("\"error\""), "{path}: {body}");
+        assert_eq!(
+            header(&headers, "x-content-type-options"),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
+    // `Accept` by quality: a browser's header is HTML, q=0 is a refusal.
+    for (accept, json) in [
+        ("text/html,*/*;q=0.8", false),
+        ("application/json;q=0", false),
+        ("text/html;q=0.1, application/json", true),
+    ] {
+        let (_, headers, _) = http(url, "GET", "/will/math-python", &[("Accept", accept)], b"");
+        let kind = header(&headers, "content-type").unwrap();
+        assert_eq!(kind == "application/json", json, "{accept}: {kind}");
+    }
+    // A README over the limit is refused when packed.
+    let big = hub.root.join("src-big");
+    copy_dir(&common::dist("arith"), &big);
+    std::fs::write(big.join("README.md"), "x".repeat((1 << 20) + 1)).unwrap();
+    let err = common::run_err(host(&hub.home()).args([
+        "env",
+        "pack",
+        &s(&big),
+        "-o",
+        &s(&hub.root.join("big.rlpkg")),
+    ]));
+    assert!(
+        err.contains("a README may be at most 1048576 bytes"),
+        "{err}"
+    );
+
     // Not found: a page for people, JSON for scripts.
     let (status, headers, body) = http(url, "GET", "/will/nothing", &[], b"");
     assert_eq!(status, 404);
@@ -803,6 +874,8 @@ fn evaluations_published_by_host_eval_show_their_figures() {
     );
     assert_eq!(status, 200);
     assert_eq!(body.as_bytes(), bytes.as_slice());
+    assert_eq!(header(&headers, "x-content-type-options"), Some("nosniff"));
+    assert!(header(&headers, "content-security-policy").is_some());
     rlhost_registry::sign::verify_eval(
         header(&headers, "x-rlhost-key").unwrap(),
         header(&headers, "x-rlhost-signature").unwrap(),

@@ -176,6 +176,8 @@ pub struct LeaderRow {
     pub model: String,
     /// The split.
     pub split: String,
+    /// The environment version of that evaluation.
+    pub version: semver::Version,
     /// Its best Avg@k there.
     pub avg_at_k: f64,
     /// k (rollouts per example) of that evaluation.
@@ -195,6 +197,7 @@ pub fn leaderboard(evals: &[EvalRow]) -> Vec<LeaderRow> {
         let row = LeaderRow {
             model: e.model.clone(),
             split: e.split.clone(),
+            version: e.version.clone(),
             avg_at_k: e.avg_at_k,
             k: e.rollouts_per_example,
             examples: e.examples,
@@ -260,8 +263,12 @@ pub struct PackagePage {
     pub dependencies: Vec<DependencyRow>,
     /// The package's README.md (Markdown), if it has one.
     pub readme: Option<String>,
-    /// Published evaluations, newest first.
+    /// How to pass the first environment argument to `host eval`, quoted for a shell.
+    pub args_example: Option<String>,
+    /// Published evaluations, newest first (at most [`MAX_LISTED_EVALS`]).
     pub evaluations: Vec<EvalRow>,
+    /// Evaluations published in all.
+    pub evaluations_total: usize,
     /// Each model's best Avg@k per split, best first.
     pub leaderboard: Vec<LeaderRow>,
 }
@@ -277,6 +284,10 @@ struct PackageFiles {
 pub struct Hub {
     registry: DirRegistry,
     files: Mutex<HashMap<String, Arc<PackageFiles>>>,
+    /// Published evaluations by id (their bytes never change).
+    evals: Mutex<HashMap<String, Arc<EvalRow>>>,
+    /// Signature checks by (checksum, key, signature).
+    signatures: Mutex<HashMap<(String, String, String), bool>>,
 }
 
 /// Errors building a page.
@@ -312,18 +323,34 @@ pub fn capability_meaning(name: &str) -> &'static str {
 }
 
 fn newest_live(entries: &[IndexEntry]) -> Option<&IndexEntry> {
-    entries
-        .iter()
-        .filter(|e| !e.yanked)
-        .max_by(|a, b| a.vers.cmp(&b.vers))
+    crate::dir::newest_listed(entries)
 }
 
+/// The shell command that passes `args` to `host eval` (`-a '{…}'`), quoted for a POSIX shell.
+fn args_example(plugin: &str, args: &[EnvArg]) -> Option<String> {
+    let first = args.first()?;
+    let value: serde_json::Value = first
+        .default
+        .as_deref()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let json = serde_json::json!({ first.name.clone(): value }).to_string();
+    Some(format!(
+        "host eval {plugin} -a '{}'",
+        json.replace('\'', "'\\''")
+    ))
+}
+
+/// Most evaluations a page lists (the leaderboard ranks them all).
+pub const MAX_LISTED_EVALS: usize = 100;
 impl Hub {
     /// The hub of `registry`.
     pub fn new(registry: DirRegistry) -> Self {
         Self {
             registry,
             files: Mutex::new(HashMap::new()),
+            evals: Mutex::new(HashMap::new()),
+            signatures: Mutex::new(HashMap::new()),
         }
     }
 
@@ -371,8 +398,57 @@ impl Hub {
             abi: entry.abi.clone(),
             runtime: runtime_label(entry, files.as_ref().map(|f| &f.manifest)),
             capabilities: entry.capabilities.clone(),
-            evaluations: self.registry.evals(&name)?.len(),
+            evaluations: self.registry.eval_ids(&name)?.len(),
         })
+    }
+
+    /// Every evaluation of `name`, newest first (parsed once per process).
+    fn eval_rows(&self, name: &PackageName) -> Result<Vec<Arc<EvalRow>>, RegistryError> {
+        let mut rows = Vec::new();
+        for id in self.registry.eval_ids(name)? {
+            if let Some(row) = self.evals.lock().expect("lock").get(&id) {
+                rows.push(row.clone());
+                continue;
+            }
+            let Some(stored) = self.registry.eval(name, &id)? else {
+                continue;
+            };
+            let Ok(s) = stored.parsed() else {
+                continue;
+            };
+            let row = Arc::new(EvalRow {
+                id: stored.cksum.clone(),
+                version: s.plugin_version,
+                model: s.model,
+                split: s.split,
+                examples: s.examples,
+                rollouts_per_example: s.rollouts_per_example,
+                reward: s.reward,
+                avg_at_k: s.avg_at_k,
+                pass_at_k: s.pass_at_k,
+                metrics: s.metrics,
+                sampling: s.sampling,
+                env_args: s.env_args,
+                date: s.date,
+                host_version: s.host_version,
+                publisher: stored.publisher.clone(),
+                fingerprint: crate::sign::fingerprint(&stored.key),
+            });
+            self.evals.lock().expect("lock").insert(id, row.clone());
+            rows.push(row);
+        }
+        rows.sort_by(|a, b| b.date.cmp(&a.date).then_with(|| a.id.cmp(&b.id)));
+        Ok(rows)
+    }
+
+    fn signature_holds(&self, e: &IndexEntry, key: &str, sig: &str) -> bool {
+        let k = (e.cksum.clone(), key.to_owned(), sig.to_owned());
+        if let Some(&ok) = self.signatures.lock().expect("lock").get(&k) {
+            return ok;
+        }
+        let ok = crate::sign::verify(key, sig, &e.name, &e.vers, &e.cksum).is_ok();
+        self.signatures.lock().expect("lock").insert(k, ok);
+        ok
     }
 
     /// The index page: packages whose name or description contains `query`, as
@@ -455,12 +531,10 @@ impl Hub {
             .iter()
             .map(|e| {
                 let state = match (&e.sig, &e.key) {
-                    (Some(sig), Some(key)) => {
-                        match crate::sign::verify(key, sig, &e.name, &e.vers, &e.cksum) {
-                            Ok(()) => SignatureState::Verified,
-                            Err(_) => SignatureState::Invalid,
-                        }
-                    }
+                    (Some(sig), Some(key)) => match self.signature_holds(e, key, sig) {
+                        true => SignatureState::Verified,
+                        false => SignatureState::Invalid,
+                    },
                     _ => SignatureState::Unsigned,
                 };
                 VersionRow {
@@ -481,39 +555,23 @@ impl Hub {
                 }
             })
             .collect();
-        let exact = shown.yanked || latest.as_ref() != Some(&shown.vers);
+        // `owner/name@X` means `^X`: only the listed release resolves to itself.
+        let exact =
+            shown.yanked || latest.as_ref() != Some(&shown.vers) || !shown.vers.pre.is_empty();
         let install = format!(
             "host env install {name}@{}{}",
             if exact { "=" } else { "" },
             shown.vers
         );
         let m = &files.manifest;
-        let evaluations: Vec<EvalRow> = self
-            .registry
-            .evals(name)?
-            .into_iter()
-            .filter_map(|stored| {
-                let s = stored.parsed().ok()?;
-                Some(EvalRow {
-                    id: stored.cksum.clone(),
-                    version: s.plugin_version,
-                    model: s.model,
-                    split: s.split,
-                    examples: s.examples,
-                    rollouts_per_example: s.rollouts_per_example,
-                    reward: s.reward,
-                    avg_at_k: s.avg_at_k,
-                    pass_at_k: s.pass_at_k,
-                    metrics: s.metrics,
-                    sampling: s.sampling,
-                    env_args: s.env_args,
-                    date: s.date,
-                    host_version: s.host_version,
-                    publisher: stored.publisher.clone(),
-                    fingerprint: crate::sign::fingerprint(&stored.key),
-                })
-            })
+        let all: Vec<EvalRow> = self
+            .eval_rows(name)?
+            .iter()
+            .map(|r| EvalRow::clone(r))
             .collect();
+        let board = leaderboard(&all);
+        let evaluations_total = all.len();
+        let evaluations: Vec<EvalRow> = all.into_iter().take(MAX_LISTED_EVALS).collect();
         Ok(PackagePage {
             name: name.to_string(),
             owner: name.owner().to_owned(),
@@ -550,7 +608,9 @@ impl Hub {
                 })
                 .collect(),
             readme: files.readme.clone(),
-            leaderboard: leaderboard(&evaluations),
+            args_example: args_example(name.name(), &m.args),
+            leaderboard: board,
+            evaluations_total,
             evaluations,
         })
     }
@@ -581,6 +641,29 @@ mod tests {
             publisher: "will".into(),
             fingerprint: String::new(),
         }
+    }
+
+    #[test]
+    fn argument_examples_are_quoted_for_a_shell() {
+        let arg = |name: &str, default: Option<&str>| EnvArg {
+            name: name.into(),
+            kind: crate::ArgType::String,
+            default: default.map(str::to_owned),
+            description: String::new(),
+        };
+        assert_eq!(
+            args_example("m", &[arg("tools", Some("\"python\""))]).unwrap(),
+            "host eval m -a '{\"tools\":\"python\"}'"
+        );
+        assert_eq!(
+            args_example("m", &[arg("p", Some("\"it's $(id)\""))]).unwrap(),
+            "host eval m -a '{\"p\":\"it'\\''s $(id)\"}'"
+        );
+        assert_eq!(
+            args_example("m", &[arg("p", None)]).unwrap(),
+            "host eval m -a '{\"p\":null}'"
+        );
+        assert!(args_example("m", &[]).is_none());
     }
 
     #[test]

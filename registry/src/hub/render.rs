@@ -88,6 +88,19 @@ fn fixed(x: f64, digits: Option<usize>) -> String {
     format!("{x:.*}", digits.unwrap_or(3))
 }
 
+/// `s` percent-encoded for a URL's query (`{{ v.version|urlencode }}`: `1.0.0+build` keeps its
+/// `+`, which a query would read as a space).
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 impl Pages {
     /// Compiles the templates.
     pub fn new() -> Self {
@@ -97,6 +110,7 @@ impl Pages {
                 .unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
         env.add_filter("fixed", fixed);
+        env.add_filter("urlencode", urlencode);
         env.add_global("asset_version", asset_version());
         env.add_global("registry_version", crate::VERSION);
         Self { env }
@@ -158,5 +172,89 @@ mod tests {
         assert!(!html.contains("<script>alert"), "{html}");
         assert!(html.contains(asset_version()));
         assert!(asset("style.css").is_some() && asset("../x").is_none());
+        assert_eq!(urlencode("0.3.0+build.1"), "0.3.0%2Bbuild.1");
+        assert_eq!(urlencode("1.0.0-rc.1"), "1.0.0-rc.1");
+    }
+
+    #[test]
+    fn a_full_package_page_renders_escaped() {
+        use crate::hub::*;
+        let v = semver::Version::parse("0.3.0+build.1").unwrap();
+        let row = EvalRow {
+            id: "ab".repeat(32),
+            version: v.clone(),
+            model: "<m>".into(),
+            split: "test".into(),
+            examples: 2,
+            rollouts_per_example: 2,
+            reward: 0.25,
+            avg_at_k: 0.5,
+            pass_at_k: vec![(1, 0.5), (2, 0.75)],
+            metrics: vec![("correct".into(), 0.5)],
+            sampling: crate::evals::EvalSampling {
+                temperature: Some(1.0),
+                ..Default::default()
+            },
+            env_args: "{\"x\": 1}".into(),
+            date: "2026-11-28T12:00:00Z".into(),
+            host_version: "0.1.0".into(),
+            publisher: "will".into(),
+            fingerprint: "aaaa bbbb cccc dddd".into(),
+        };
+        let page = PackagePage {
+            name: "will/x".into(),
+            owner: "will".into(),
+            plugin: "x".into(),
+            version: v.clone(),
+            yanked: false,
+            latest: Some(v.clone()),
+            install: "host env install will/x@0.3.0+build.1".into(),
+            kind: crate::PluginKind::Environment,
+            runtime: "component".into(),
+            abi: "rlhost:env@0.1.0".into(),
+            min_host: None,
+            description: "<script>".into(),
+            license: Some("MIT".into()),
+            tags: vec!["<t>".into()],
+            versions: vec![VersionRow {
+                version: v.clone(),
+                yanked: false,
+                abi: "rlhost:env@0.1.0".into(),
+                min_host: None,
+                sha256: "cd".repeat(32),
+                signature: Signature {
+                    state: SignatureState::Verified,
+                    key: Some("ef".repeat(32)),
+                    fingerprint: Some("aaaa bbbb cccc dddd".into()),
+                    pinned: true,
+                },
+            }],
+            capabilities: vec![CapabilityRow {
+                name: "sandbox.python".into(),
+                meaning: capability_meaning("sandbox.python").into(),
+            }],
+            datasets: vec![],
+            args: vec![crate::EnvArg {
+                name: "x".into(),
+                kind: crate::ArgType::Integer,
+                default: Some("1".into()),
+                description: "<d>".into(),
+            }],
+            dependencies: vec![DependencyRow {
+                name: "will/r".into(),
+                req: "^0.1".into(),
+            }],
+            readme: Some("# Title\n\n<script>x</script>".into()),
+            args_example: Some("host eval x -a '{\"x\":1}'".into()),
+            leaderboard: leaderboard(std::slice::from_ref(&row)),
+            evaluations_total: 1,
+            evaluations: vec![row],
+        };
+        let html = Pages::new().package(&page);
+        assert!(html.contains("?version=0.3.0%2Bbuild.1"), "{html}");
+        assert!(!html.contains("<script>") && !html.contains("<m>") && !html.contains("<t>"));
+        assert!(html.contains("data-pinned=\"true\""));
+        assert!(html.contains("<h1>Title</h1>") && html.contains("&lt;script&gt;x"));
+        assert!(html.contains("<td class=\"avg\">0.500</td>"));
     }
 }
