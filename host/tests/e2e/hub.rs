@@ -105,7 +105,7 @@ impl Hub {
         readme: Option<&str>,
     ) {
         let dir = self.root.join(format!("src-{tag}"));
-        copy_dir(&common::dist(dist), &dir);
+        common::copy_dir(&common::dist(dist), &dir);
         let manifest = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
         std::fs::write(dir.join("plugin.toml"), edit(manifest)).unwrap();
         if let Some(r) = readme {
@@ -208,18 +208,6 @@ fn version_of(dist: &str) -> semver::Version {
         .unwrap()
         .plugin
         .version
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap().flatten() {
-        let to = dst.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
-    }
 }
 
 /// One HTTP exchange on loopback (`Connection: close`): status, headers (lower-case names),
@@ -603,7 +591,7 @@ fn the_hub_agrees_with_the_cli_and_renders_hostile_readmes_inert() {
     }
     // A README over the limit is refused when packed.
     let big = hub.root.join("src-big");
-    copy_dir(&common::dist("arith"), &big);
+    common::copy_dir(&common::dist("arith"), &big);
     std::fs::write(big.join("README.md"), "x".repeat((1 << 20) + 1)).unwrap();
     let err = common::run_err(host(&hub.home()).args([
         "env",
@@ -635,7 +623,7 @@ fn the_hub_agrees_with_the_cli_and_renders_hostile_readmes_inert() {
 
     // An owner named like a route of the pages cannot publish: its pages would be hidden.
     let dir = hub.root.join("src-static");
-    copy_dir(&common::dist("arith"), &dir);
+    common::copy_dir(&common::dist("arith"), &dir);
     let manifest = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
     std::fs::write(
         dir.join("plugin.toml"),

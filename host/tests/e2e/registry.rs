@@ -72,7 +72,7 @@ impl World {
     fn package(&self, dist: &str, version: &str, edit: &dyn Fn(String) -> String) -> PathBuf {
         let src = common::dist(dist);
         let dir = self.root.join(format!("src-{dist}-{version}"));
-        copy_dir(&src, &dir);
+        common::copy_dir(&src, &dir);
         let manifest = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
         // The package's own version, whatever the built plugin says.
         let manifest: String = manifest
@@ -105,18 +105,6 @@ impl World {
             "--key",
             key.to_str().unwrap(),
         ]);
-    }
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap().flatten() {
-        let to = dst.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
     }
 }
 

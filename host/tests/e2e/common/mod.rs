@@ -376,3 +376,16 @@ pub fn scripted_openai(
     });
     (format!("http://127.0.0.1:{port}/v1"), stop)
 }
+
+/// A copy of the folder `src` (files and subfolders) at `dst`.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let to = dst.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), to).unwrap();
+        }
+    }
+}
