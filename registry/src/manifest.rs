@@ -246,6 +246,10 @@ pub struct PluginSection {
     /// Capabilities asked for, e.g. `sandbox.python`.
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// The language the plugin is written in (`python`, `rust`, …), for people: the registry's
+    /// pages label a `python` plugin so even once its `[python]` table is gone (prebuilt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// The component or library, relative to the package root.
     #[serde(default)]
     pub artifact: Option<PathBuf>,
@@ -366,7 +370,21 @@ impl Manifest {
                 }
             }
         }
+        if let Some(lang) = &p.language
+            && (!is_slug(lang) || lang.len() > 32)
+        {
+            return Err(bad(
+                "plugin.language",
+                format!("is {lang:?}: expected a lower-case name such as \"python\""),
+            ));
+        }
         if let Some(py) = &self.python {
+            if p.language.as_deref().is_some_and(|l| l != "python") {
+                return Err(bad(
+                    "plugin.language",
+                    "must be \"python\" (or absent) for a plugin with a [python] table".into(),
+                ));
+            }
             if p.runtime != Runtime::Wasm {
                 return Err(bad(
                     "plugin.runtime",
@@ -570,5 +588,10 @@ capabilities = ["sandbox.python"]
     fn absolute_data_path_is_refused() {
         let e = err_of(("runtime = \"wasm\"", "runtime = \"wasm\"\ndata = \"/etc\""));
         assert!(e.contains("plugin.data"), "{e}");
+        let e = err_of((
+            "runtime = \"wasm\"",
+            "runtime = \"wasm\"\nlanguage = \"Py thon\"",
+        ));
+        assert!(e.contains("plugin.language"), "{e}");
     }
 }

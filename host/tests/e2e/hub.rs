@@ -328,6 +328,19 @@ fn the_hub_agrees_with_the_cli_and_renders_hostile_readmes_inert() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert!(rewards.contains(&"rlhost/math-verify"), "{rewards:?}");
+    // Each flavour is labelled as it was written (a prebuilt Python plugin by its `language`).
+    let runtime = |name: &str| {
+        ["environments", "rewards"]
+            .iter()
+            .flat_map(|k| index[k].as_array().unwrap().clone())
+            .find(|p| p["name"] == name)
+            .unwrap()["runtime"]
+            .clone()
+    };
+    assert_eq!(runtime("rlhost/arith-tools"), "component");
+    assert_eq!(runtime("rlhost/arith-tools-extism"), "extism");
+    assert_eq!(runtime("rlhost/arith-tools-python"), "python");
+    assert_eq!(runtime("rlhost/exact-match-python"), "python");
     // The HTML index lists them too, and `Accept: application/json` on `/` is the same JSON.
     let html = get_html(url, "/");
     for p in index["environments"].as_array().unwrap() {

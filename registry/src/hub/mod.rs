@@ -302,7 +302,9 @@ pub enum HubError {
 }
 
 fn runtime_label(entry: &IndexEntry, manifest: Option<&Manifest>) -> String {
-    match (entry.runtime, manifest.is_some_and(|m| m.python.is_some())) {
+    let python = manifest
+        .is_some_and(|m| m.python.is_some() || m.plugin.language.as_deref() == Some("python"));
+    match (entry.runtime, python) {
         (Runtime::Wasm, true) => "python",
         (Runtime::Wasm, false) => "component",
         (Runtime::Extism, _) => "extism",
