@@ -280,6 +280,22 @@ async fn read_upload(
     })
 }
 
+/// Runs a write to the registry (file I/O under its lock) off the async workers; answers its
+/// result as JSON or its error.
+async fn write_blocking<T: serde::Serialize + Send + 'static>(
+    s: Shared,
+    write: impl FnOnce(&AppState) -> Result<T, ApiError> + Send + 'static,
+) -> Response {
+    match tokio::task::spawn_blocking(move || write(&s)).await {
+        Ok(Ok(value)) => json(value),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => {
+            tracing::error!("registry write task failed: {e}");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        }
+    }
+}
+
 async fn publish(
     State(s): State<Shared>,
     headers: HeaderMap,
@@ -295,13 +311,12 @@ async fn publish(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let state = s.clone();
-    let result = tokio::task::spawn_blocking(move || {
+    write_blocking(s, move |state| {
         // Read the manifest first: a token may publish only under its own owner.
         let manifest = state
             .registry
             .read_package(&body)
-            .map_err(|e| registry_api_error(&state, e))?;
+            .map_err(|e| registry_api_error(state, e))?;
         if manifest.plugin.owner != owner {
             return Err(api_error(
                 StatusCode::FORBIDDEN,
@@ -314,17 +329,9 @@ async fn publish(
         state
             .registry
             .add(&body, &manifest, &q.sig, &q.key, q.min_host)
-            .map_err(|e| registry_api_error(&state, e))
+            .map_err(|e| registry_api_error(state, e))
     })
-    .await;
-    match result {
-        Ok(Ok(entry)) => json(entry),
-        Ok(Err(e)) => e.into_response(),
-        Err(e) => {
-            tracing::error!("publish task failed: {e}");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
-        }
-    }
+    .await
 }
 
 #[derive(serde::Deserialize)]
@@ -365,14 +372,13 @@ async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Respon
 }
 
 /// The security headers of every page: nothing loads from elsewhere, no inline script runs,
-/// no framing, no sniffing, no referrer.
-const PAGE_HEADERS: [(header::HeaderName, &str); 4] = [
+/// no framing, no referrer (`safe_headers` adds `nosniff` to every answer).
+const PAGE_HEADERS: [(header::HeaderName, &str); 3] = [
     (
         header::CONTENT_SECURITY_POLICY,
         "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; \
          form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
     ),
-    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
     (header::REFERRER_POLICY, "no-referrer"),
     (header::X_FRAME_OPTIONS, "DENY"),
 ];
@@ -664,22 +670,13 @@ async fn publish_eval(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let state = s.clone();
-    let result = tokio::task::spawn_blocking(move || {
+    write_blocking(s, move |state| {
         state
             .registry
             .add_eval(&body, &sig, &key, Some(&owner))
-            .map_err(|e| registry_api_error(&state, e))
+            .map_err(|e| registry_api_error(state, e))
     })
-    .await;
-    match result {
-        Ok(Ok(stored)) => json(stored),
-        Ok(Err(e)) => e.into_response(),
-        Err(e) => {
-            tracing::error!("publish task failed: {e}");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
-        }
-    }
+    .await
 }
 
 #[derive(serde::Deserialize)]
@@ -700,7 +697,6 @@ async fn static_file(UrlPath(file): UrlPath<String>, Query(q): Query<AssetQuery>
         [
             (header::CONTENT_TYPE, a.content_type),
             (header::CACHE_CONTROL, cache),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         a.bytes,
     )

@@ -198,6 +198,11 @@ impl RegistryFlag {
         }
     }
 
+    /// Whether `--registry` was given.
+    pub(super) fn is_set(&self) -> bool {
+        self.registry.is_some()
+    }
+
     pub(super) fn open(&self, home: &RlhostHome) -> anyhow::Result<Box<dyn RegistryBackend>> {
         Ok(rlhost_registry::open(&self.url(home)?)?)
     }

@@ -117,10 +117,11 @@ pub struct EvalArgs {
     /// registry for the owner you publish as.
     #[arg(long, value_name = "FILE", requires = "publish")]
     key: Option<PathBuf>,
-    /// --publish: environment variable holding the registry's publish token (HTTP registries).
-    #[arg(long, default_value = "RLHOST_REGISTRY_TOKEN")]
-    token_var: String,
-    /// --publish: the registry.
+    /// --publish: environment variable holding the registry's publish token (HTTP registries;
+    /// default RLHOST_REGISTRY_TOKEN).
+    #[arg(long, value_name = "VAR", requires = "publish")]
+    token_var: Option<String>,
+    /// --publish: the registry (refused without --publish).
     #[command(flatten)]
     registry: super::env::RegistryFlag,
     /// Monitors of the evaluation: its summary's figures go to TensorBoard or MLflow, and
@@ -199,6 +200,10 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
     let home = crate::home::RlhostHome::from_env()?;
     // The key and the registry are checked before any rollout: a run is not wasted on a typo.
+    anyhow::ensure!(
+        a.publish || !a.registry.is_set(),
+        "--registry names where --publish uploads the summaries: give --publish (and --key) too"
+    );
     let publisher = match &a.key {
         Some(key) if a.publish => Some((
             rlhost_registry::PublisherKey::load(key)
@@ -298,23 +303,15 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             interrupted = true;
         }
         let mut summary = summarize(
-            env.as_ref(),
+            &plan,
             &generator.describe(),
-            &split,
+            &options.sampling,
             &records,
-            plan.rollouts,
             a.pass_k_mode,
             started.elapsed().as_secs_f64(),
         );
         summary.interrupted = records.len() < total;
         summary.planned_rollouts = total;
-        summary.sampling = rlhost_registry::evals::EvalSampling {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            max_tokens: a.max_tokens,
-            seed: Some(a.seed),
-        };
-        summary.env_args = serde_json::to_string(&env_args)?;
         if let Some(dir) = &a.save_dir {
             save(&dir.join(name.replace('/', "--")), &records, &summary)?;
         }
@@ -322,7 +319,8 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             if summary.interrupted {
                 eprintln!("not publishing {name}: the evaluation was interrupted");
             } else {
-                publish(&rt, &summary, key, registry.as_ref(), &a.token_var)
+                let token_var = a.token_var.as_deref().unwrap_or("RLHOST_REGISTRY_TOKEN");
+                publish(&rt, &summary, key, registry.as_ref(), token_var)
                     .with_context(|| format!("publishing the evaluation of {name}"))?;
             }
         }

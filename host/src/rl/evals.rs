@@ -198,11 +198,10 @@ impl Evaluations {
             )
             .await?;
             let s = crate::eval::summarize(
-                e.plan.env.as_ref(),
+                &e.plan,
                 &e.options.model,
-                &e.plan.split,
+                &e.options.sampling,
                 &records,
-                e.plan.rollouts,
                 PassKMode::Unbiased,
                 t.elapsed().as_secs_f64(),
             );

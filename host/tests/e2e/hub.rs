@@ -46,19 +46,13 @@ An image <img src=x onerror=\"window.__pwned = 2; alert('img')\"> and a \
 /// A registry with every first-party plugin (and a few more versions), its server, a token
 /// and a key of the `rlhost` owner.
 struct Hub {
-    _tmp: tempfile::TempDir,
     root: PathBuf,
-    server: std::process::Child,
+    _server: common::RegistryServer,
     url: String,
     token: String,
     key: rlhost_registry::PublisherKey,
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-    }
+    // Last: the server stops (dropped above) before its folder goes.
+    _tmp: tempfile::TempDir,
 }
 
 fn s(p: &Path) -> String {
@@ -122,51 +116,26 @@ impl Hub {
         let reg = root.join("registry");
         let key_file = root.join("publisher.key");
         let home = root.join("home");
-        let ok = |args: &[&str]| common::run_ok(host(&home).args(args));
-        ok(&["registry", "init", "--root", &s(&reg)]);
-        ok(&["registry", "keygen", "--out", &s(&key_file)]);
-        for owner in ["rlhost", "will"] {
-            ok(&[
-                "registry",
-                "add-key",
-                "--root",
-                &s(&reg),
-                "--owner",
-                owner,
-                "--key-file",
-                &s(&key_file),
-            ]);
-        }
-        let token = ok(&["registry", "token", "--root", &s(&reg), "--owner", "rlhost"])
-            .trim()
-            .to_owned();
-        let mut server = host(&home)
-            .args([
-                "registry",
-                "serve",
-                "--root",
-                &s(&reg),
-                "--addr",
-                "127.0.0.1:0",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let line = common::first_line(&mut server);
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap()
-            .to_owned();
+        common::registry_with_key(&home, &reg, &key_file, &["rlhost", "will"]);
+        let token = common::run_ok(host(&home).args([
+            "registry",
+            "token",
+            "--root",
+            &s(&reg),
+            "--owner",
+            "rlhost",
+        ]))
+        .trim()
+        .to_owned();
+        let server = common::serve_registry(&home, &reg, &[]);
         let key = rlhost_registry::PublisherKey::load(&key_file).unwrap();
         let hub = Self {
-            _tmp: tmp,
             root,
-            server,
-            url,
+            url: server.url.clone(),
+            _server: server,
             token,
             key,
+            _tmp: tmp,
         };
         for name in FIRST_PARTY {
             let pkg = hub.root.join(format!("{name}.rlpkg"));
@@ -801,6 +770,20 @@ fn evaluations_published_by_host_eval_show_their_figures() {
         "--key",
         &s(&hub.key_file()),
     ]);
+    // Publishing flags without --publish are refused, not ignored.
+    let err = common::run_err(&mut hub.remote(&["eval", "arith", "-m", &s(&model)]));
+    assert!(
+        err.contains("--registry names where --publish uploads"),
+        "{err}"
+    );
+    for flag in [["--token-var", "T"], ["--key", "k"]] {
+        let out = run(host(&hub.home())
+            .args(["eval", "arith", "-m", &s(&model)])
+            .args(flag));
+        let (_, err) = texts(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag:?}: {err}");
+        assert!(err.contains("--publish"), "{flag:?}: {err}");
+    }
     // Without a token the server refuses, and says so.
     let err = common::run_err(&mut eval);
     assert!(err.contains("401: a bearer token is required"), "{err}");

@@ -18,20 +18,7 @@ impl World {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_owned();
         let w = Self { _tmp: tmp, root };
-        w.ok(&["registry", "init", "--root", w.reg().to_str().unwrap()]);
-        w.ok(&["registry", "keygen", "--out", w.key().to_str().unwrap()]);
-        for owner in ["rlhost", "test"] {
-            w.ok(&[
-                "registry",
-                "add-key",
-                "--root",
-                w.reg().to_str().unwrap(),
-                "--owner",
-                owner,
-                "--key-file",
-                w.key().to_str().unwrap(),
-            ]);
-        }
+        common::registry_with_key(&w.home(), &w.reg(), &w.key(), &["rlhost", "test"]);
         w
     }
     /// A world whose registry has `rlhost/arith` 0.1.0.
@@ -345,41 +332,9 @@ impl World {
     }
 }
 
-/// `host registry serve` on a free loopback port, killed when dropped.
-struct Server {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl World {
-    fn serve(&self) -> Server {
-        let mut child = host(&self.home())
-            .args([
-                "registry",
-                "serve",
-                "--root",
-                self.reg().to_str().unwrap(),
-                "--addr",
-                "127.0.0.1:0",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let line = common::first_line(&mut child);
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Server { child, url }
+    fn serve(&self) -> common::RegistryServer {
+        common::serve_registry(&self.home(), &self.reg(), &[])
     }
 
     /// A command against `registry` with `token` in RLHOST_REGISTRY_TOKEN, in `home`.
@@ -885,30 +840,18 @@ fn uploads_are_refused_from_their_headers_before_the_body_is_read() {
 fn the_registry_server_closes_stalled_connections_and_keeps_serving() {
     let w = World::new();
     let acme = w.owner_with_token("acme");
-    let mut child = host(&w.home())
-        .args([
-            "registry",
-            "serve",
-            "--root",
-            w.reg().to_str().unwrap(),
-            "--addr",
-            "127.0.0.1:0",
+    let server = common::serve_registry(
+        &w.home(),
+        &w.reg(),
+        &[
             "--header-timeout",
             "1",
             "--body-timeout",
             "1",
             "--max-connections",
             "16",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let line = common::first_line(&mut child);
-    let server = Server {
-        url: line.trim().trim_start_matches("listening on ").to_owned(),
-        child,
-    };
+        ],
+    );
     // 16 partial headers and 16 partial bodies (authenticated uploads): twice the connection cap.
     let upload = format!(
         "PUT /api/v1/publish?sig=00&key=00 HTTP/1.1\r\nhost: x\r\n\

@@ -324,10 +324,6 @@ pub fn capability_meaning(name: &str) -> &'static str {
     }
 }
 
-fn newest_live(entries: &[IndexEntry]) -> Option<&IndexEntry> {
-    crate::dir::newest_listed(entries)
-}
-
 /// The shell command that passes `args` to `host eval` (`-a '{…}'`), quoted for a POSIX shell.
 fn args_example(plugin: &str, args: &[EnvArg]) -> Option<String> {
     let first = args.first()?;
@@ -354,11 +350,6 @@ impl Hub {
             evals: Mutex::new(HashMap::new()),
             signatures: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// The registry behind the hub.
-    pub fn registry(&self) -> &DirRegistry {
-        &self.registry
     }
 
     fn files(&self, entry: &IndexEntry) -> Result<Arc<PackageFiles>, RegistryError> {
@@ -480,8 +471,8 @@ impl Hub {
                 continue;
             }
             let entries = self.registry.entries(&name)?;
-            let shown =
-                newest_live(&entries).or_else(|| entries.iter().max_by(|a, b| a.vers.cmp(&b.vers)));
+            let shown = crate::dir::newest_listed(&entries)
+                .or_else(|| entries.iter().max_by(|a, b| a.vers.cmp(&b.vers)));
             if let Some(e) = shown {
                 packages.push(self.listed(e)?);
             }
@@ -518,13 +509,13 @@ impl Hub {
             return Err(HubError::NotFound(format!("no package {name} here")));
         }
         entries.sort_by(|a, b| b.vers.cmp(&a.vers));
-        let latest = newest_live(&entries).map(|e| e.vers.clone());
+        let latest = crate::dir::newest_listed(&entries).map(|e| e.vers.clone());
         let shown = match version {
             Some(v) => entries
                 .iter()
                 .find(|e| e.vers == *v)
                 .ok_or_else(|| HubError::NotFound(format!("{name}@{v} is not published here")))?,
-            None => newest_live(&entries).unwrap_or(&entries[0]),
+            None => crate::dir::newest_listed(&entries).unwrap_or(&entries[0]),
         };
         let files = self.files(shown)?;
         let config = self.registry.config()?;

@@ -122,20 +122,7 @@ pub fn home_with_plugins(root: &Path, dists: &[&str]) -> PathBuf {
         assert!(out.status.success(), "host {args:?}:\n{stdout}{stderr}");
     };
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    ok(&["registry", "init", "--root", &s(&reg)]);
-    ok(&["registry", "keygen", "--out", &s(&key)]);
-    for owner in ["rlhost", "will"] {
-        ok(&[
-            "registry",
-            "add-key",
-            "--root",
-            &s(&reg),
-            "--owner",
-            owner,
-            "--key-file",
-            &s(&key),
-        ]);
-    }
+    registry_with_key(&home, &reg, &key, &["rlhost", "will"]);
     for name in dists {
         let src = dist(name);
         let pkg = root.join(format!("{name}.rlpkg"));
@@ -388,4 +375,60 @@ pub fn copy_dir(src: &Path, dst: &Path) {
             std::fs::copy(e.path(), to).unwrap();
         }
     }
+}
+
+/// A directory registry at `reg` and a publisher key at `key` that it accepts for `owners`,
+/// made with `host registry init/keygen/add-key` in `home`.
+pub fn registry_with_key(home: &Path, reg: &Path, key: &Path, owners: &[&str]) {
+    let ok = |args: &[&str]| run_ok(host(home).args(args));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    ok(&["registry", "init", "--root", &s(reg)]);
+    ok(&["registry", "keygen", "--out", &s(key)]);
+    for owner in owners {
+        ok(&[
+            "registry",
+            "add-key",
+            "--root",
+            &s(reg),
+            "--owner",
+            owner,
+            "--key-file",
+            &s(key),
+        ]);
+    }
+}
+
+/// `host registry serve` on a free loopback port, killed when dropped.
+pub struct RegistryServer {
+    /// The server process.
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Drop for RegistryServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves the registry at `reg` (from `home`), with `extra` flags (limits).
+pub fn serve_registry(home: &Path, reg: &Path, extra: &[&str]) -> RegistryServer {
+    let mut child = host(home)
+        .args(["registry", "serve", "--root"])
+        .arg(reg)
+        .args(["--addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut child);
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    RegistryServer { child, url }
 }
