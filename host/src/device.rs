@@ -256,6 +256,44 @@ impl CpuBf16 {
     }
 }
 
+/// This machine's CPU for a benchmark's table: its model name, the cores this process may use,
+/// and the vector and matrix instructions that decide its kernels (those present among avx2,
+/// fma, avx512f, avx512_bf16, amx_bf16, amx_tile; aarch64's bf16). Figures name the CPU they
+/// ran on.
+pub fn cpu_summary() -> String {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_owned())
+        })
+    };
+    let name = field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let flags = field("flags")
+        .or_else(|| field("Features"))
+        .unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let wanted = [
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512_bf16",
+        "amx_bf16",
+        "amx_tile",
+        "bf16",
+    ];
+    let present: Vec<&str> = wanted.into_iter().filter(|w| flags.contains(w)).collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{name}, {cores} cores, {}",
+        if present.is_empty() {
+            "none of avx2/avx512/amx".to_owned()
+        } else {
+            present.join(" ")
+        }
+    )
+}
+
 /// Floating-point precision of weights and activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Precision {

@@ -22,6 +22,8 @@ pub struct ProductsBenchOptions {
     pub rows: Vec<usize>,
     /// Timed sweeps per kernel and row count (the best counts).
     pub repeats: usize,
+    /// The weights' and rows' dtype.
+    pub dtype: crate::device::Precision,
 }
 
 /// One kernel's times at one row count.
@@ -47,6 +49,10 @@ pub struct ProductsRow {
 /// What `host bench products` measured: times per row count and kernel, and kernels absent here.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProductsReport {
+    /// The weights' and rows' dtype.
+    pub dtype: String,
+    /// The CPU it ran on.
+    pub cpu: String,
     /// Layers.
     pub layers: i64,
     /// Bytes of the layers' weights (f32).
@@ -74,6 +80,7 @@ fn name(k: ProductKernel) -> &'static str {
         ProductKernel::Blas => "blas",
         ProductKernel::OneDnn => "onednn",
         ProductKernel::FewRows => "few_rows",
+        ProductKernel::Widened => "widened",
     }
 }
 
@@ -100,17 +107,22 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
     // (in, out) of each product of a layer, as the engine runs them (q/k/v and gate/up fused).
     let shapes = [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)];
     progress("random weights");
+    let kind = o.dtype.kind();
     let opts = (Kind::Float, Device::Cpu);
+    let random = |shape: [i64; 2], scale: f64| (Tensor::randn(shape, opts) * scale).to_kind(kind);
     let layers: Vec<Vec<Tensor>> = (0..c.num_hidden_layers)
         .map(|_| {
             shapes
                 .iter()
-                .map(|&(n_in, n_out)| Tensor::randn([n_out, n_in], opts) * 0.02)
+                .map(|&(n_in, n_out)| random([n_out, n_in], 0.02))
                 .collect()
         })
         .collect();
-    let head = Tensor::randn([c.vocab_size, h], opts) * 0.02;
+    let head = random([c.vocab_size, h], 0.02);
     let mut kernels = vec![ProductKernel::Blas];
+    if kind == Kind::BFloat16 {
+        kernels.push(ProductKernel::Widened);
+    }
     let mut absent = Vec::new();
     let mut missing = |k: ProductKernel, reason: String| {
         absent.push(AbsentKernel {
@@ -120,7 +132,12 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
     };
     // oneDNN is measured only where it really runs: [`product`] would fall back to the BLAS
     // silently, and the column would time the BLAS under oneDNN's name.
-    if !tch::utils::has_mkldnn() {
+    if kind != Kind::Float {
+        missing(
+            ProductKernel::OneDnn,
+            "the engine runs oneDNN on f32 products only".into(),
+        );
+    } else if !tch::utils::has_mkldnn() {
         missing(
             ProductKernel::OneDnn,
             "this libtorch was built without oneDNN".into(),
@@ -147,7 +164,7 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         for &m in &o.rows {
             let xs: Vec<Tensor> = shapes
                 .iter()
-                .map(|&(n_in, _)| Tensor::randn([m as i64, n_in], opts))
+                .map(|&(n_in, _)| random([m as i64, n_in], 1.0))
                 .collect();
             let mut times = Vec::new();
             for &k in &kernels {
@@ -174,9 +191,16 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             });
         }
     });
-    let layer_bytes =
-        shapes.iter().map(|&(a, b)| (a * b) as u64).sum::<u64>() * c.num_hidden_layers as u64 * 4;
+    let layer_bytes = shapes.iter().map(|&(a, b)| (a * b) as u64).sum::<u64>()
+        * c.num_hidden_layers as u64
+        * kind.elt_size_in_bytes() as u64;
     Ok(ProductsReport {
+        dtype: match o.dtype {
+            crate::device::Precision::F32 => "f32",
+            crate::device::Precision::Bf16 => "bf16",
+        }
+        .into(),
+        cpu: crate::device::cpu_summary(),
         layers: c.num_hidden_layers,
         layer_bytes,
         threads: tch::get_num_threads(),
@@ -189,11 +213,13 @@ impl ProductsReport {
     /// A readable table: milliseconds, the weights' GB/s, and the speed-up over the BLAS.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "decode-step products, {} layers ({:.2} GB of f32 weights) + output head, {} thread(s), best of runs\n\
+            "decode-step products, {} layers ({:.2} GB of {} weights) + output head, {} thread(s), best of runs\nCPU: {}\n\
              {:>5} {:>9} {:>11} {:>8} {:>8} {:>9} {:>8}\n",
             self.layers,
             self.layer_bytes as f64 / 1e9,
+            self.dtype,
             self.threads,
+            self.cpu,
             "rows",
             "kernel",
             "layers ms",

@@ -18,6 +18,7 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use serde::Serialize;
 
+use crate::device::Precision;
 use crate::openai::{ChatCompletion, ChatMessage, ChatRequest, GenerationParams, Role};
 use crate::rollout::{GenError, OpenAiClient};
 
@@ -79,6 +80,8 @@ pub struct ServeBenchOptions {
     pub max_model_len: usize,
     /// How long a started server may take to answer `GET /v1/models`.
     pub startup_timeout: Duration,
+    /// Weights and activations of the servers the benchmark starts (both sides).
+    pub dtype: Precision,
 }
 
 /// One side's figures at one level.
@@ -132,6 +135,10 @@ pub struct ServeReport {
     pub group_size: usize,
     /// Seconds the benchmark took, server start-up included.
     pub wall_s: f64,
+    /// The dtype both servers started here ran in (`f32`, `bf16`).
+    pub dtype: String,
+    /// The CPU it ran on ([`crate::device::cpu_summary`]).
+    pub cpu: String,
     /// One row per workload and level.
     pub rows: Vec<ServeRow>,
 }
@@ -291,7 +298,14 @@ async fn start_host(
         .arg(&o.model)
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(["--served-model-name", SERVED_NAME])
-        .args(["--max-model-len", &o.max_model_len.to_string()]);
+        .args(["--max-model-len", &o.max_model_len.to_string()])
+        .args([
+            "--dtype",
+            match o.dtype {
+                Precision::F32 => "f32",
+                Precision::Bf16 => "bf16",
+            },
+        ]);
     // The default batch (32) covers the default levels; a deeper level gets a batch to match.
     if max_concurrency > 32 {
         cmd.args(["--max-batch-size", &max_concurrency.to_string()]);
@@ -316,7 +330,13 @@ async fn start_vllm(
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(&o.model)
-        .args(["--dtype", "float32"])
+        .args([
+            "--dtype",
+            match o.dtype {
+                Precision::F32 => "float32",
+                Precision::Bf16 => "bfloat16",
+            },
+        ])
         .args(["--max-model-len", &o.max_model_len.to_string()])
         .arg("--enforce-eager")
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -678,6 +698,12 @@ pub async fn run(
         max_tokens: o.max_tokens,
         group_size: o.group_size,
         wall_s: began.elapsed().as_secs_f64(),
+        dtype: match o.dtype {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+        .to_owned(),
+        cpu: crate::device::cpu_summary(),
         rows,
     })
 }
@@ -687,8 +713,14 @@ impl ServeReport {
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "chat completions over HTTP, greedy, {} completion tokens per request (EOS ignored), \
-             shared-prefix groups of {}\n{}\nrlhost {}  vs  vLLM {}\n",
-            self.max_tokens, self.group_size, self.model, self.rlhost_url, self.vllm_url
+             shared-prefix groups of {}, {}\n{}\nrlhost {}  vs  vLLM {}\nCPU: {}\n",
+            self.max_tokens,
+            self.group_size,
+            self.dtype,
+            self.model,
+            self.rlhost_url,
+            self.vllm_url,
+            self.cpu
         );
         s.push_str(&format!(
             "{:<14} {:>4} {:>5} {:>7} | {:>9} {:>7} {:>7} {:>7} | {:>9} {:>7} {:>7} {:>7} | {:>6}\n",
@@ -770,6 +802,7 @@ mod tests {
             problem_words: 5,
             max_model_len: 2048,
             startup_timeout: Duration::from_secs(1),
+            dtype: Precision::F32,
         };
         let n = requests_at(Workload::SharedPrefix, 1, &o);
         assert_eq!(n, 12);

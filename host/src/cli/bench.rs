@@ -296,6 +296,10 @@ struct ProductsArgs {
     /// Timed sweeps per kernel and row count (the best counts).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// The weights' and rows' dtype: `f32`, or `bf16` (then libtorch's bf16 BLAS, the same
+    /// widened to f32, and the few-rows kernel on the bf16 weights).
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: crate::device::Precision,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -362,9 +366,23 @@ struct GrammarArgs {
 /// concurrency levels, on independent prompts and on the RL loop's shared-prefix groups.
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// The model folder both servers serve (e.g. one made by `host model init`).
+    /// The model folder both servers serve (e.g. one made by `host model init`); default: a
+    /// random-weights model of `--preset`, written once under the temporary folder.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
+    /// The row set (and, without `--model`, the model's shape): `tiny` (levels 1,8,32, 64
+    /// requests of 64 tokens) or `0.6b` (Qwen3-0.6B's shape with Qwen3's tokenizer, levels 1,8,
+    /// 16 requests of 32 tokens: the real-size comparison). Flags given override its values.
+    #[arg(long, value_enum, default_value = "tiny")]
+    preset: ServePreset,
+    /// Qwen3's tokenizer folder, for a `0.6b` model made here (default:
+    /// $RLHOST_SOURCE/../shared/models/qwen3).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Weights and activations of both servers the benchmark starts: `f32` or `bf16` (vLLM's
+    /// `--dtype float32` / `bfloat16`).
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: crate::device::Precision,
     /// An rlhost server already running (`http://HOST:PORT/v1`, serving `--model`);
     /// default: start `host inference` on a free port.
     #[arg(long)]
@@ -377,16 +395,17 @@ struct ServeArgs {
     /// scripts/setup-vllm.sh).
     #[arg(long)]
     vllm_python: Option<PathBuf>,
-    /// Requests in flight at once, comma-separated levels.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
-    concurrency: Vec<usize>,
+    /// Requests in flight at once, comma-separated levels (default: the preset's).
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Option<Vec<usize>>,
     /// Requests per level and side (at least the level's concurrency; whole groups for
-    /// shared prefixes).
-    #[arg(long, default_value_t = 64)]
-    requests: usize,
-    /// Completion tokens per request (end-of-sequence ignored on both sides).
-    #[arg(long, default_value_t = 64)]
-    max_tokens: usize,
+    /// shared prefixes; default: the preset's).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Completion tokens per request (end-of-sequence ignored on both sides; default: the
+    /// preset's).
+    #[arg(long)]
+    max_tokens: Option<usize>,
     /// Request patterns, comma-separated.
     #[arg(
         long,
@@ -673,6 +692,7 @@ fn products(a: ProductsArgs) -> anyhow::Result<ExitCode> {
         preset,
         rows,
         repeats,
+        dtype,
         json,
     } = a;
     anyhow::ensure!(
@@ -683,6 +703,7 @@ fn products(a: ProductsArgs) -> anyhow::Result<ExitCode> {
         preset,
         rows,
         repeats,
+        dtype,
     };
     let progress = stderr_unless(json);
     let report = crate::bench::products::run(&options, &progress)
@@ -793,10 +814,98 @@ fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
     emit(json, &report, report.to_text())
 }
 
+/// The row sets of `host bench serve` ([`ServeArgs::preset`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ServePreset {
+    /// The tiny model: levels 1, 8, 32; 64 requests of 64 tokens.
+    Tiny,
+    /// Qwen3-0.6B's shape: levels 1, 8; 16 requests of 32 tokens.
+    #[value(name = "0.6b")]
+    P0_6b,
+}
+
+impl ServePreset {
+    /// Its levels, requests per level and completion tokens.
+    fn rows(self) -> (Vec<usize>, usize, usize) {
+        match self {
+            ServePreset::Tiny => (vec![1, 8, 32], 64, 64),
+            ServePreset::P0_6b => (vec![1, 8], 16, 32),
+        }
+    }
+
+    fn model_preset(self) -> crate::model::Preset {
+        match self {
+            ServePreset::Tiny => crate::model::Preset::Tiny,
+            ServePreset::P0_6b => crate::model::Preset::P0_6b,
+        }
+    }
+}
+
+/// The random-weights model of `preset` both servers load when no `--model` is given: written
+/// once (by `host model init`, untied for tiny as the README's) under the temporary folder and
+/// reused by later runs.
+fn serve_model(preset: ServePreset, tokenizer: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let shape = preset.model_preset();
+    let dir = std::env::temp_dir().join(format!("rlhost-bench-serve-{shape}"));
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    let tmp = std::env::temp_dir().join(format!(
+        "rlhost-bench-serve-{shape}.tmp.{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let exe = std::env::current_exe().context("finding the host executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["model", "init", "--preset", &shape.to_string(), "--out"])
+        .arg(&tmp);
+    match preset {
+        ServePreset::Tiny => {
+            cmd.arg("--untied");
+        }
+        ServePreset::P0_6b => {
+            let tok = tokenizer
+                .or_else(|| crate::home::shipped("../shared/models/qwen3"))
+                .filter(|t| t.join("tokenizer.json").is_file())
+                .context(
+                    "--preset 0.6b without --model needs Qwen3's tokenizer: pass --tokenizer DIR \
+                     (a folder with tokenizer.json, e.g. ../shared/models/qwen3) or --model",
+                )?;
+            cmd.arg("--tokenizer").arg(tok);
+        }
+    }
+    eprintln!(
+        "writing a random-weights {shape} model to {}",
+        dir.display()
+    );
+    let out = cmd
+        .stdout(std::process::Stdio::null())
+        .output()
+        .context("running host model init")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "host model init failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    std::fs::rename(&tmp, &dir)
+        .or_else(|e| {
+            if dir.join("config.json").is_file() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .with_context(|| format!("moving the model to {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// `host bench serve`.
 fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let ServeArgs {
         model,
+        preset,
+        tokenizer,
+        dtype,
         host_url,
         vllm_url,
         vllm_python,
@@ -812,6 +921,18 @@ fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         json,
     } = a;
     use crate::bench::serve::{self, ServerSource};
+    let (levels, default_requests, default_tokens) = preset.rows();
+    let concurrency = concurrency.unwrap_or(levels);
+    let requests = requests.unwrap_or(default_requests);
+    let max_tokens = max_tokens.unwrap_or(default_tokens);
+    anyhow::ensure!(
+        model.is_none() || tokenizer.is_none(),
+        "--tokenizer is for the model made without --model; the --model folder has its own"
+    );
+    let model = match model {
+        Some(m) => m,
+        None => serve_model(preset, tokenizer)?,
+    };
     anyhow::ensure!(
         model.join("config.json").is_file(),
         "{} is not a model folder (no config.json); both servers load the same folder",
@@ -860,6 +981,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         problem_words,
         max_model_len,
         startup_timeout: std::time::Duration::from_secs(startup_timeout),
+        dtype,
     };
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{spinner} {msg:>32} {bar:30} {pos}/{len} requests")

@@ -10,7 +10,8 @@
 //! Who decides what: [`scheduler`] (pure) decides which waiting requests start each step and
 //! how (prefill, fold into an identical prompt, chunked prefill); the worker in this file
 //! carries the plan out on tensors (prefill, decode, sampling, retiring finished samples) and
-//! owns the slots; [`prefix`] keeps computed prompt blocks for reuse; `threads.rs` tunes the
+//! owns the slots; [`prefix`] keeps computed prompt blocks for reuse; [`sharing`] picks the
+//! decode rows that read a shared prompt prefix's keys once; `threads.rs` tunes the
 //! CPU threads per step. This module must never render prompts or read outputs: requests arrive
 //! as token ids, and text leaves only as detokenized pieces.
 //!
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod prefix;
 pub mod sampling;
 pub mod scheduler;
+pub mod sharing;
 mod threads;
 mod worker;
 

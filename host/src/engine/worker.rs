@@ -21,15 +21,18 @@ use super::metrics::SampleTimes;
 use super::prefix::PrefixCache;
 use super::sampling::{self, Rng, SamplingParams};
 use super::scheduler::{self, Admission};
+use super::sharing;
 use super::threads::ThreadTuner;
 use super::{
     AdapterInfo, AdapterLoad, Command, EngineError, EngineInfo, Event, FinishReason, Pending,
     Released, StopCause, default_kv_cache_tokens,
 };
-use crate::model::{Lora, LoraRows, Qwen3, SlotCache};
+use crate::model::{Lora, LoraRows, Qwen3, SharedPrefix, SlotCache};
 
 /// A running sequence; sequence `i` of `Worker::running` lives in cache slot `i`.
 struct Seq {
+    /// Unique in the process: what [`Worker::refresh_sharing`] knows the rows by.
+    id: u64,
     index: usize,
     request: Arc<RequestState>,
     ids: Vec<u32>,
@@ -129,7 +132,9 @@ struct Partial {
 }
 
 fn new_seq(request: &Arc<RequestState>, prompt: &[u32], index: usize, kv_version: u64) -> Seq {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     Seq {
+        id: NEXT.fetch_add(1, Ordering::Relaxed),
         index,
         request: request.clone(),
         ids: prompt.to_vec(),
@@ -162,6 +167,9 @@ pub(super) struct Worker {
     next_id: u32,
     /// The last prefix-cache namespace handed out (0 is the base model's).
     last_ns: u16,
+    /// The running rows (their [`Seq::id`]s, in slot order) the groups of shared prompt
+    /// prefixes were picked for, and those groups ([`Worker::refresh_sharing`]).
+    sharing: (Vec<u64>, Vec<SharedPrefix>),
 }
 
 /// An adapter the engine holds.
@@ -214,6 +222,7 @@ impl Worker {
             adapters: BTreeMap::new(),
             next_id: 1,
             last_ns: 0,
+            sharing: (Vec::new(), Vec::new()),
         }
     }
 
@@ -896,14 +905,41 @@ impl Worker {
         self.set_rows(&adapters);
         let probe = self.threads.start(false, b as usize);
         self.info.metrics.iteration_tokens.observe(b as f64);
+        self.refresh_sharing();
         let logits = self
             .model
-            .forward_slots(&ids, &positions, &mut self.cache, 0, key_len)
+            .forward_slots_sharing(
+                &ids,
+                &positions,
+                &mut self.cache,
+                0,
+                key_len,
+                &self.sharing.1,
+            )
             .select(1, 0);
         // The sampler's work is part of the step (its ops use the same threads); the timing
         // ends when the logits are read.
         self.sample_and_advance(&logits, 0);
         self.threads.finish(probe);
+    }
+
+    /// Regroups the running rows by the prompt prefixes they share ([`sharing::groups`]) when
+    /// they changed since the last step (a sequence started, ended or moved slot).
+    fn refresh_sharing(&mut self) {
+        let who: Vec<u64> = self.running.iter().map(|s| s.id).collect();
+        if who == self.sharing.0 {
+            return;
+        }
+        let rows: Vec<sharing::RowKeys<'_>> = self
+            .running
+            .iter()
+            .map(|s| sharing::RowKeys {
+                prompt: &s.ids[..s.prompt_len],
+                adapter: s.request.adapter.unwrap_or(0),
+                version: s.kv_version,
+            })
+            .collect();
+        self.sharing = (who, sharing::groups(&rows));
     }
 
     /// Samples a token for sequences `from..` (one logits row each), reports them, and retires

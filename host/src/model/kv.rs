@@ -61,6 +61,18 @@ impl KvCache {
     }
 }
 
+/// Rows of a decode step over a [`SlotCache`] whose slots hold the same keys and values at
+/// positions `0..len`: the same prompt prefix, computed with the same weights (and adapter).
+/// [`crate::model::Qwen3::forward_slots_sharing`] reads those positions once for all of them,
+/// from the slot of `rows[0]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPrefix {
+    /// The rows (indices into the step's batch), at least one.
+    pub rows: Vec<i64>,
+    /// Positions they share; every row's query is at or after it.
+    pub len: i64,
+}
+
 /// Keys and values of many sequences in fixed slots, per layer `[slots, kv_heads, capacity,
 /// head_dim]`: what the engine decodes continuous batches with. A sequence lives in one slot; a
 /// step writes each row's new keys at its own positions and attends to the keys at or before

@@ -19,7 +19,7 @@ pub mod tool_parsers;
 pub use chat_template::ChatTemplate;
 pub use config::{Preset, Qwen3Config};
 pub use kernels::ProductKernel;
-pub use kv::{KvCache, SlotCache};
+pub use kv::{KvCache, SharedPrefix, SlotCache};
 pub use lora::{Lora, LoraConfig, LoraRows, LoraTarget};
 pub use qwen3::{Frame, Packed, Qwen3};
 pub use tokenizer::Tokenizer;

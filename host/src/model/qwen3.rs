@@ -20,10 +20,10 @@ use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{parameter_shapes, read_checkpoint};
 use super::kernels::{
-    ProductKernel, SMALL_PRODUCT_ROWS, few_rows, grad_enabled, grouped_attention, onednn_works,
-    product,
+    AttentionPart, ProductKernel, SMALL_PRODUCT_ROWS, cpu_has_bf16_matrix, few_rows, grad_enabled,
+    grouped_attention, onednn_works, product, shared_prefix_attention,
 };
-use super::kv::{KvCache, SlotCache};
+use super::kv::{KvCache, SharedPrefix, SlotCache};
 use super::lora::{Lora, LoraRows, LoraTarget};
 use super::{ModelError, Qwen3Config, safetensors};
 
@@ -54,8 +54,9 @@ enum Attend<'a> {
     Fresh(Option<&'a Tensor>),
     /// Earlier calls' keys in a [`KvCache`], then these (appended).
     Concat(&'a mut KvCache, Option<&'a Tensor>),
-    /// Slots `first..first + batch` of a [`SlotCache`], keys `0..key_len`.
-    Slots(&'a mut SlotCache, i64, i64),
+    /// Slots `first..first + batch` of a [`SlotCache`], keys `0..key_len`; a decode step's
+    /// rows that share a prefix's keys ([`SharedPrefix`]) read them once.
+    Slots(&'a mut SlotCache, i64, i64, &'a [SharedPrefix]),
 }
 
 /// What the layers of one forward call share ([`Qwen3::frame`]): rotary factors for its
@@ -68,6 +69,9 @@ pub struct Frame {
     /// A packed row's sequences ([`Qwen3::packed_frame`]), each with its own mask when it
     /// continues a prefix; empty for an ordinary call.
     packed: Vec<(Packed, Option<Tensor>)>,
+    /// A decode step's rows by the prefix keys they share ([`shared_prefix_attention`]);
+    /// empty when none share any.
+    shared: Vec<AttentionPart>,
 }
 
 /// One sequence of a packed row ([`Qwen3::packed_frame`]): its queries attend to its own
@@ -289,7 +293,7 @@ impl Qwen3 {
         self.use_small_product_kernels();
     }
 
-    /// Runs f32 matrix products of few rows on the CPU (decode steps: one row per sequence;
+    /// Runs f32 and bf16 matrix products of few rows on the CPU (decode steps: one row per sequence;
     /// the prefill's last positions; short prefills) through kernels made for them
     /// ([`Qwen3::product_kernel`]) instead of libtorch's BLAS, which (MKL, on AMD CPUs above
     /// all) reaches a fraction of the memory bandwidth there: at Qwen3-0.6B's shape most of a
@@ -297,19 +301,26 @@ impl Qwen3 {
     /// results differ from the BLAS's in rounding only (another summation order), and products
     /// autograd records (grad mode on, an operand that requires grad) keep the BLAS.
     pub fn use_small_product_kernels(&mut self) {
-        self.small_products =
-            self.embed.device() == Device::Cpu && self.embed.kind() == Kind::Float;
+        self.small_products = self.embed.device() == Device::Cpu
+            && matches!(self.embed.kind(), Kind::Float | Kind::BFloat16);
     }
 
-    /// The kernel that runs a product of `rows` rows of `kind` values.
+    /// The kernel that runs a product of `rows` rows of `kind` values: f32 and bf16 ones of
+    /// few rows by the few-rows kernel where the CPU runs it (bf16 weights widened to f32 in
+    /// registers: half the bytes of f32 read, on any AVX2 CPU), f32 ones by oneDNN where it
+    /// does not; larger bf16 ones widened to f32 for the BLAS on CPUs without bf16 matrix
+    /// instructions ([`ProductKernel::Widened`]); the rest by the BLAS.
     pub fn product_kernel(&self, kind: Kind, rows: i64) -> ProductKernel {
-        if !self.small_products || kind != Kind::Float || rows < 1 {
+        if !self.small_products || !matches!(kind, Kind::Float | Kind::BFloat16) || rows < 1 {
             return ProductKernel::Blas;
         }
-        if rows > SMALL_PRODUCT_ROWS {
-            ProductKernel::Blas
-        } else if few_rows::available() {
+        let widen = kind == Kind::BFloat16 && !cpu_has_bf16_matrix();
+        if rows <= SMALL_PRODUCT_ROWS && few_rows::available() {
             ProductKernel::FewRows
+        } else if widen {
+            ProductKernel::Widened
+        } else if rows > SMALL_PRODUCT_ROWS || kind == Kind::BFloat16 {
+            ProductKernel::Blas
         } else if tch::utils::has_mkldnn() && onednn_works() {
             ProductKernel::OneDnn
         } else {
@@ -389,8 +400,9 @@ impl Qwen3 {
         let d = *shape.last().expect("a vector dimension");
         let rows = if d == 0 { 0 } else { x.numel() as i64 / d };
         let kernel = match self.product_kernel(x.kind(), rows) {
-            // Both read `w` in place: a view that is not (a transposed one) takes the BLAS.
-            _ if !w.is_contiguous() || w.kind() != Kind::Float => ProductKernel::Blas,
+            // Both read `w` in place: a view that is not (a transposed one) takes the BLAS, as
+            // do weights of another dtype than the rows'.
+            _ if !w.is_contiguous() || w.kind() != x.kind() => ProductKernel::Blas,
             // Neither records a graph: a product autograd would differentiate takes the BLAS.
             _ if (x.requires_grad() || w.requires_grad()) && grad_enabled() => ProductKernel::Blas,
             k => k,
@@ -591,8 +603,25 @@ impl Qwen3 {
         first: i64,
         key_len: i64,
     ) -> Tensor {
+        self.forward_slots_sharing(ids, positions, cache, first, key_len, &[])
+    }
+
+    /// As [`Qwen3::forward_slots`] for a decode step (one position per row) whose rows in
+    /// `shared` groups hold the same keys at their group's first positions (the same prompt
+    /// prefix, computed with the same weights): each group's shared keys are read once for all
+    /// its rows ([`shared_prefix_attention`]). Rows in no group read their own slots; calls of
+    /// more than one position per row ignore the groups (prefills read their own slots).
+    pub fn forward_slots_sharing(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &mut SlotCache,
+        first: i64,
+        key_len: i64,
+        shared: &[SharedPrefix],
+    ) -> Tensor {
         cache.reserve(key_len);
-        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len));
+        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len, shared));
         self.head(&h)
     }
 
@@ -610,7 +639,7 @@ impl Qwen3 {
         last: &Tensor,
     ) -> Tensor {
         cache.reserve(key_len);
-        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len));
+        let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len, &[]));
         let d = *h.size().last().expect("hidden size");
         let index = last.view([-1, 1, 1]).expand([-1, 1, d], false);
         self.head(&h.gather(1, &index, false)).squeeze_dim(1)
@@ -651,6 +680,7 @@ impl Qwen3 {
                 sin,
                 mask: None,
                 packed: Vec::new(),
+                shared: Vec::new(),
             };
         }
         let device = positions.device();
@@ -674,6 +704,69 @@ impl Qwen3 {
             sin,
             mask: Some(mask),
             packed: Vec::new(),
+            shared: Vec::new(),
+        }
+    }
+
+    /// The frame of a decode step (`positions` `[batch, 1]`, keys `0..key_len` in each row's
+    /// slot) whose rows in `shared` read their group's prefix keys once: one
+    /// [`AttentionPart`] per group and one for the rows in none, each with the mask of its own
+    /// keys after the prefix.
+    fn sharing_frame(&self, positions: &Tensor, key_len: i64, shared: &[SharedPrefix]) -> Frame {
+        let (b, _) = positions.size2().expect("positions are [batch, 1]");
+        let device = positions.device();
+        let pos: Vec<i64> =
+            Vec::try_from(positions.reshape([-1]).to_device(Device::Cpu)).expect("int64 positions");
+        let mut alone = vec![true; b as usize];
+        let mut groups: Vec<(Vec<i64>, i64)> = Vec::with_capacity(shared.len() + 1);
+        for g in shared {
+            assert!(!g.rows.is_empty(), "a shared prefix has rows");
+            for &r in &g.rows {
+                assert!(
+                    alone[r as usize],
+                    "row {r} is in two shared prefixes or out of the batch"
+                );
+                alone[r as usize] = false;
+                assert!(
+                    pos[r as usize] >= g.len,
+                    "row {r} writes inside the prefix it shares"
+                );
+            }
+            groups.push((g.rows.clone(), g.len));
+        }
+        let rest: Vec<i64> = (0..b).filter(|&r| alone[r as usize]).collect();
+        if !rest.is_empty() {
+            groups.push((rest, 0));
+        }
+        let shared = groups
+            .into_iter()
+            .map(|(rows, len)| {
+                let end = rows.iter().map(|&r| pos[r as usize]).max().unwrap_or(0) + 1;
+                let end = end.min(key_len);
+                let own = end - len;
+                let mask = rows.iter().any(|&r| pos[r as usize] + 1 < end).then(|| {
+                    let row_pos: Vec<i64> = rows.iter().map(|&r| pos[r as usize]).collect();
+                    let row_pos = Tensor::from_slice(&row_pos).to_device(device);
+                    let k_pos = (Tensor::arange(own, (Kind::Int64, device)) + len).view([1, -1]);
+                    let hidden = k_pos.gt_tensor(&row_pos.view([-1, 1]));
+                    self.additive_mask(&hidden.unsqueeze(1))
+                });
+                AttentionPart {
+                    rows: Tensor::from_slice(&rows).to_device(device),
+                    source: rows[0],
+                    len,
+                    own,
+                    mask,
+                }
+            })
+            .collect();
+        let (cos, sin) = self.rotary(positions);
+        Frame {
+            cos,
+            sin,
+            mask: None,
+            packed: Vec::new(),
+            shared,
         }
     }
 
@@ -713,6 +806,7 @@ impl Qwen3 {
             sin,
             mask: None,
             packed,
+            shared: Vec::new(),
         }
     }
 
@@ -859,6 +953,9 @@ impl Qwen3 {
             Tensor::cat(&parts, 2)
                 .transpose(1, 2)
                 .reshape([b, t, nh * hd])
+        } else if t == 1 && !frame.shared.is_empty() {
+            // Decoding rows that share prefixes: each group's shared keys read once.
+            shared_prefix_attention(&q, &k, &v, &frame.shared, scale, group)
         } else if t == 1 {
             // Decoding (one query per row): a kv head's group of query heads against it as
             // one batched matrix product over all rows and kv heads (a single batched
@@ -912,7 +1009,10 @@ impl Qwen3 {
         let device = ids.device();
         let mut h = self.embed(ids);
         let frame = match &attend {
-            Attend::Slots(_, _, key_len) => {
+            Attend::Slots(_, _, key_len, shared) if t == 1 && !shared.is_empty() => {
+                self.sharing_frame(positions, *key_len, shared)
+            }
+            Attend::Slots(_, _, key_len, _) => {
                 let k_pos = Tensor::arange(*key_len, (Kind::Int64, device)).view([1, 1, -1]);
                 self.frame_hiding(positions, &k_pos.gt_tensor(&positions.unsqueeze(-1)))
             }
@@ -920,7 +1020,7 @@ impl Qwen3 {
             Attend::Concat(c, mask) => self.frame(positions, *mask, c.len()),
         };
         let slot_rows = match &attend {
-            Attend::Slots(_, first, _) => Some(
+            Attend::Slots(_, first, _, _) => Some(
                 (Tensor::arange(b, (Kind::Int64, device)) + *first)
                     .unsqueeze(1)
                     .expand([b, t], false),
@@ -936,7 +1036,7 @@ impl Qwen3 {
                     c.layers[i] = Some((k, v));
                     h
                 }
-                Attend::Slots(c, first, key_len) => {
+                Attend::Slots(c, first, key_len, _) => {
                     let rows = slot_rows.as_ref().expect("slot rows");
                     self.layer_with(i, &h, &frame, None, |k, v| {
                         // Advanced indices on dims 0 and 2: values are [batch, seq, kv, hd].
@@ -999,6 +1099,76 @@ impl Qwen3 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A decode step whose rows read their groups' shared prefix keys once gives the logits of
+    /// the step where every row reads its own slot whole: rows of different lengths, two groups
+    /// (one read from its last row), a row in none, a row whose query sits right after the
+    /// prefix, and keys past the prefix that differ between the rows of a group.
+    #[test]
+    fn decode_with_shared_prefixes_equals_each_row_reading_its_slot() {
+        let model = Qwen3::new(
+            crate::model::Qwen3Config::preset(crate::model::Preset::Tiny),
+            Device::Cpu,
+            Kind::Float,
+            11,
+        )
+        .unwrap();
+        let a: Vec<i64> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+        let b: Vec<i64> = (0..50).map(|i| (i * 13 + 1) % 500).collect();
+        let tail = |seed: i64, n: i64| -> Vec<i64> {
+            (0..n).map(|i| (seed * 31 + i * 17) % 500).collect()
+        };
+        let cat = |p: &[i64], t: Vec<i64>| -> Vec<i64> { p.iter().copied().chain(t).collect() };
+        let prompts = [
+            cat(&a, tail(1, 5)),
+            cat(&b, tail(2, 9)),
+            cat(&a, tail(3, 1)),
+            cat(&b, tail(4, 0)),
+            cat(&a, tail(5, 22)),
+            tail(6, 30),
+        ];
+        let mut cache = SlotCache::new(&model, prompts.len() as i64, 16);
+        tch::no_grad(|| {
+            for (r, p) in prompts.iter().enumerate() {
+                let n = p.len() as i64;
+                let ids = Tensor::from_slice(p).unsqueeze(0);
+                let pos = Tensor::arange(n, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+                let _ = model.forward_slots(&ids, &pos, &mut cache, r as i64, n);
+            }
+            let next: Vec<i64> = (0..prompts.len() as i64).map(|r| 100 + r).collect();
+            let pos: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+            let key_len = pos.iter().max().unwrap() + 1;
+            let ids = Tensor::from_slice(&next).unsqueeze(1);
+            let pos = Tensor::from_slice(&pos).unsqueeze(1);
+            let plain = model.forward_slots(&ids, &pos, &mut cache, 0, key_len);
+            let groups = [
+                SharedPrefix {
+                    rows: vec![4, 0, 2],
+                    len: 40,
+                },
+                SharedPrefix {
+                    rows: vec![1, 3],
+                    len: 50,
+                },
+            ];
+            let shared = model.forward_slots_sharing(&ids, &pos, &mut cache, 0, key_len, &groups);
+            let diff = (&plain - &shared).abs().max().double_value(&[]);
+            let scale = plain.abs().max().double_value(&[]);
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "max |diff| {diff} (logits up to {scale})"
+            );
+            // The groups matter: reading a group's prefix from a row that does not share it
+            // gives other logits.
+            let wrong = [SharedPrefix {
+                rows: vec![5, 0, 2],
+                len: 30,
+            }];
+            let off = model.forward_slots_sharing(&ids, &pos, &mut cache, 0, key_len, &wrong);
+            let moved = (&plain - &off).abs().max().double_value(&[]);
+            assert!(moved > 1e-3, "a wrong prefix changed nothing ({moved})");
+        });
+    }
 
     /// The CUDA path's repeated kv heads give what libtorch's grouped attention gives (query head
     /// j reads kv head j / group), with a padding mask, forward and backward.

@@ -1,5 +1,6 @@
-//! `y = x Wᵀ` for few rows of `x` (a decode step: one row per running sequence), f32, on x86
-//! CPUs with AVX2 and FMA. Such a product streams the weight matrix `W` `[n, k]` from memory
+//! `y = x Wᵀ` for few rows of `x` (a decode step: one row per running sequence), on x86 CPUs
+//! with AVX2 and FMA, with `W` in f32 or bf16 ([`Weights`]: bf16 weights are widened to f32 in
+//! registers, so a bf16 model reads half the bytes and computes the same f32 sums). Such a product streams the weight matrix `W` `[n, k]` from memory
 //! with little arithmetic per weight, and libtorch's general kernels reach a fraction of the
 //! memory bandwidth there (`host bench products` on a 2-core AMD EPYC at Qwen3-0.6B's shapes,
 //! 8 rows: MKL 5.5 GB/s, oneDNN 10.4, this kernel 13.9; one row: 14.0, 19.3, 23.0; see
@@ -135,6 +136,32 @@ fn on_threads(parts: usize, run: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// The weights `W` `[n, k]` of a product, row-major and contiguous, in the dtype they are held
+/// in: f32, or bf16 (the raw 16-bit patterns: a bf16 value is the high half of an f32's, so
+/// each is widened to f32 exactly in a register and the products and sums run in f32 as for
+/// f32 weights: half the bytes read from memory, the same arithmetic).
+#[derive(Debug, Clone, Copy)]
+pub enum Weights<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values, as their bit patterns.
+    Bf16(&'a [u16]),
+}
+
+impl Weights<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Weights::F32(w) => w.len(),
+            Weights::Bf16(w) => w.len(),
+        }
+    }
+}
+
+/// The f32 value of a bf16 bit pattern (exact: the pattern is an f32's high half).
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
 /// `y[i, j] = Σ_p x[i, p] · w[j, p]` for `x` `[m, k]`, `w` `[n, k]`, `y` `[m, n]`, all
 /// row-major and contiguous, on up to `threads` threads.
 ///
@@ -143,6 +170,25 @@ fn on_threads(parts: usize, run: &(dyn Fn(usize) + Sync)) {
 pub fn matmul_nt(
     x: &[f32],
     w: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    threads: usize,
+) {
+    matmul_nt_weights(x, Weights::F32(w), y, m, k, n, threads);
+}
+
+/// [`matmul_nt`] for weights held in f32 or bf16 ([`Weights`]); `x` and `y` are f32. A bf16
+/// product reads half the bytes of an f32 one and computes the same sums of the widened values:
+/// its result is the f32 product of the bf16 values (in this kernel's summation order), before
+/// any rounding of `y` to bf16, which is the caller's.
+///
+/// # Panics
+/// As [`matmul_nt`].
+pub fn matmul_nt_weights(
+    x: &[f32],
+    w: Weights<'_>,
     y: &mut [f32],
     m: usize,
     k: usize,
@@ -169,7 +215,16 @@ pub fn matmul_nt(
         if lo < hi {
             // SAFETY: lengths checked above; AVX2 and FMA checked by `available`; this part
             // writes columns lo..hi of y only.
-            unsafe { columns(x.as_ptr(), w.as_ptr(), out, m, k, n, lo, hi) }
+            unsafe {
+                match w {
+                    Weights::F32(w) => {
+                        columns::<false>(x.as_ptr(), w.as_ptr().cast(), out, m, k, n, lo, hi)
+                    }
+                    Weights::Bf16(w) => {
+                        columns::<true>(x.as_ptr(), w.as_ptr().cast(), out, m, k, n, lo, hi)
+                    }
+                }
+            }
         }
     };
     if parts == 1 {
@@ -179,15 +234,15 @@ pub fn matmul_nt(
     }
 }
 
-/// Columns `lo..hi` of `y`.
+/// Columns `lo..hi` of `y`; `w` points at f32 weights, or bf16 ones when `BF16`.
 ///
 /// # Safety
 /// `x`, `w`, `y` hold `m·k`, `n·k`, `m·n` values; the CPU has AVX2 and FMA; nothing else
 /// writes columns `lo..hi` of `y` meanwhile.
 #[allow(clippy::too_many_arguments)]
-unsafe fn columns(
+unsafe fn columns<const BF16: bool>(
     x: *const f32,
-    w: *const f32,
+    w: *const u8,
     y: Out,
     m: usize,
     k: usize,
@@ -203,20 +258,21 @@ unsafe fn columns(
             let mr = (m - i).min(MR);
             // SAFETY: rows i..i+mr of x and j..j+nr of w exist; the caller's contract.
             unsafe {
-                let (xp, wp, yp) = (x.add(i * k), w.add(j * k), y.0.add(i * n + j));
+                let size = if BF16 { 2 } else { 4 };
+                let (xp, wp, yp) = (x.add(i * k), w.add(j * k * size), y.0.add(i * n + j));
                 match (mr, nr) {
-                    (4, 3) => block::<4, 3>(xp, wp, yp, k, n),
-                    (4, 2) => block::<4, 2>(xp, wp, yp, k, n),
-                    (4, 1) => block::<4, 1>(xp, wp, yp, k, n),
-                    (3, 3) => block::<3, 3>(xp, wp, yp, k, n),
-                    (3, 2) => block::<3, 2>(xp, wp, yp, k, n),
-                    (3, 1) => block::<3, 1>(xp, wp, yp, k, n),
-                    (2, 3) => block::<2, 3>(xp, wp, yp, k, n),
-                    (2, 2) => block::<2, 2>(xp, wp, yp, k, n),
-                    (2, 1) => block::<2, 1>(xp, wp, yp, k, n),
-                    (1, 3) => block::<1, 3>(xp, wp, yp, k, n),
-                    (1, 2) => block::<1, 2>(xp, wp, yp, k, n),
-                    _ => block::<1, 1>(xp, wp, yp, k, n),
+                    (4, 3) => block::<BF16, 4, 3>(xp, wp, yp, k, n),
+                    (4, 2) => block::<BF16, 4, 2>(xp, wp, yp, k, n),
+                    (4, 1) => block::<BF16, 4, 1>(xp, wp, yp, k, n),
+                    (3, 3) => block::<BF16, 3, 3>(xp, wp, yp, k, n),
+                    (3, 2) => block::<BF16, 3, 2>(xp, wp, yp, k, n),
+                    (3, 1) => block::<BF16, 3, 1>(xp, wp, yp, k, n),
+                    (2, 3) => block::<BF16, 2, 3>(xp, wp, yp, k, n),
+                    (2, 2) => block::<BF16, 2, 2>(xp, wp, yp, k, n),
+                    (2, 1) => block::<BF16, 2, 1>(xp, wp, yp, k, n),
+                    (1, 3) => block::<BF16, 1, 3>(xp, wp, yp, k, n),
+                    (1, 2) => block::<BF16, 1, 2>(xp, wp, yp, k, n),
+                    _ => block::<BF16, 1, 1>(xp, wp, yp, k, n),
                 }
             }
             i += mr;
@@ -225,28 +281,47 @@ unsafe fn columns(
     }
 }
 
-/// `y[a, b] = x[a, ..k] · w[b, ..k]` for `a < M`, `b < N`; `x`, `w` rows `k` apart, `y` rows
-/// `ldy` apart.
+/// `y[a, b] = x[a, ..k] · w[b, ..k]` for `a < M`, `b < N`; `x`, `w` rows `k` values apart,
+/// `y` rows `ldy` apart; `w` holds f32 values, or bf16 ones (widened to f32 as they are loaded)
+/// when `BF16`.
 ///
 /// # Safety
 /// As [`columns`], for these rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block<const M: usize, const N: usize>(
+unsafe fn block<const BF16: bool, const M: usize, const N: usize>(
     x: *const f32,
-    w: *const f32,
+    w: *const u8,
     y: *mut f32,
     k: usize,
     ldy: usize,
 ) {
     use std::arch::x86_64::*;
+    let (wf, wh) = (w.cast::<f32>(), w.cast::<u16>());
+    // Weight `t` of row `b`, as f32.
+    let weight = |b: usize, t: usize| -> f32 {
+        if BF16 {
+            bf16_to_f32(unsafe { *wh.add(b * k + t) })
+        } else {
+            unsafe { *wf.add(b * k + t) }
+        }
+    };
     let mut acc = [[_mm256_setzero_ps(); N]; M];
     let mut p = 0;
+    // Eight bf16 weights of row `b` from `t` on, widened: the high halves of eight f32 lanes.
+    let widened = |b: usize, t: usize| {
+        let h = unsafe { _mm_loadu_si128(wh.add(b * k + t).cast()) };
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    };
     // SAFETY (loads): p + 8 ≤ k within rows of k values.
     while p + 8 <= k {
         let mut wv = [_mm256_setzero_ps(); N];
         for (b, v) in wv.iter_mut().enumerate() {
-            *v = unsafe { _mm256_loadu_ps(w.add(b * k + p)) };
+            *v = if BF16 {
+                widened(b, p)
+            } else {
+                unsafe { _mm256_loadu_ps(wf.add(b * k + p)) }
+            };
         }
         for (a, row) in acc.iter_mut().enumerate() {
             let xv = unsafe { _mm256_loadu_ps(x.add(a * k + p)) };
@@ -265,7 +340,7 @@ unsafe fn block<const M: usize, const N: usize>(
             let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
             let mut total = _mm_cvtss_f32(q);
             for t in p..k {
-                total += unsafe { *x.add(a * k + t) * *w.add(b * k + t) };
+                total += unsafe { *x.add(a * k + t) } * weight(b, t);
             }
             unsafe { *y.add(a * ldy + b) = total };
         }
@@ -273,9 +348,9 @@ unsafe fn block<const M: usize, const N: usize>(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn block<const M: usize, const N: usize>(
+unsafe fn block<const BF16: bool, const M: usize, const N: usize>(
     _x: *const f32,
-    _w: *const f32,
+    _w: *const u8,
     _y: *mut f32,
     _k: usize,
     _ldy: usize,
@@ -286,6 +361,59 @@ unsafe fn block<const M: usize, const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// bf16 weights: the f64 dot product of the widened values, for every block edge, on one
+    /// thread and two, and a row's values do not depend on its batch.
+    #[test]
+    fn bf16_weights_equal_the_plain_product_of_their_values() {
+        if !available() {
+            crate::testing::skip(
+                "few_rows::bf16_weights_equal_the_plain_product_of_their_values",
+                "this CPU lacks AVX2 or FMA: the few-rows kernel does not run here",
+            );
+            return;
+        }
+        let mut seed = 9u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (m, k, n) in [(1, 8, 1), (5, 13, 7), (4, 1030, 97), (3, 515, 2000)] {
+            let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            // Round to nearest even on the high half, as a bf16 tensor holds them.
+            let w: Vec<u16> = (0..n * k)
+                .map(|_| {
+                    let b = next().to_bits();
+                    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+                })
+                .collect();
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; m * n];
+                matmul_nt_weights(&x, Weights::Bf16(&w), &mut y, m, k, n, threads);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|p| f64::from(x[i * k + p]) * f64::from(bf16_to_f32(w[j * k + p])))
+                            .sum();
+                        let got = f64::from(y[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "m={m} k={k} n={n} threads={threads} y[{i},{j}] = {got}, want {want}"
+                        );
+                    }
+                }
+                let mut alone = vec![f32::NAN; n];
+                matmul_nt_weights(&x[..k], Weights::Bf16(&w), &mut alone, 1, k, n, threads);
+                assert_eq!(
+                    alone,
+                    y[..n],
+                    "m={m} k={k} n={n}: row 0 depends on its batch"
+                );
+            }
+        }
+    }
 
     /// Equals a plain f64 dot product for every edge of the register blocks (rows of `x` and
     /// `w` not multiples of 4 and 3, `k` not a multiple of 8), on one thread and split between
