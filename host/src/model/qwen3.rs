@@ -609,8 +609,8 @@ impl Qwen3 {
     /// As [`Qwen3::forward_slots`] for a decode step (one position per row) whose rows in
     /// `shared` groups hold the same keys at their group's first positions (the same prompt
     /// prefix, computed with the same weights): each group's shared keys are read once for all
-    /// its rows ([`shared_prefix_attention`]). Rows in no group read their own slots; calls of
-    /// more than one position per row ignore the groups (prefills read their own slots).
+    /// its rows ([`shared_prefix_attention`]). Rows in no group read their own slots. Groups
+    /// are for decode steps: a call of more than one position per row with groups panics.
     pub fn forward_slots_sharing(
         &self,
         ids: &Tensor,
@@ -620,6 +620,10 @@ impl Qwen3 {
         key_len: i64,
         shared: &[SharedPrefix],
     ) -> Tensor {
+        assert!(
+            shared.is_empty() || ids.size().get(1) == Some(&1),
+            "shared prefixes are for decode steps (one position per row)"
+        );
         cache.reserve(key_len);
         let h = self.forward_impl(ids, positions, Attend::Slots(cache, first, key_len, shared));
         self.head(&h)
@@ -1009,7 +1013,7 @@ impl Qwen3 {
         let device = ids.device();
         let mut h = self.embed(ids);
         let frame = match &attend {
-            Attend::Slots(_, _, key_len, shared) if t == 1 && !shared.is_empty() => {
+            Attend::Slots(_, _, key_len, shared) if !shared.is_empty() => {
                 self.sharing_frame(positions, *key_len, shared)
             }
             Attend::Slots(_, _, key_len, _) => {

@@ -362,62 +362,10 @@ unsafe fn block<const BF16: bool, const M: usize, const N: usize>(
 mod tests {
     use super::*;
 
-    /// bf16 weights: the f64 dot product of the widened values, for every block edge, on one
-    /// thread and two, and a row's values do not depend on its batch.
-    #[test]
-    fn bf16_weights_equal_the_plain_product_of_their_values() {
-        if !available() {
-            crate::testing::skip(
-                "few_rows::bf16_weights_equal_the_plain_product_of_their_values",
-                "this CPU lacks AVX2 or FMA: the few-rows kernel does not run here",
-            );
-            return;
-        }
-        let mut seed = 9u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        for (m, k, n) in [(1, 8, 1), (5, 13, 7), (4, 1030, 97), (3, 515, 2000)] {
-            let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
-            // Round to nearest even on the high half, as a bf16 tensor holds them.
-            let w: Vec<u16> = (0..n * k)
-                .map(|_| {
-                    let b = next().to_bits();
-                    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-                })
-                .collect();
-            for threads in [1, 2] {
-                let mut y = vec![f32::NAN; m * n];
-                matmul_nt_weights(&x, Weights::Bf16(&w), &mut y, m, k, n, threads);
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k)
-                            .map(|p| f64::from(x[i * k + p]) * f64::from(bf16_to_f32(w[j * k + p])))
-                            .sum();
-                        let got = f64::from(y[i * n + j]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                            "m={m} k={k} n={n} threads={threads} y[{i},{j}] = {got}, want {want}"
-                        );
-                    }
-                }
-                let mut alone = vec![f32::NAN; n];
-                matmul_nt_weights(&x[..k], Weights::Bf16(&w), &mut alone, 1, k, n, threads);
-                assert_eq!(
-                    alone,
-                    y[..n],
-                    "m={m} k={k} n={n}: row 0 depends on its batch"
-                );
-            }
-        }
-    }
-
     /// Equals a plain f64 dot product for every edge of the register blocks (rows of `x` and
     /// `w` not multiples of 4 and 3, `k` not a multiple of 8), on one thread and split between
-    /// two, and gives a row the same values whatever rows it comes with.
+    /// two, and gives a row the same values whatever rows it comes with: f32 weights, and bf16
+    /// ones (against the product of the bf16 values).
     #[test]
     fn equals_the_plain_product_at_every_block_edge() {
         if !available() {
@@ -446,29 +394,41 @@ mod tests {
         ] {
             let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
             let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
-            for threads in [1, 2] {
-                let mut y = vec![f32::NAN; m * n];
-                matmul_nt(&x, &w, &mut y, m, k, n, threads);
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k)
-                            .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
-                            .sum();
-                        let got = f64::from(y[i * n + j]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                            "m={m} k={k} n={n} threads={threads} y[{i},{j}] = {got}, want {want}"
-                        );
+            // The same weights held in bf16 (rounded to nearest even on the high half, as a
+            // bf16 tensor holds them); the reference is the product of the values held.
+            let bits: Vec<u16> = w
+                .iter()
+                .map(|v| {
+                    let b = v.to_bits();
+                    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+                })
+                .collect();
+            let held: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+            for (weights, w) in [(Weights::F32(&w), &w), (Weights::Bf16(&bits), &held)] {
+                for threads in [1, 2] {
+                    let mut y = vec![f32::NAN; m * n];
+                    matmul_nt_weights(&x, weights, &mut y, m, k, n, threads);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k)
+                                .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
+                                .sum();
+                            let got = f64::from(y[i * n + j]);
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "{weights:?} m={m} k={k} n={n} threads={threads} y[{i},{j}] = {got}, want {want}"
+                            );
+                        }
                     }
+                    // Row 0 alone: bit for bit what it was among the others.
+                    let mut alone = vec![f32::NAN; n];
+                    matmul_nt_weights(&x[..k], weights, &mut alone, 1, k, n, threads);
+                    assert_eq!(
+                        alone,
+                        y[..n],
+                        "m={m} k={k} n={n}: row 0 depends on its batch"
+                    );
                 }
-                // Row 0 alone: bit for bit what it was among the others.
-                let mut alone = vec![f32::NAN; n];
-                matmul_nt(&x[..k], &w, &mut alone, 1, k, n, threads);
-                assert_eq!(
-                    alone,
-                    y[..n],
-                    "m={m} k={k} n={n}: row 0 depends on its batch"
-                );
             }
         }
     }
