@@ -70,6 +70,11 @@ NAME="torch-$VERSION$([ "$CUDA" = 1 ] && echo -cuda)"
 # Under the caller's CARGO_TARGET_DIR when set (CI keeps its builds in a cache), else target/.
 BASE=${CARGO_TARGET_DIR:-$ROOT/target}
 export CARGO_TARGET_DIR="$BASE/$NAME"
+# The intermediate artifacts go to the workspace's own build folder (cargo's build-dir): every
+# crate that does not depend on tch (wasmtime, tokio, tokenizers... most of the build) is the
+# same unit there as in the workspace's build and is reused, not compiled a second time. Only
+# the binary lands in $CARGO_TARGET_DIR, so the workspace's target/release/host is untouched.
+export CARGO_BUILD_BUILD_DIR="${CARGO_BUILD_BUILD_DIR:-$BASE}"
 if [ "$PRINT_DIR" = 1 ]; then echo "$CARGO_TARGET_DIR/release"; exit 0; fi
 
 WORKSPACE_TCH=$(sed -n 's/^tch = "=\(.*\)"/\1/p' "$ROOT/Cargo.toml")

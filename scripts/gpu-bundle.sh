@@ -16,7 +16,16 @@
 # included, about 4.6 GB) in ~/.cache/rlhost/venv-torch-VERSION, which also stands in for "the
 # installed torch" when the bundle is proven on this CPU machine (scripts/gpu-check.sh --cpu).
 # The bundle must stay under 40 MiB: the device receives at most 64 MiB with the working tree.
+#
+# --torch-only: install that torch (the first step) and stop; .ci/run does it while cargo compiles.
 set -euo pipefail
+TORCH_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --torch-only) TORCH_ONLY=1 ;;
+    *) echo "gpu-bundle.sh: unknown argument '$arg' (--torch-only: install the torch to build against, nothing else)" >&2; exit 2 ;;
+  esac
+done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rlhost"
@@ -42,6 +51,8 @@ else
   # A venv's scripts name its folder: re-point them after the rename.
   grep -rl "$tmp" "$VENV/bin" | xargs -r sed -i "s#$tmp#$VENV#g"
 fi
+
+[ "$TORCH_ONLY" = 1 ] && exit 0
 
 # --- host against it, with CUDA -----------------------------------------------------------------
 bash "$ROOT/scripts/build-for-torch.sh" --python "$VENV/bin/python" --cuda

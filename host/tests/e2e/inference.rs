@@ -7,8 +7,10 @@
 //! all complete with flat memory, weights change through `/update_weights` (non-finite ones
 //! are refused), and SIGTERM stops the server cleanly mid-request.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rlhost::model::{ChatTemplate, Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
@@ -76,7 +78,33 @@ pub(crate) fn taught_model(dir: &Path) {
 
 /// A tiny model (tiny tokenizer and template) in `dir`, taught each example's answer to its
 /// conversation (messages, tools) by overfitting: 400 Adam steps on the answers' tokens only.
+///
+/// Teaching is deterministic (seeded weights, fixed examples) and takes a minute on 2 cores, and
+/// a dozen tests want the same model: the first call for a set of examples teaches it into a
+/// folder of this process's and every call copies that folder's files into `dir`.
 pub(crate) fn teach(dir: &Path, examples: &[(Value, Option<Value>, &str)]) {
+    type Taught = Arc<OnceLock<PathBuf>>;
+    static TAUGHT: OnceLock<Mutex<HashMap<String, Taught>>> = OnceLock::new();
+    let key = serde_json::to_string(examples).unwrap();
+    let entry = TAUGHT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(key)
+        .or_default()
+        .clone();
+    let taught = entry.get_or_init(|| {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let taught = common::process_scratch().join(format!("taught-{n}"));
+        teach_into(&taught, examples);
+        taught
+    });
+    common::copy_dir(taught, dir);
+}
+
+/// [`teach`]'s work, uncached.
+fn teach_into(dir: &Path, examples: &[(Value, Option<Value>, &str)]) {
     let cfg = Qwen3Config::preset(Preset::Tiny);
     let model = common::seeded_model(cfg, 11);
     model.save(dir).unwrap();

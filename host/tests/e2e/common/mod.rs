@@ -364,6 +364,29 @@ pub fn scripted_openai(
     (format!("http://127.0.0.1:{port}/v1"), stop)
 }
 
+/// A folder of this test process's own, for what its tests share (made on the first call):
+/// `$CARGO_TARGET_TMPDIR/e2e-<pid>`. Those of processes that are gone are removed then.
+pub fn process_scratch() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(root).unwrap();
+        for e in std::fs::read_dir(root).unwrap().flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("e2e-")) else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let dir = root.join(format!("e2e-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}
+
 /// A copy of the folder `src` (files and subfolders) at `dst`.
 pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
