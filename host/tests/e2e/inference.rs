@@ -7,10 +7,8 @@
 //! all complete with flat memory, weights change through `/update_weights` (non-finite ones
 //! are refused), and SIGTERM stops the server cleanly mid-request.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rlhost::model::{ChatTemplate, Preset, Qwen3, Qwen3Config, Tokenizer, tiny_tokenizer};
@@ -81,26 +79,11 @@ pub(crate) fn taught_model(dir: &Path) {
 ///
 /// Teaching is deterministic (seeded weights, fixed examples) and takes a minute on 2 cores, and
 /// a dozen tests want the same model: the first call for a set of examples teaches it into a
-/// folder of this process's and every call copies that folder's files into `dir`.
+/// folder of this process's ([`common::made_once`]) and every call copies it into `dir`.
 pub(crate) fn teach(dir: &Path, examples: &[(Value, Option<Value>, &str)]) {
-    type Taught = Arc<OnceLock<PathBuf>>;
-    static TAUGHT: OnceLock<Mutex<HashMap<String, Taught>>> = OnceLock::new();
-    let key = serde_json::to_string(examples).unwrap();
-    let entry = TAUGHT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap()
-        .entry(key)
-        .or_default()
-        .clone();
-    let taught = entry.get_or_init(|| {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let taught = common::process_scratch().join(format!("taught-{n}"));
-        teach_into(&taught, examples);
-        taught
-    });
-    common::copy_dir(taught, dir);
+    let key = format!("taught {}", serde_json::to_string(examples).unwrap());
+    let taught = common::made_once(&key, |d| teach_into(d, examples));
+    common::copy_dir(&taught, dir);
 }
 
 /// [`teach`]'s work, uncached.

@@ -387,6 +387,49 @@ pub fn process_scratch() -> &'static Path {
     })
 }
 
+/// A folder of [`process_scratch`] holding what `make` wrote into it, made once per `key` in
+/// this process: later callers of the same key get the same folder, and concurrent ones wait for
+/// the first. For the deterministic, slow things several tests start from (a taught model, a
+/// packed plugin).
+pub fn made_once(key: &str, make: impl FnOnce(&Path)) -> PathBuf {
+    type Made = Arc<std::sync::OnceLock<PathBuf>>;
+    static MADE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Made>>> =
+        std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let entry = MADE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(key.to_owned())
+        .or_default()
+        .clone();
+    entry
+        .get_or_init(|| {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = process_scratch().join(format!("made-{n}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            make(&dir);
+            dir
+        })
+        .clone()
+}
+
+/// `host env pack` of the built plugin `dist` (under plugins/target/dist), packed once per
+/// process ([`made_once`]): the package file.
+pub fn packed(dist_name: &str) -> PathBuf {
+    let dir = made_once(&format!("packed {dist_name}"), |d| {
+        let pkg = d.join("plugin.rlpkg");
+        run_ok(host(&d.join("home")).args([
+            "env",
+            "pack",
+            dist(dist_name).to_str().unwrap(),
+            "-o",
+            pkg.to_str().unwrap(),
+        ]));
+    });
+    dir.join("plugin.rlpkg")
+}
+
 /// A copy of the folder `src` (files and subfolders) at `dst`.
 pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
