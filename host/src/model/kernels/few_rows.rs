@@ -37,7 +37,7 @@ const MIN_WORK: usize = 1 << 20;
 
 /// A pointer to hand to worker threads that write disjoint columns of one output.
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+pub(super) struct Out(pub(super) *mut f32);
 // SAFETY: each worker writes only its own columns (disjoint ranges of `n`), and the caller
 // waits for every worker before the output is read.
 unsafe impl Send for Out {}
@@ -202,13 +202,7 @@ pub fn matmul_nt_weights(
     if m == 0 || n == 0 {
         return;
     }
-    // Whole blocks of weight rows per thread, and enough work to pay for waking a thread.
-    let blocks = n.div_ceil(NR);
-    let parts = threads
-        .min(blocks.div_ceil(8))
-        .min((m * n * k).div_ceil(MIN_WORK))
-        .max(1);
-    let per = blocks.div_ceil(parts) * NR;
+    let (parts, per) = split(m, k, n, NR, threads);
     let out = Out(y.as_mut_ptr());
     let run = |part: usize| {
         let (lo, hi) = (part * per, ((part + 1) * per).min(n));
@@ -227,10 +221,28 @@ pub fn matmul_nt_weights(
             }
         }
     };
+    run_parts(parts, &run);
+}
+
+/// How a product of `m` rows, depth `k` and `n` columns is split between up to `threads`
+/// threads: `(parts, columns per part)`, whole blocks of `nr` weight rows per part, at least 8
+/// blocks and enough work to pay for waking a thread ([`MIN_WORK`]) each.
+pub(super) fn split(m: usize, k: usize, n: usize, nr: usize, threads: usize) -> (usize, usize) {
+    let blocks = n.div_ceil(nr);
+    let parts = threads
+        .min(blocks.div_ceil(8))
+        .min((m * n * k).div_ceil(MIN_WORK))
+        .max(1);
+    (parts, blocks.div_ceil(parts) * nr)
+}
+
+/// Runs `run(0)`, …, `run(parts - 1)`: on the calling thread alone when `parts` is 1, else
+/// at once on libtorch's OpenMP threads ([`on_threads`]).
+pub(super) fn run_parts(parts: usize, run: &(dyn Fn(usize) + Sync)) {
     if parts == 1 {
         run(0);
     } else {
-        on_threads(parts, &run);
+        on_threads(parts, run);
     }
 }
 

@@ -3,6 +3,7 @@
 //! [`ProductKernel`]), and grouped-query attention ([`grouped_attention`]). Pure functions of
 //! tensors: no weights, no model state.
 
+pub mod bf16_dot;
 pub mod few_rows;
 
 use tch::{Device, Kind, Tensor};
@@ -11,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProductKernel {
     /// [`few_rows::matmul_nt_weights`]: x86-64 with AVX2 and FMA, f32 or bf16, at most
-    /// [`SMALL_PRODUCT_ROWS`].
+    /// [`SMALL_PRODUCT_ROWS`]; bf16 ones by [`bf16_dot`] where the CPU has AVX-512 BF16.
     FewRows,
     /// oneDNN (libtorch's `mkldnn_linear`) on the weights in place: f32, at most
     /// [`SMALL_PRODUCT_ROWS`] rows, where the few-rows kernel does not run.
@@ -60,10 +61,12 @@ pub fn grad_enabled() -> bool {
     }
 }
 
-/// `x Wᵀ` by [`few_rows::matmul_nt_weights`] on libtorch's thread count; `x` `[m, k]`
-/// contiguous on the CPU, `w` `[n, k]` likewise, both f32 or both bf16. bf16 rows are widened to
-/// f32 (few: a decode step's), the product runs in f32 on the bf16 weights where they lie, and
-/// the result is rounded to bf16 once, as libtorch's bf16 `linear` rounds its f32 sums.
+/// `x Wᵀ` by the few-rows kernels on libtorch's thread count; `x` `[m, k]` contiguous on the
+/// CPU, `w` `[n, k]` likewise, both f32 or both bf16. bf16 operands go to the bf16 dot-product
+/// kernel ([`bf16_dot`]) where the CPU has AVX-512 BF16; elsewhere bf16 rows are widened to f32
+/// (few: a decode step's) and the product runs in f32 on the bf16 weights where they lie
+/// ([`few_rows::matmul_nt_weights`]). Either way the f32 sums of the exact products are rounded
+/// to bf16 once, as libtorch's bf16 `linear` rounds its f32 sums.
 fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
     let (m, k) = x.size2().expect("x is [m, k]");
     let n = w.size()[0];
@@ -76,13 +79,25 @@ fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
         x.is_contiguous() && w.is_contiguous(),
         "contiguous operands"
     );
+    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
+    let threads = tch::get_num_threads().max(1) as usize;
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    if kind == Kind::BFloat16 && bf16_dot::available() {
+        // SAFETY: `x`, `w` contiguous bf16 CPU tensors of m·k and n·k values, `y` a new f32
+        // one of m·n (checked above).
+        unsafe {
+            let xs = std::slice::from_raw_parts(x.data_ptr() as *const u16, m * k);
+            let ws = std::slice::from_raw_parts(w.data_ptr() as *const u16, n * k);
+            let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, m * n);
+            bf16_dot::matmul_nt(xs, ws, ys, m, k, n, threads, bf16_dot::Path::Native);
+        }
+        return y.to_kind(kind);
+    }
     let x = if kind == Kind::Float {
         x.shallow_clone()
     } else {
         x.to_kind(Kind::Float)
     };
-    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
-    let (m, k, n) = (m as usize, k as usize, n as usize);
     // SAFETY: `x` and `y` are contiguous f32 CPU tensors of m·k and m·n values, `w` a
     // contiguous CPU tensor of n·k values of `kind` (checked above; `y` is new and nothing else
     // sees it until this returns).
@@ -100,7 +115,6 @@ fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
             ))
         };
         let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, m * n);
-        let threads = tch::get_num_threads().max(1) as usize;
         few_rows::matmul_nt_weights(xs, ws, ys, m, k, n, threads);
     }
     if kind == Kind::Float {
