@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::kernels::{ProductKernel, few_rows, onednn_product, product};
+use crate::model::kernels::{ProductKernel, bf16_dot, few_rows, onednn_product, product};
 use crate::model::{Preset, Qwen3Config};
 
 /// Options of the benchmark.
@@ -64,6 +64,10 @@ pub struct ProductsReport {
     /// Kernels that do not run here and why (`onednn` where libtorch lacks it or it refused a
     /// product, `few_rows` without AVX2 and FMA): no column is measured for them.
     pub absent: Vec<AbsentKernel>,
+    /// How the `few_rows` column computes bf16 products on this CPU: `vdpbf16ps` (AVX-512
+    /// BF16, [`bf16_dot`]) or `widened` (bf16 weights widened to f32 in AVX2 registers); `None`
+    /// for f32, or where the kernel does not run.
+    pub few_rows_bf16: Option<String>,
 }
 
 /// A kernel the benchmark could not measure here.
@@ -206,6 +210,14 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         threads: tch::get_num_threads(),
         rows,
         absent,
+        few_rows_bf16: (kind == Kind::BFloat16 && few_rows::available()).then(|| {
+            if bf16_dot::available() {
+                "vdpbf16ps"
+            } else {
+                "widened"
+            }
+            .to_owned()
+        }),
     })
 }
 
@@ -245,6 +257,15 @@ impl ProductsReport {
         }
         for a in &self.absent {
             s.push_str(&format!("{}: not measured: {}\n", a.kernel, a.reason));
+        }
+        match self.few_rows_bf16.as_deref() {
+            Some("vdpbf16ps") => s.push_str(
+                "few_rows: bf16 pairs by vdpbf16ps (AVX-512 BF16), both operands in bf16\n",
+            ),
+            Some(_) => s.push_str(
+                "few_rows: bf16 weights widened to f32 in AVX2 registers (no AVX-512 BF16 here)\n",
+            ),
+            None => {}
         }
         s
     }

@@ -117,3 +117,112 @@ fn sandbox_run_behaves_like_the_models_python_tool() {
         run_err(host(home.path()).args(["sandbox", "run", "-c", "1", "--component", "/nope.wasm"]));
     assert!(stderr.contains("/nope.wasm does not exist"), "{stderr}");
 }
+
+/// `host bench serve` refuses conflicting and empty flags, a tokenizer folder without a
+/// tokenizer, before it makes a model (the 0.6b one is 1.2 GB and a minute) or starts a server.
+#[test]
+fn bench_serve_refuses_bad_flags_before_making_a_model() {
+    let home = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let serve = |args: &[&str]| {
+        let mut cmd = host(home.path());
+        cmd.env("TMPDIR", tmp.path())
+            .args(["bench", "serve", "--vllm-url", "http://127.0.0.1:9/v1"])
+            .args(args);
+        run_err(&mut cmd)
+    };
+    let dir = empty.path().to_str().unwrap();
+    let stderr = serve(&["--model", dir, "--tokenizer", dir]);
+    assert!(
+        stderr.contains("--tokenizer is for the model made without --model"),
+        "{stderr}"
+    );
+    let stderr = serve(&["--preset", "0.6b", "--concurrency", "8,0"]);
+    assert!(
+        stderr.contains("every --concurrency level must be at least 1"),
+        "{stderr}"
+    );
+    let stderr = serve(&["--preset", "0.6b", "--group-size", "0"]);
+    assert!(
+        stderr.contains("--group-size must be at least 1"),
+        "{stderr}"
+    );
+    let stderr = serve(&["--preset", "0.6b", "--tokenizer", dir]);
+    assert!(
+        stderr.contains("--preset 0.6b without --model needs Qwen3's tokenizer"),
+        "{stderr}"
+    );
+    let made: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(made.is_empty(), "a refused run wrote {made:?}");
+}
+
+/// `host bench products --dtype` measures each kernel the engine may run in that dtype, names
+/// the CPU and, in bf16, the few-rows kernel's way (vdpbf16ps where the CPU has AVX-512 BF16);
+/// oneDNN only in f32, the widened BLAS only in bf16.
+#[test]
+fn bench_products_measures_each_dtypes_kernels_and_names_the_cpu() {
+    let home = tempfile::tempdir().unwrap();
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let avx2 = flags.contains(" avx2") && flags.contains(" fma");
+    let bf16_dot = flags.contains(" avx512_bf16") && flags.contains(" avx512bw");
+    for dtype in ["bf16", "f32"] {
+        let out = run(host(home.path()).args([
+            "bench",
+            "products",
+            "--preset",
+            "tiny",
+            "--rows",
+            "1,5",
+            "--repeats",
+            "1",
+            "--dtype",
+            dtype,
+            "--json",
+        ]));
+        let (stdout, stderr) = texts(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["dtype"], dtype);
+        assert!(v["cpu"].as_str().is_some_and(|c| c.contains("core")), "{v}");
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(
+            rows.iter()
+                .map(|r| r["rows"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
+            [1, 5]
+        );
+        for r in rows {
+            let kernels: Vec<&str> = r["kernels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| {
+                    for t in ["layers_ms", "head_ms"] {
+                        let ms = k[t].as_f64().unwrap();
+                        assert!(ms > 0.0 && ms.is_finite(), "{t} {ms} in {k}");
+                    }
+                    k["kernel"].as_str().unwrap()
+                })
+                .collect();
+            assert_eq!(kernels[0], "blas", "{kernels:?}");
+            assert_eq!(kernels.contains(&"few_rows"), avx2, "{kernels:?}");
+            assert_eq!(kernels.contains(&"widened"), dtype == "bf16", "{kernels:?}");
+            if dtype == "bf16" {
+                assert!(!kernels.contains(&"onednn"), "{kernels:?}");
+            }
+        }
+        let absent = v["absent"].as_array().unwrap();
+        if dtype == "bf16" {
+            assert!(
+                absent.iter().any(|a| a["kernel"] == "onednn"
+                    && a["reason"].as_str().unwrap().contains("f32 products only")),
+                "{absent:?}"
+            );
+            let way = avx2.then_some(if bf16_dot { "vdpbf16ps" } else { "widened" });
+            assert_eq!(v["few_rows_bf16"].as_str(), way, "{v}");
+        } else {
+            assert!(v["few_rows_bf16"].is_null(), "{v}");
+        }
+    }
+}

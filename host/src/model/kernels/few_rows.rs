@@ -327,6 +327,18 @@ unsafe fn block<const BF16: bool, const M: usize, const N: usize>(
     };
     // SAFETY (loads): p + 8 ≤ k within rows of k values.
     while p + 8 <= k {
+        // Once per cache line, the next block's rows at this position: a block's end is then
+        // in cache, not a new stream for the hardware prefetcher to find (`host bench
+        // products`, 2-core AMD EPYC, 8 rows of Qwen3-0.6B's layers: 129-139 ms against
+        // 158-161 in f32, 124-133 against 143-151 in bf16; one row unchanged). A prefetch
+        // past the weights' end is a hint that never faults.
+        let size = if BF16 { 2 } else { 4 };
+        if (p * size).is_multiple_of(64) {
+            for b in 0..N {
+                let ahead = w.wrapping_add(((N + b) * k + p) * size);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
+        }
         let mut wv = [_mm256_setzero_ps(); N];
         for (b, v) in wv.iter_mut().enumerate() {
             *v = if BF16 {
