@@ -20,8 +20,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::checkpoint::{parameter_shapes, read_checkpoint};
 use super::kernels::{
-    AttentionPart, ProductKernel, SMALL_PRODUCT_ROWS, cpu_has_bf16_matrix, few_rows, grad_enabled,
-    grouped_attention, onednn_works, product, shared_prefix_attention,
+    AttentionPart, ProductKernel, SMALL_PRODUCT_ROWS, cpu_has_bf16_matrix, decode_attention,
+    few_rows, grad_enabled, grouped_attention, onednn_works, product, shared_prefix_attention,
 };
 use super::kv::{KvCache, SharedPrefix, SlotCache};
 use super::lora::{Lora, LoraRows, LoraTarget};
@@ -299,7 +299,9 @@ impl Qwen3 {
     /// all) reaches a fraction of the memory bandwidth there: at Qwen3-0.6B's shape most of a
     /// decode step. Both read the weights where they are (no packed copy). For inference:
     /// results differ from the BLAS's in rounding only (another summation order), and products
-    /// autograd records (grad mode on, an operand that requires grad) keep the BLAS.
+    /// autograd records (grad mode on, an operand that requires grad) keep the BLAS. A decode
+    /// step's attention likewise runs by [`decode_attention`] (keys and values read in place,
+    /// once per kv head).
     pub fn use_small_product_kernels(&mut self) {
         self.small_products = self.embed.device() == Device::Cpu
             && matches!(self.embed.kind(), Kind::Float | Kind::BFloat16);
@@ -974,6 +976,13 @@ impl Qwen3 {
         } else if t == 1 && !frame.shared.is_empty() {
             // Decoding rows that share prefixes: each group's shared keys read once.
             shared_prefix_attention(&q, &k, &v, &frame.shared, scale, group)
+        } else if let Some(attn) = (t == 1 && self.small_products)
+            .then(|| decode_attention::attend(&q, &k, &v, mask, scale, group))
+            .flatten()
+        {
+            // Decoding on the CPU for inference: each (row, kv head)'s keys and values read
+            // once, where the cache holds them, for its group of query heads.
+            attn
         } else if t == 1 {
             // Decoding (one query per row): a kv head's group of query heads against it as
             // one batched matrix product over all rows and kv heads (a single batched

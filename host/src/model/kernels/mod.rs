@@ -4,6 +4,7 @@
 //! tensors: no weights, no model state.
 
 pub mod bf16_dot;
+pub mod decode_attention;
 pub mod few_rows;
 
 use tch::{Device, Kind, Tensor};
