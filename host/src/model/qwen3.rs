@@ -309,7 +309,8 @@ impl Qwen3 {
 
     /// The kernel that runs a product of `rows` rows of `kind` values: f32 and bf16 ones of
     /// few rows by the few-rows kernel where the CPU runs it (bf16 weights widened to f32 in
-    /// registers: half the bytes of f32 read, on any AVX2 CPU), f32 ones by oneDNN where it
+    /// registers: half the bytes of f32 read, on any AVX2 CPU; bf16 pairs by `vdpbf16ps` where
+    /// the CPU has AVX-512 BF16), f32 ones by oneDNN where it
     /// does not; larger bf16 ones widened to f32 for the BLAS on CPUs without bf16 matrix
     /// instructions ([`ProductKernel::Widened`]); the rest by the BLAS.
     pub fn product_kernel(&self, kind: Kind, rows: i64) -> ProductKernel {
