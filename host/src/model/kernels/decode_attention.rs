@@ -45,9 +45,13 @@ pub fn attend(
     group: i64,
 ) -> Option<Tensor> {
     let kind = q.kind();
-    let (b, _, _, hd) = q.size4().ok()?;
-    let (_, nkv, keys, _) = k.size4().ok()?;
+    let (b, heads, t, hd) = q.size4().ok()?;
+    let (kb, nkv, keys, khd) = k.size4().ok()?;
     let applies = available()
+        && t == 1
+        && kb == b
+        && khd == hd
+        && heads == nkv * group
         && q.device() == Device::Cpu
         && matches!(kind, Kind::Float | Kind::BFloat16)
         && k.kind() == kind
@@ -488,7 +492,8 @@ mod tests {
     }
 
     /// What the kernel does not take is left to the caller: a head size not a multiple of 8,
-    /// more than 8 query heads per kv head, an operand that requires grad.
+    /// more than 8 query heads per kv head, an operand that requires grad, shapes that do not
+    /// agree.
     #[test]
     fn declines_what_it_does_not_take() {
         let cpu = (Kind::Float, Device::Cpu);
@@ -501,5 +506,22 @@ mod tests {
         let q = Tensor::randn([1, 2, 1, 16], cpu).set_requires_grad(true);
         let k = Tensor::randn([1, 1, 5, 16], cpu);
         assert!(attend(&q, &k, &k, None, 0.3, 2).is_none(), "grad");
+        let q = Tensor::randn([1, 2, 1, 16], cpu);
+        assert!(
+            attend(&q, &k, &k, None, 0.3, 1).is_none(),
+            "heads ≠ kv × group"
+        );
+        let two = Tensor::randn([2, 1, 5, 16], cpu);
+        assert!(attend(&q, &two, &two, None, 0.3, 2).is_none(), "batch");
+        let q2 = Tensor::randn([1, 2, 2, 16], cpu);
+        assert!(
+            attend(&q2, &k, &k, None, 0.3, 2).is_none(),
+            "two queries per row"
+        );
+        assert_eq!(
+            attend(&q, &k, &k, None, 0.3, 2).is_some(),
+            available(),
+            "what it takes, where the CPU runs it"
+        );
     }
 }
