@@ -10,7 +10,10 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::kernels::{ProductKernel, bf16_dot, few_rows, onednn_product, product};
+use crate::model::kernels::{
+    ProductKernel, bf16_dot, decode_attention, decode_attention_by_products, few_rows,
+    onednn_product, product,
+};
 use crate::model::{Preset, Qwen3Config};
 
 /// Options of the benchmark.
@@ -24,6 +27,23 @@ pub struct ProductsBenchOptions {
     pub repeats: usize,
     /// The weights' and rows' dtype.
     pub dtype: crate::device::Precision,
+    /// Keys each row's decode attention reads (its cached positions).
+    pub keys: usize,
+}
+
+/// A decode step's attention at one row count: libtorch's batched products against the
+/// decode attention kernel, every layer, on cache views of `keys` positions.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttentionTimes {
+    /// Rows (sequences) of the step.
+    pub rows: usize,
+    /// Keys each row reads.
+    pub keys: usize,
+    /// libtorch's two batched products and softmax, every layer, milliseconds.
+    pub libtorch_ms: f64,
+    /// [`decode_attention::attend`], every layer, milliseconds; `None` where it does not run
+    /// (no AVX2 and FMA).
+    pub kernel_ms: Option<f64>,
 }
 
 /// One kernel's times at one row count.
@@ -64,6 +84,8 @@ pub struct ProductsReport {
     /// Kernels that do not run here and why (`onednn` where libtorch lacks it or it refused a
     /// product, `few_rows` without AVX2 and FMA): no column is measured for them.
     pub absent: Vec<AbsentKernel>,
+    /// The decode step's attention per row count.
+    pub attention: Vec<AttentionTimes>,
     /// How the `few_rows` column computes bf16 products on this CPU: `vdpbf16ps` (AVX-512
     /// BF16, [`bf16_dot`]) or `widened` (bf16 weights widened to f32 in AVX2 registers); `None`
     /// for f32, or where the kernel does not run.
@@ -195,6 +217,42 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
             });
         }
     });
+    // The attention of a decode step: one query per row and head over `keys` cached positions,
+    // the keys and values narrowed out of a longer cache slab as the engine's slots hold them.
+    let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let keys = o.keys as i64;
+    let mut attention = Vec::new();
+    tch::no_grad(|| {
+        for &m in &o.rows {
+            let b = m as i64;
+            progress(&format!("{m} rows: decode attention over {keys} keys"));
+            let slab = || random([b * nkv * (keys + 64), hd], 1.0).view([b, nkv, keys + 64, hd]);
+            let (k, v) = (slab().narrow(2, 0, keys), slab().narrow(2, 0, keys));
+            let q = random([b * nh, hd], 1.0).view([b, nh, 1, hd]);
+            let scale = (hd as f64).powf(-0.5);
+            let group = nh / nkv;
+            let layers = c.num_hidden_layers;
+            let libtorch_ms = best_ms(o.repeats, || {
+                for _ in 0..layers {
+                    let _ = decode_attention_by_products(&q, &k, &v, None, scale, group);
+                }
+            });
+            let kernel_ms = decode_attention::available().then(|| {
+                best_ms(o.repeats, || {
+                    for _ in 0..layers {
+                        let _ = decode_attention::attend(&q, &k, &v, None, scale, group)
+                            .expect("the kernel takes the model's decode attention");
+                    }
+                })
+            });
+            attention.push(AttentionTimes {
+                rows: m,
+                keys: o.keys,
+                libtorch_ms,
+                kernel_ms,
+            });
+        }
+    });
     let layer_bytes = shapes.iter().map(|&(a, b)| (a * b) as u64).sum::<u64>()
         * c.num_hidden_layers as u64
         * kind.elt_size_in_bytes() as u64;
@@ -210,6 +268,7 @@ pub fn run(o: &ProductsBenchOptions, progress: &dyn Fn(&str)) -> anyhow::Result<
         threads: tch::get_num_threads(),
         rows,
         absent,
+        attention,
         few_rows_bf16: (kind == Kind::BFloat16 && few_rows::available()).then(|| {
             if bf16_dot::available() {
                 "vdpbf16ps"
@@ -257,6 +316,20 @@ impl ProductsReport {
         }
         for a in &self.absent {
             s.push_str(&format!("{}: not measured: {}\n", a.kernel, a.reason));
+        }
+        for a in &self.attention {
+            s.push_str(&format!(
+                "decode attention, {} rows over {} keys, {} layers: libtorch {:.1} ms, kernel {}\n",
+                a.rows,
+                a.keys,
+                self.layers,
+                a.libtorch_ms,
+                a.kernel_ms
+                    .map_or("not run here (no AVX2 and FMA)".to_owned(), |k| format!(
+                        "{k:.1} ms ({:.2}x)",
+                        a.libtorch_ms / k
+                    )),
+            ));
         }
         match self.few_rows_bf16.as_deref() {
             Some("vdpbf16ps") => s.push_str(

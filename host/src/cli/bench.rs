@@ -300,6 +300,10 @@ struct ProductsArgs {
     /// widened to f32, and the few-rows kernel on the bf16 weights).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: crate::device::Precision,
+    /// Keys (cached positions) each row's decode attention reads in the attention rows: the
+    /// decode attention kernel against libtorch's batched products.
+    #[arg(long, default_value_t = 432)]
+    keys: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -693,17 +697,20 @@ fn products(a: ProductsArgs) -> anyhow::Result<ExitCode> {
         rows,
         repeats,
         dtype,
+        keys,
         json,
     } = a;
     anyhow::ensure!(
         !rows.is_empty() && rows.iter().all(|&r| r > 0),
         "--rows must list row counts of at least 1"
     );
+    anyhow::ensure!(keys >= 1, "--keys must be at least 1");
     let options = crate::bench::products::ProductsBenchOptions {
         preset,
         rows,
         repeats,
         dtype,
+        keys,
     };
     let progress = stderr_unless(json);
     let report = crate::bench::products::run(&options, &progress)

@@ -21,7 +21,8 @@ use tch::{Device, Kind, Tensor};
 use super::checkpoint::{parameter_shapes, read_checkpoint};
 use super::kernels::{
     AttentionPart, ProductKernel, SMALL_PRODUCT_ROWS, cpu_has_bf16_matrix, decode_attention,
-    few_rows, grad_enabled, grouped_attention, onednn_works, product, shared_prefix_attention,
+    decode_attention_by_products, few_rows, grad_enabled, grouped_attention, onednn_works, product,
+    shared_prefix_attention,
 };
 use super::kv::{KvCache, SharedPrefix, SlotCache};
 use super::lora::{Lora, LoraRows, LoraTarget};
@@ -917,7 +918,6 @@ impl Qwen3 {
             self.cfg.head_dim,
         );
         let group = nh / nkv;
-        let kind = self.embed.kind();
         let scale = (hd as f64).powf(-0.5);
         let l = &self.layers[i];
         let x = self.rms_norm(h, &l.input_norm);
@@ -985,26 +985,7 @@ impl Qwen3 {
             // once, where the cache holds them, for its group of query heads.
             attn
         } else if t == 1 {
-            // Decoding (one query per row): a kv head's group of query heads against it as
-            // one batched matrix product over all rows and kv heads (a single batched
-            // BLAS call); the fused kernel would make one small call per head and row.
-            let keys = k.size()[2];
-            let q3 = q.reshape([b * nkv, group, hd]);
-            let k3 = k.reshape([b * nkv, keys, hd]);
-            let v3 = v.reshape([b * nkv, keys, hd]);
-            let mut scores = q3.bmm(&k3.transpose(1, 2)) * scale;
-            if let Some(mask) = mask {
-                scores = scores
-                    + mask
-                        .view([b, 1, 1, keys])
-                        .expand([b, nkv, 1, keys], false)
-                        .reshape([b * nkv, 1, keys]);
-            }
-            scores
-                .softmax(-1, Kind::Float)
-                .to_kind(kind)
-                .bmm(&v3)
-                .reshape([b, 1, nh * hd])
+            decode_attention_by_products(&q, &k, &v, mask, scale, group)
         } else {
             // Grouped-query attention, fused (libtorch's scaled_dot_product_attention). On
             // CUDA, libtorch's memory-efficient kernel takes the explicit mask (padded rows,

@@ -178,6 +178,8 @@ fn bench_products_measures_each_dtypes_kernels_and_names_the_cpu() {
             "1",
             "--dtype",
             dtype,
+            "--keys",
+            "40",
             "--json",
         ]));
         let (stdout, stderr) = texts(&out);
@@ -211,6 +213,18 @@ fn bench_products_measures_each_dtypes_kernels_and_names_the_cpu() {
             if dtype == "bf16" {
                 assert!(!kernels.contains(&"onednn"), "{kernels:?}");
             }
+        }
+        // The decode attention rows: both ways timed per row count over the keys asked for.
+        let attention = v["attention"].as_array().unwrap();
+        assert_eq!(attention.len(), 2, "{v}");
+        for a in attention {
+            assert_eq!(a["keys"], 40, "{a}");
+            assert!(a["libtorch_ms"].as_f64().unwrap() > 0.0, "{a}");
+            assert_eq!(
+                a["kernel_ms"].as_f64().is_some_and(|k| k > 0.0),
+                avx2,
+                "{a}"
+            );
         }
         let absent = v["absent"].as_array().unwrap();
         if dtype == "bf16" {

@@ -15,6 +15,8 @@
 
 use tch::{Device, Kind, Tensor};
 
+#[cfg(target_arch = "x86_64")]
+use super::few_rows::hsum;
 use super::few_rows::{self, Out, run_parts};
 
 /// Query heads per kv head this kernel takes (Qwen3: 2 to 4).
@@ -72,10 +74,7 @@ pub fn attend(
         .contiguous();
     let mut s = scores(&q, k, scale);
     if let Some(mask) = mask {
-        s += mask
-            .view([b, 1, 1, keys])
-            .expand([b, nkv, 1, keys], false)
-            .reshape([b * nkv, 1, keys]);
+        s += super::per_kv_head(mask, b, nkv, keys);
     }
     let p = s.softmax(-1, Kind::Float);
     Some(
@@ -244,19 +243,6 @@ unsafe fn load8<const BF16: bool>(p: *const u8, i: usize) -> std::arch::x86_64::
             _mm256_loadu_ps(p.cast::<f32>().add(i))
         }
     }
-}
-
-/// The sum of eight lanes (the same fixed tree as the few-rows kernel's).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn hsum(s: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let hi = _mm256_extractf128_ps(s, 1);
-    let q = _mm_add_ps(_mm256_castps256_ps128(s), hi);
-    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-    _mm_cvtss_f32(q)
 }
 
 /// `o[g, j] = scale · q[g] · k[j]` for `g < G` (the group), `j < keys`: each key row read once

@@ -358,17 +358,26 @@ unsafe fn block<const BF16: bool, const M: usize, const N: usize>(
     for (a, row) in acc.iter().enumerate() {
         for (b, s) in row.iter().enumerate() {
             // Sum of the eight lanes, then the k % 8 tail.
-            let hi = _mm256_extractf128_ps(*s, 1);
-            let q = _mm_add_ps(_mm256_castps256_ps128(*s), hi);
-            let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-            let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-            let mut total = _mm_cvtss_f32(q);
+            let mut total = hsum(*s);
             for t in p..k {
                 total += unsafe { *x.add(a * k + t) } * weight(b, t);
             }
             unsafe { *y.add(a * ldy + b) = total };
         }
     }
+}
+
+/// The sum of eight lanes, as a fixed tree (halves, then pairs): the same bits whatever calls it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn hsum(s: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_extractf128_ps(s, 1);
+    let q = _mm_add_ps(_mm256_castps256_ps128(s), hi);
+    let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+    _mm_cvtss_f32(q)
 }
 
 #[cfg(not(target_arch = "x86_64"))]

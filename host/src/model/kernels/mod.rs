@@ -189,6 +189,45 @@ pub fn grouped_attention(
     }
 }
 
+/// Decode attention (one query per row) as libtorch's batched products: a kv head's group of
+/// query heads against it as one batched matrix product over all rows and kv heads (a single
+/// batched BLAS call; the fused kernel would make one small call per head and row), softmax in
+/// f32. What [`decode_attention::attend`] replaces on the CPU, and runs everywhere it declines.
+/// Shapes as [`decode_attention::attend`]'s.
+pub fn decode_attention_by_products(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+    group: i64,
+) -> Tensor {
+    let (b, nh, _, hd) = q.size4().expect("q is [b, heads, 1, hd]");
+    let (nkv, keys) = (nh / group, k.size()[2]);
+    let q3 = q.reshape([b * nkv, group, hd]);
+    let k3 = k.reshape([b * nkv, keys, hd]);
+    let v3 = v.reshape([b * nkv, keys, hd]);
+    let scores = q3.bmm(&k3.transpose(1, 2)) * scale;
+    // Out of place: the sum takes the wider of the two dtypes, as it always did.
+    let scores = match mask {
+        Some(mask) => scores + per_kv_head(mask, b, nkv, keys),
+        None => scores,
+    };
+    scores
+        .softmax(-1, Kind::Float)
+        .to_kind(q.kind())
+        .bmm(&v3)
+        .reshape([b, 1, nh * hd])
+}
+
+/// A decode step's additive mask (`b · keys` values) as `[b · kv, 1, keys]`, one copy per kv
+/// head, to add to scores of `[b · kv, group, keys]`.
+pub(crate) fn per_kv_head(mask: &Tensor, b: i64, nkv: i64, keys: i64) -> Tensor {
+    mask.view([b, 1, 1, keys])
+        .expand([b, nkv, 1, keys], false)
+        .reshape([b * nkv, 1, keys])
+}
+
 /// Rows of a decode step whose keys at positions `0..len` are the same (they share a prompt
 /// prefix computed with the same weights), read once for all of them from row `source`
 /// ([`shared_prefix_attention`]). A part with `len` 0 shares nothing: its rows read their own
