@@ -252,9 +252,9 @@ struct Param {
     /// The parameter the model computes with.
     p: Tensor,
     /// f32 master weights, when the model's are narrower (bf16): the update is applied to them
-    /// and the parameter is their rounding.
+    /// and the parameter is their rounding. `None` until the state is made ([`AdamW::make`]).
     master: Option<Tensor>,
-    /// First and second moments (f32).
+    /// First and second moments (f32); undefined until the state is made.
     m: Tensor,
     v: Tensor,
     /// The f32 sum of the gradients of the micro-batches so far, for a narrow parameter when a
@@ -262,21 +262,37 @@ struct Param {
     acc: Option<Tensor>,
 }
 
+impl Param {
+    /// Whether the model computes with it narrower than f32 (it then has master weights).
+    fn narrow(&self) -> bool {
+        self.p.kind() != Kind::Float
+    }
+}
+
 /// AdamW (decoupled weight decay, bias-corrected moments, as `torch.optim.AdamW`), with its
 /// state in plain tensors so checkpoints can hold it. Its state is f32 whatever the model's
 /// dtype (mixed precision: a bf16 model gets f32 master weights), on the model's device or,
 /// offloaded, in host memory.
+///
+/// The state is made when first needed (the first micro-batch's gradients, a step, a restore),
+/// not with the optimiser: where it lives is settled by then ([`Trainer::with_memory`]), so an
+/// offloaded trainer never holds the moments on the device, not even for a moment (a 4B model's
+/// are 48 GB; made on the device and then moved, they set the device's peak and stayed in
+/// libtorch's cache).
 struct AdamW {
     /// Parameters by HF name, sorted.
     params: Vec<Param>,
     steps: i64,
     /// Where the state lives.
     state_device: tch::Device,
+    /// Whether the moments and master weights exist yet.
+    made: bool,
 }
 
 impl AdamW {
     /// The optimiser of `model`'s trainable tensors: its LoRA adapters when it has them (the
-    /// base is frozen: no gradients, no state), else every weight.
+    /// base is frozen: no gradients, no state), else every weight; its state is made later, on
+    /// the model's device or, offloaded, in host memory.
     fn new(model: &Qwen3, offload: bool) -> Self {
         let mut vars: Vec<(String, Tensor)> = match model.lora() {
             Some(lora) => lora.tensors().into_iter().collect(),
@@ -290,28 +306,49 @@ impl AdamW {
         };
         let params = vars
             .into_iter()
-            .map(|(name, p)| {
-                let zeros = || {
-                    Tensor::zeros(p.size(), (Kind::Float, state_device)).set_requires_grad(false)
-                };
-                let master = (p.kind() != Kind::Float).then(|| {
-                    tch::no_grad(|| p.detach().to_device(state_device).to_kind(Kind::Float))
-                });
-                Param {
-                    name,
-                    m: zeros(),
-                    v: zeros(),
-                    master,
-                    acc: None,
-                    p,
-                }
+            .map(|(name, p)| Param {
+                name,
+                m: Tensor::new(),
+                v: Tensor::new(),
+                master: None,
+                acc: None,
+                p,
             })
             .collect();
         Self {
             params,
             steps: 0,
             state_device,
+            made: false,
         }
+    }
+
+    /// Makes the moments (zeros) and the master weights (the parameters' values now) where the
+    /// state lives, once.
+    fn make(&mut self) -> Result<(), tch::TchError> {
+        if self.made {
+            return Ok(());
+        }
+        let device = self.state_device;
+        tch::no_grad(|| {
+            for param in &mut self.params {
+                let size = param.p.size();
+                param.m = Tensor::f_zeros(&size, (Kind::Float, device))?;
+                param.v = Tensor::f_zeros(&size, (Kind::Float, device))?;
+                if param.narrow() {
+                    param.master = Some(
+                        param
+                            .p
+                            .detach()
+                            .f_to_device(device)?
+                            .f_to_kind(Kind::Float)?,
+                    );
+                }
+            }
+            Ok::<(), tch::TchError>(())
+        })?;
+        self.made = true;
+        Ok(())
     }
 
     fn zero_grad(&mut self) {
@@ -327,6 +364,7 @@ impl AdamW {
     /// Moves narrow parameters' gradients into their f32 sums (after each micro-batch's
     /// backward pass when a step has several) and clears them.
     fn accumulate(&mut self) -> Result<(), tch::TchError> {
+        self.make()?;
         let device = self.state_device;
         tch::no_grad(|| {
             for param in &mut self.params {
@@ -379,6 +417,7 @@ impl AdamW {
     fn step(&mut self, lr: f64, cfg: &OptimConfig, grad_scale: f64) -> Result<(), tch::TchError> {
         /// Values per block of an update.
         const BLOCK: i64 = 16 << 20;
+        self.make()?;
         self.steps += 1;
         let [b1, b2] = cfg.betas;
         let (c1, c2) = (
@@ -550,6 +589,7 @@ impl Trainer {
         if memory.optim_cpu_offload != (self.opt.state_device == tch::Device::Cpu)
             && self.model.vs.device() != tch::Device::Cpu
         {
+            // Nothing is made yet before the first step: this only says where it will be.
             self.opt = AdamW::new(&self.model, memory.optim_cpu_offload);
         }
         self
@@ -616,11 +656,21 @@ impl Trainer {
             None => self.model.save(dir)?,
         }
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        // Before the first step the state is not made: it would be zeros and the weights.
+        let or_zeros = |t: &Tensor, p: &Tensor| match t.defined() {
+            true => t.shallow_clone(),
+            false => Tensor::zeros(p.size(), (Kind::Float, tch::Device::Cpu)),
+        };
         for p in &self.opt.params {
-            tensors.push((format!("{}.exp_avg", p.name), p.m.shallow_clone()));
-            tensors.push((format!("{}.exp_avg_sq", p.name), p.v.shallow_clone()));
-            if let Some(w) = &p.master {
-                tensors.push((format!("{}.master", p.name), w.shallow_clone()));
+            tensors.push((format!("{}.exp_avg", p.name), or_zeros(&p.m, &p.p)));
+            tensors.push((format!("{}.exp_avg_sq", p.name), or_zeros(&p.v, &p.p)));
+            match &p.master {
+                Some(w) => tensors.push((format!("{}.master", p.name), w.shallow_clone())),
+                None if p.narrow() => tensors.push((
+                    format!("{}.master", p.name),
+                    tch::no_grad(|| p.p.detach().to_kind(Kind::Float)),
+                )),
+                None => {}
             }
         }
         crate::model::safetensors::write(
@@ -659,6 +709,9 @@ impl Trainer {
             crate::model::safetensors::read(&dir.join("optimizer.safetensors"))?
                 .into_iter()
                 .collect();
+        self.opt
+            .make()
+            .map_err(|e| malformed(format!("making the optimiser's state: {e}")))?;
         tch::no_grad(|| -> Result<(), crate::model::ModelError> {
             for p in &mut self.opt.params {
                 let name = &p.name;
