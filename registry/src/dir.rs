@@ -84,8 +84,17 @@ impl DirRegistry {
         self.write_atomically(&self.root.join("config.json"), text.as_bytes())
     }
 
-    /// Accepts `public_key` (hex) as a publisher key for `owner`.
+    /// Accepts `public_key` (hex, stored canonical: see [`crate::sign`]) as a publisher key for
+    /// `owner`, a publisher name (`[a-z0-9-]`).
     pub fn add_key(&self, owner: &str, public_key: &str) -> Result<(), RegistryError> {
+        crate::name::check_owner(owner)?;
+        let public_key = crate::sign::canonical_public_key(public_key).map_err(|source| {
+            RegistryError::Malformed {
+                context: format!("cannot accept a key for {owner}"),
+                field: "key",
+                source,
+            }
+        })?;
         if crate::server::RESERVED_OWNERS.contains(&owner) {
             return Err(self.corrupt(format!(
                 "the owner name {owner:?} is reserved: it is a route of the registry's web pages"
@@ -94,8 +103,8 @@ impl DirRegistry {
         let _lock = self.lock()?;
         let mut config = self.config()?;
         let keys = config.keys.entry(owner.to_owned()).or_default();
-        if !keys.iter().any(|k| k == public_key) {
-            keys.push(public_key.to_owned());
+        if !keys.iter().any(|k| crate::sign::same_key(k, &public_key)) {
+            keys.push(public_key);
         }
         self.write_config(&config)
     }
@@ -201,6 +210,8 @@ impl DirRegistry {
     }
 
     /// [`DirRegistry::publish_signed`] for bytes already checked by [`DirRegistry::read_package`].
+    /// The key and signature are stored canonical (lowercase hex, see [`crate::sign`]): a
+    /// malformed one is [`RegistryError::Malformed`].
     pub fn add(
         &self,
         packed: &[u8],
@@ -214,6 +225,16 @@ impl DirRegistry {
         let version = manifest.plugin.version.clone();
         let package = format!("{name}@{version}");
         let cksum = checksum(packed);
+        let malformed = |field, source| RegistryError::Malformed {
+            context: format!("cannot publish {package}"),
+            field,
+            source,
+        };
+        // Canonical before anything else: what is stored (and served, perhaps in a header) is
+        // exactly lowercase hex, however the publisher spelt it.
+        let public_key =
+            &crate::sign::canonical_public_key(public_key).map_err(|e| malformed("key", e))?;
+        let sig = &crate::sign::canonical_signature(sig).map_err(|e| malformed("sig", e))?;
         crate::sign::verify(public_key, sig, &name, &version, &cksum).map_err(|e| {
             RegistryError::Refused {
                 package: package.clone(),
@@ -234,7 +255,7 @@ impl DirRegistry {
         let accepted = config
             .keys
             .get(&manifest.plugin.owner)
-            .is_some_and(|keys| keys.iter().any(|k| k == public_key));
+            .is_some_and(|keys| keys.iter().any(|k| crate::sign::same_key(k, public_key)));
         if !accepted {
             return Err(RegistryError::Refused {
                 package,
@@ -328,6 +349,15 @@ impl DirRegistry {
             reason,
         };
         let cksum = checksum(summary);
+        let malformed = |field, source| RegistryError::Malformed {
+            context: format!("cannot publish an evaluation of {name}"),
+            field,
+            source,
+        };
+        // Stored canonical, as a package's: the stored values are served in HTTP headers.
+        let public_key =
+            &crate::sign::canonical_public_key(public_key).map_err(|e| malformed("key", e))?;
+        let sig = &crate::sign::canonical_signature(sig).map_err(|e| malformed("sig", e))?;
         crate::sign::verify_eval(
             public_key,
             sig,
@@ -351,7 +381,7 @@ impl DirRegistry {
             config
                 .keys
                 .get(owner)
-                .is_some_and(|keys| keys.iter().any(|k| k == public_key))
+                .is_some_and(|keys| keys.iter().any(|k| crate::sign::same_key(k, public_key)))
         };
         let publisher = match publisher {
             Some(owner) if accepted(owner) => owner.to_owned(),
@@ -540,5 +570,82 @@ impl RegistryBackend for DirBackend {
         e: crate::evals::EvalPublication<'_>,
     ) -> Result<crate::evals::StoredEval, RegistryError> {
         self.dir.add_eval(e.summary, e.sig, e.public_key, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key was accepted for any owner string (shown on pages, sent in headers) and stored as
+    /// typed, so the same key in upper case was a second key that matched nothing.
+    #[test]
+    fn keys_are_accepted_for_publisher_names_and_stored_canonical() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = DirRegistry::open(dir.path(), true).unwrap();
+        let key = PublisherKey::generate().unwrap();
+        let public = key.public_hex();
+        for owner in ["ac\u{202E}me", "Acme", "acme\nx", ""] {
+            let e = registry.add_key(owner, &public).unwrap_err().to_string();
+            assert!(e.contains("not a publisher name"), "{e}");
+        }
+        let e = registry
+            .add_key("acme", &format!("{}é", &public[..62]))
+            .unwrap_err();
+        assert!(
+            matches!(e, RegistryError::Malformed { field: "key", .. }),
+            "{e}"
+        );
+        registry.add_key("acme", &format!("{public}\n")).unwrap();
+        registry.add_key("acme", &public.to_uppercase()).unwrap();
+        assert_eq!(registry.config().unwrap().keys["acme"], vec![public]);
+    }
+
+    /// What a publisher signs is stored canonical whatever its spelling; a malformed signature
+    /// is an error naming the field, not a panic and not a refusal as if it did not verify.
+    #[test]
+    fn signatures_are_stored_canonical() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = DirRegistry::open(&dir.path().join("r"), true).unwrap();
+        let key = PublisherKey::generate().unwrap();
+        registry.add_key("acme", &key.public_hex()).unwrap();
+        let plugin = dir.path().join("plugin");
+        std::fs::create_dir_all(&plugin).unwrap();
+        std::fs::write(
+            plugin.join("plugin.toml"),
+            "[plugin]\nowner = \"acme\"\nname = \"demo\"\nversion = \"0.1.0\"\n\
+             kind = \"environment\"\nabi = \"rlhost:env@0.1.0\"\nruntime = \"wasm\"\n",
+        )
+        .unwrap();
+        std::fs::write(plugin.join("plugin.wasm"), b"\0asm fake").unwrap();
+        let (packed, _) = package::pack(&plugin).unwrap();
+        let version = semver::Version::new(0, 1, 0);
+        let sig = key.sign("acme/demo", &version, &checksum(&packed));
+        let e = registry
+            .publish_signed(
+                &packed,
+                &format!("{}ü", &sig[..126]),
+                &key.public_hex(),
+                None,
+            )
+            .unwrap_err();
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(
+            matches!(e, RegistryError::Malformed { field: "sig", .. }),
+            "{chain}"
+        );
+        assert!(
+            chain.contains("invalid signature") && chain.contains("U+00FC"),
+            "{chain}"
+        );
+        let loose_sig = format!("{}\n", sig.to_uppercase());
+        let loose_key = format!("\t{}\n", key.public_hex().to_uppercase());
+        let entry = registry
+            .publish_signed(&packed, &loose_sig, &loose_key, None)
+            .unwrap();
+        assert_eq!(entry.sig.as_deref(), Some(sig.as_str()));
+        assert_eq!(entry.key, Some(key.public_hex()));
+        let name: PackageName = "acme/demo".parse().unwrap();
+        assert_eq!(registry.entries(&name).unwrap(), vec![entry]);
     }
 }

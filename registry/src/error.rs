@@ -1,8 +1,9 @@
 //! The registry's errors, one type for every backend (directory, HTTP client, server) and for
 //! verifying what a registry serves.
 
-use crate::name::NameError;
+use crate::name::{NameError, OwnerError};
 use crate::package::PackageError;
+use crate::sign::SignError;
 
 /// Errors of a registry (any backend) and of verifying what it serves.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +68,21 @@ pub enum RegistryError {
     /// A package name that is not `owner/name` slugs (it never reaches a path or URL).
     #[error(transparent)]
     Name(#[from] NameError),
+    /// A publisher name given alone (for a key or a token) that is not a slug.
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    /// A key or signature sent with a publication is not hex of the right length (or not a
+    /// key): refused before anything is checked or stored.
+    #[error("{context}: malformed `{field}`")]
+    Malformed {
+        /// What was refused (`cannot publish owner/name@version`).
+        context: String,
+        /// The field as the client sends it (`key`, `sig`).
+        field: &'static str,
+        /// What is wrong with it.
+        #[source]
+        source: SignError,
+    },
     /// The version is not published in this registry.
     #[error("{package} is not published here")]
     NotPublished {

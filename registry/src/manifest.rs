@@ -297,6 +297,7 @@ impl Manifest {
             }
         }
         parse_abi(&p.abi).map_err(|problem| bad("plugin.abi", problem))?;
+        self.check_shown_text(origin)?;
         for cap in &p.capabilities {
             if !KNOWN_CAPABILITIES.contains(&cap.as_str()) {
                 return Err(bad(
@@ -419,6 +420,57 @@ impl Manifest {
                     "dependencies",
                     format!("has key {dep:?}: expected \"owner/name\""),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Text the hub and `host env info` show, checked for what would hide or reorder it (see
+    /// [`crate::name::check_name_text`]): names, tags, licenses and dataset ids as names; the
+    /// description, notes and argument descriptions as prose (line breaks allowed).
+    fn check_shown_text(&self, origin: &str) -> Result<(), ManifestError> {
+        use crate::name::{check_name_text, check_prose_text};
+        let p = &self.plugin;
+        let bad = |e: crate::name::TextError| ManifestError::Field {
+            origin: origin.to_owned(),
+            field: e.field,
+            problem: e.problem,
+        };
+        check_prose_text("plugin.description", &p.description).map_err(bad)?;
+        if let Some(license) = &p.license {
+            check_name_text("plugin.license", license).map_err(bad)?;
+        }
+        for tag in &p.tags {
+            check_name_text("plugin.tags", tag).map_err(bad)?;
+        }
+        for d in &self.datasets {
+            check_name_text("datasets.split", &d.split).map_err(bad)?;
+            check_name_text("datasets.file", &d.file.to_string_lossy()).map_err(bad)?;
+            let ids = [
+                ("datasets.source", &d.source),
+                ("datasets.hf_dataset", &d.hf_dataset),
+                ("datasets.hf_config", &d.hf_config),
+                ("datasets.hf_split", &d.hf_split),
+                ("datasets.hf_revision", &d.hf_revision),
+            ];
+            for (field, value) in ids {
+                if let Some(value) = value {
+                    check_name_text(field, value).map_err(bad)?;
+                }
+            }
+            if let Some(note) = &d.note {
+                check_prose_text("datasets.note", note).map_err(bad)?;
+            }
+        }
+        for arg in &self.args {
+            if let Some(default) = &arg.default {
+                check_prose_text("args.default", default).map_err(bad)?;
+            }
+            check_prose_text("args.description", &arg.description).map_err(bad)?;
+        }
+        if let Some(py) = &self.python {
+            for dep in &py.dependencies {
+                check_name_text("python.dependencies", dep).map_err(bad)?;
             }
         }
         Ok(())
@@ -582,6 +634,63 @@ capabilities = ["sandbox.python"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("expected an identifier"), "{e}");
+    }
+
+    /// A description or tag with a bidi override was accepted and shown on the hub reordered.
+    #[test]
+    fn shown_text_refuses_hidden_and_reordering_characters() {
+        let data = "[[datasets]]\nsplit = \"test\"\nfile = \"test.jsonl\"\n";
+        let in_plugin =
+            |line: &str| GOOD.replacen("capabilities =", &format!("{line}\ncapabilities ="), 1);
+        let in_data =
+            |text: &str| GOOD.replacen("[dependencies]", &format!("{text}\n[dependencies]"), 1);
+        for (field, text) in [
+            (
+                "plugin.description",
+                in_plugin("description = \"safe \u{202E}exe.txt\""),
+            ),
+            (
+                "plugin.tags",
+                in_plugin("tags = [\"math\", \"ma\u{200B}th\"]"),
+            ),
+            ("plugin.license", in_plugin("license = \"MIT\u{2066}\"")),
+            (
+                "datasets.split",
+                in_data(&data.replace("\"test\"\nfile", "\"te\u{200E}st\"\nfile")),
+            ),
+            (
+                "datasets.note",
+                in_data(&format!("{data}note = \"a\u{202D}b\"")),
+            ),
+            (
+                "datasets.hf_dataset",
+                in_data(&format!("{data}hf_dataset = \"org/\u{00AD}set\"")),
+            ),
+        ] {
+            let e = Manifest::parse(&text, "x/plugin.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("`{field}` has")) && e.contains("x/plugin.toml"),
+                "{field}: {e}"
+            );
+        }
+        Manifest::parse(&in_data(data), "p.toml").unwrap();
+        let args = "[[args]]\nname = \"x\"\ntype = \"string\"\ndescription = \"a \u{2067}b\"";
+        let e = Manifest::parse(&format!("{GOOD}\n{args}"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`args.description` has") && e.contains("U+2067"),
+            "{e}"
+        );
+        // Prose keeps its line breaks.
+        let ok = GOOD.replacen(
+            "capabilities =",
+            "description = \"\"\"two\nlines\"\"\"\ncapabilities =",
+            1,
+        );
+        Manifest::parse(&ok, "p.toml").unwrap();
     }
 
     #[test]

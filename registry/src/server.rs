@@ -22,17 +22,23 @@
 //! `Cache-Control: no-cache` (revalidated, answered 304 when unchanged); content-addressed
 //! artifacts and versioned static files are immutable.
 //!
-//! Errors are JSON `{"error": …}` with 400 (invalid package, name or signature), 401 (no or unknown
-//! token), 403 (another owner's package, or a key not accepted for the owner), 404, 408 (a body
-//! that did not arrive in time), 409 (version exists with other bytes), 413 (upload over the size
-//! limit) and 500. No error body names a path of the server: internal failures are logged and
-//! answered with a generic message.
+//! Errors are JSON `{"error": …}` with 400 (invalid package, name, key or signature, naming the
+//! field), 401 (no or unknown token), 403 (another owner's package, or a key not accepted for the
+//! owner), 404, 408 (a body that did not arrive in time), 409 (version exists with other bytes),
+//! 413 (upload over the size limit) and 500. No error body names a path of the server: internal
+//! failures are logged and answered with a generic message.
 //!
 //! Every package name in a route or a body passes [`PackageName`]'s check before anything else,
-//! so it never reaches the filesystem unless it is exactly `owner/name` slugs. An upload is
-//! authenticated from its headers before its body is read, at most [`MAX_CONCURRENT_UPLOADS`]
-//! bodies are read at once, and the accept loop ([`rlhost_serve`]) caps connections and gives
-//! headers and bodies deadlines.
+//! so it never reaches the filesystem unless it is exactly `owner/name` slugs. Every write route
+//! (publish, yank, evaluations) authenticates its bearer token from the headers before anything
+//! else: before its query is parsed and before a byte of its body is read, so an unauthenticated
+//! client learns nothing but 401 and holds no upload turn. Then a declared length over the limit
+//! is a 413, still unread; at most [`MAX_CONCURRENT_UPLOADS`] bodies are read at once, and the
+//! accept loop ([`rlhost_serve`]) caps connections and gives headers and bodies deadlines.
+//!
+//! Keys and signatures are stored canonical (lowercase hex, [`crate::sign`]): a malformed `sig`
+//! or `key` is a 400 naming it. Anything stored that goes into a header is checked again on the
+//! way out, so a stored value can never turn an answer into a 500.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -82,7 +88,16 @@ struct ApiError(StatusCode, String);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.1 }).to_string();
-        (self.0, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        let mut response =
+            (self.0, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            // RFC 9110: a 401 names the scheme that would have worked.
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 
@@ -101,27 +116,39 @@ fn registry_api_error(state: &AppState, e: RegistryError) -> ApiError {
     let status = match &e {
         RegistryError::Conflict { .. } => StatusCode::CONFLICT,
         RegistryError::Refused { .. } => StatusCode::FORBIDDEN,
-        RegistryError::Name(_) => StatusCode::BAD_REQUEST,
+        RegistryError::Name(_) | RegistryError::Owner(_) => StatusCode::BAD_REQUEST,
+        RegistryError::Malformed { .. } => StatusCode::BAD_REQUEST,
         RegistryError::NotPublished { .. } => StatusCode::NOT_FOUND,
         RegistryError::InvalidEval { .. } => StatusCode::BAD_REQUEST,
         RegistryError::Package(PackageError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
         RegistryError::Package(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
+    let chain = error_chain(&e);
     if status == StatusCode::INTERNAL_SERVER_ERROR {
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain.push_str(&format!(": {s}"));
-            source = s.source();
-        }
         tracing::error!("registry failure: {chain}");
         return api_error(
             status,
             "internal error: the registry could not handle this request (details are in the server's log)",
         );
     }
-    api_error(status, redact(&e.to_string(), &state.root))
+    api_error(status, redact(&chain, &state.root))
+}
+
+/// `e` and its sources as one line, `outer: inner: cause`, leaving out a source whose text the
+/// line already holds (errors that print their source as well as returning it).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut chain = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = s.source();
+    }
+    chain
 }
 
 /// `message` without the registry's root or the temporary folder (where uploads are unpacked).
@@ -239,32 +266,29 @@ struct PublishQuery {
     min_host: Option<semver::Version>,
 }
 
-/// Reads an upload's body once its sender is known: over-limit sizes are refused from the
-/// `content-length` header alone, and at most [`MAX_CONCURRENT_UPLOADS`] bodies are read at once.
-async fn read_upload(
-    s: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        api_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("uploads here are limited to {limit} bytes"),
-        )
-    };
+/// Refuses a body whose declared length (`content-length`) is over `limit`, from the headers
+/// alone: the body is never read.
+fn refuse_declared_oversize(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+    match declared {
+        Some(n) if n > limit as u64 => Err(too_large(limit)),
+        _ => Ok(()),
     }
-    let _turn = s
-        .uploads
-        .acquire()
-        .await
-        .expect("the semaphore is never closed");
+}
+
+fn too_large(limit: usize) -> ApiError {
+    api_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("uploads here are limited to {limit} bytes"),
+    )
+}
+
+/// Reads a request's body, at most `limit` bytes: a body that stalls past the body deadline is a
+/// 408, one over the limit a 413, one that breaks off a 400.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let mut source: Option<&dyn std::error::Error> = Some(&e);
         while let Some(err) = source {
@@ -272,12 +296,23 @@ async fn read_upload(
                 return api_error(StatusCode::REQUEST_TIMEOUT, err);
             }
             if err.is::<http_body_util::LengthLimitError>() {
-                return too_large();
+                return too_large(limit);
             }
             source = err.source();
         }
-        api_error(StatusCode::BAD_REQUEST, format!("reading the upload: {e}"))
+        api_error(StatusCode::BAD_REQUEST, format!("reading the request: {e}"))
     })
+}
+
+/// Reads an upload's body once its sender is known and its headers were checked
+/// ([`refuse_declared_oversize`]): at most [`MAX_CONCURRENT_UPLOADS`] bodies are read at once.
+async fn read_upload(s: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let _turn = s
+        .uploads
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
+    read_body(body, limit).await
 }
 
 /// Runs a write to the registry (file I/O under its lock) off the async workers; answers its
@@ -296,18 +331,35 @@ async fn write_blocking<T: serde::Serialize + Send + 'static>(
     }
 }
 
+/// What a write route may do before it knows who sends it: nothing. The token, from the headers
+/// alone, comes before the query is parsed and before the body is read, so an unauthenticated
+/// request is a 401 whatever else it carries, and its body (perhaps announced and never sent)
+/// holds no upload turn. Then a declared length over `limit` is a 413, still unread.
+fn authorise_write(s: &AppState, headers: &HeaderMap, limit: usize) -> Result<String, ApiError> {
+    let owner = authenticate(s, headers)?;
+    refuse_declared_oversize(headers, limit)?;
+    Ok(owner)
+}
+
+/// A write route's query, parsed once its sender is known.
+fn write_query<T>(q: PageQuery<T>) -> Result<T, ApiError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| api_error(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
 async fn publish(
     State(s): State<Shared>,
     headers: HeaderMap,
-    Query(q): Query<PublishQuery>,
+    q: PageQuery<PublishQuery>,
     body: Body,
 ) -> Response {
-    // The token first, from the headers alone: an unauthenticated upload is never read.
-    let owner = match authenticate(&s, &headers) {
-        Ok(o) => o,
+    let prepared = authorise_write(&s, &headers, MAX_UPLOAD_BYTES)
+        .and_then(|owner| Ok((owner, write_query(q)?)));
+    let (owner, q) = match prepared {
+        Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let body = match read_upload(&s, &headers, body, MAX_UPLOAD_BYTES).await {
+    let body = match read_upload(&s, body, MAX_UPLOAD_BYTES).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
@@ -342,14 +394,14 @@ struct YankBody {
 }
 
 async fn yank(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    // The token first, from the headers alone, as for uploads.
-    let owner = match authenticate(&s, &headers) {
+    let owner = match authorise_write(&s, &headers, MAX_REQUEST_BYTES) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
-    let body = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+    // Small: read without an upload turn, so a yank never waits behind a package.
+    let body = match read_body(body, MAX_REQUEST_BYTES).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("reading the request: {e}")),
+        Err(e) => return e.into_response(),
     };
     let req: YankBody = match serde_json::from_slice(&body) {
         Ok(r) => r,
@@ -619,23 +671,51 @@ async fn eval_summary(
         return error(StatusCode::NOT_FOUND, "no such evaluation");
     };
     match s.registry.eval(&name, id) {
-        Ok(Some(e)) => (
-            [
-                (header::CONTENT_TYPE, "application/json".to_owned()),
+        Ok(Some(e)) => {
+            let mut response = (
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+                ],
+                e.summary,
+            )
+                .into_response();
+            // Stored values go into headers only in a form that cannot fail there: the key and
+            // signature canonical (one stored before they were canonicalised on the way in
+            // still serves), the publisher a publisher name. A value that is neither is left
+            // out and logged: the summary is still served, and a client finds it unsigned.
+            let values = [
                 (
-                    header::CACHE_CONTROL,
-                    "public, max-age=31536000, immutable".to_owned(),
+                    "x-rlhost-signature",
+                    crate::sign::canonical_signature(&e.sig).map_err(|e| e.to_string()),
                 ),
-                (header::HeaderName::from_static("x-rlhost-signature"), e.sig),
-                (header::HeaderName::from_static("x-rlhost-key"), e.key),
                 (
-                    header::HeaderName::from_static("x-rlhost-publisher"),
-                    e.publisher,
+                    "x-rlhost-key",
+                    crate::sign::canonical_public_key(&e.key).map_err(|e| e.to_string()),
                 ),
-            ],
-            e.summary,
-        )
-            .into_response(),
+                (
+                    "x-rlhost-publisher",
+                    crate::name::check_owner(&e.publisher)
+                        .map(|()| e.publisher.clone())
+                        .map_err(|e| e.to_string()),
+                ),
+            ];
+            for (field, value) in values {
+                let value = value
+                    .and_then(|v| header::HeaderValue::from_str(&v).map_err(|e| e.to_string()));
+                match value {
+                    Ok(v) => {
+                        response
+                            .headers_mut()
+                            .insert(header::HeaderName::from_static(field), v);
+                    }
+                    Err(why) => tracing::error!(
+                        "evaluation {id} of {name}: the stored value for {field} is left out: {why}"
+                    ),
+                }
+            }
+            response
+        }
         Ok(None) => error(
             StatusCode::NOT_FOUND,
             format!("no evaluation {id} of {name}"),
@@ -653,20 +733,23 @@ struct EvalQuery {
 async fn publish_eval(
     State(s): State<Shared>,
     headers: HeaderMap,
-    Query(q): Query<EvalQuery>,
+    q: PageQuery<EvalQuery>,
     body: Body,
 ) -> Response {
-    let owner = match authenticate(&s, &headers) {
-        Ok(o) => o,
+    let prepared = authorise_write(&s, &headers, crate::evals::MAX_EVAL_BYTES).and_then(|owner| {
+        let (Some(sig), Some(key)) = write_query(q).map(|q| (q.sig, q.key))? else {
+            return Err(api_error(
+                StatusCode::BAD_REQUEST,
+                "an evaluation must be signed: give sig and key (host eval --publish --key FILE signs it)",
+            ));
+        };
+        Ok((owner, sig, key))
+    });
+    let (owner, sig, key) = match prepared {
+        Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let (Some(sig), Some(key)) = (q.sig, q.key) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "an evaluation must be signed: give sig and key (host eval --publish --key FILE signs it)",
-        );
-    };
-    let body = match read_upload(&s, &headers, body, crate::evals::MAX_EVAL_BYTES).await {
+    let body = match read_upload(&s, body, crate::evals::MAX_EVAL_BYTES).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
@@ -780,6 +863,352 @@ mod tests {
         ] {
             assert_eq!(wants_json(&accept(value)), json, "{value}");
         }
+    }
+
+    /// A registry served on a free loopback port with one publisher, `acme`, its key and token,
+    /// and `acme/demo@0.1.0` published; stopped when dropped.
+    struct Served {
+        addr: std::net::SocketAddr,
+        root: PathBuf,
+        key: crate::PublisherKey,
+        token: String,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Served {
+        fn drop(&mut self) {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+    }
+
+    /// `.rlpkg` bytes of `acme/demo@{version}`.
+    fn demo_package(version: &str) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("plugin.toml"),
+            format!(
+                "[plugin]\nowner = \"acme\"\nname = \"demo\"\nversion = \"{version}\"\n\
+                 kind = \"environment\"\nabi = \"rlhost:env@0.1.0\"\nruntime = \"wasm\"\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("plugin.wasm"), b"\0asm fake").unwrap();
+        crate::package::pack(dir.path()).unwrap().0
+    }
+
+    async fn serve_registry() -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("registry");
+        let registry = DirRegistry::open(&root, true).unwrap();
+        let key = crate::PublisherKey::generate().unwrap();
+        registry.add_key("acme", &key.public_hex()).unwrap();
+        registry
+            .publish(&demo_package("0.1.0"), &key, None)
+            .unwrap();
+        let token = TokenStore::issue(&root, "acme").unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served_root = root.clone();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            serve(&served_root, listener, ServeLimits::default(), shutdown)
+                .await
+                .unwrap();
+        });
+        Served {
+            addr,
+            root,
+            key,
+            token,
+            stop: Some(stop),
+            _dir: dir,
+        }
+    }
+
+    /// Generous: a body read before the token is checked waits for the 120 s body deadline.
+    const PROMPTLY: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Sends `head` (a request head announcing a body) and never the body, keeping the
+    /// connection open; the status, headers and body of the answer.
+    async fn ask_without_body(addr: std::net::SocketAddr, head: &str) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(PROMPTLY, stream.read_to_end(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within {PROMPTLY:?} to {head:?}"))
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+        (status, head.to_ascii_lowercase(), body.to_owned())
+    }
+
+    /// Unauthenticated bodies were read (or their query judged) before the token was checked:
+    /// 3,000 slow senders held the server. Every write route answers 401 from the headers, with
+    /// a body announced and never sent, whatever its query, and holds no upload turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn write_routes_answer_401_from_the_headers_without_reading_the_body() {
+        let served = serve_registry().await;
+        let addr = served.addr;
+        let routes = [
+            ("PUT", "/api/v1/publish?sig=00&key=00", 200u64 << 20),
+            // No query, or a bad one: still a 401, not a 400 telling a stranger what is wrong.
+            ("PUT", "/api/v1/publish", 200 << 20),
+            (
+                "PUT",
+                "/api/v1/publish?sig=1&key=2&min_host=not-semver",
+                200 << 20,
+            ),
+            ("PUT", "/api/v1/evals?sig=00&key=00", 200 << 10),
+            ("PUT", "/api/v1/evals", 200 << 10),
+            ("POST", "/api/v1/yank", 60 << 10),
+        ];
+        for (method, path, length) in routes {
+            for auth in [
+                "",
+                "authorization: Bearer not-a-token\r\n",
+                "authorization: Basic eDp5\r\n",
+            ] {
+                let head = format!(
+                    "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}content-length: {length}\r\n\r\n"
+                );
+                let (status, headers, body) = ask_without_body(addr, &head).await;
+                assert_eq!(status, 401, "{method} {path} [{auth}]: {body}");
+                assert!(headers.contains("www-authenticate: bearer"), "{headers}");
+                assert!(body.contains("token"), "{body}");
+            }
+        }
+        // Stalled unauthenticated uploads, more than there are upload turns, stay open while a
+        // publisher uploads: the publisher is not kept waiting for them.
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_CONCURRENT_UPLOADS * 4 {
+            use tokio::io::AsyncWriteExt;
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = format!(
+                "PUT /api/v1/evals?sig=00&key=00 HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 100000\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            stalled.push(s);
+        }
+        let registry = crate::http::HttpRegistry::new(&format!("http://{addr}"));
+        let packed = demo_package("0.2.0");
+        let cksum = crate::package::checksum(&packed);
+        let version = semver::Version::new(0, 2, 0);
+        let sig = served.key.sign("acme/demo", &version, &cksum);
+        let public = served.key.public_hex();
+        let publication = crate::Publication {
+            packed: &packed,
+            sig: &sig,
+            public_key: &public,
+            min_host: None,
+            token: Some(&served.token),
+        };
+        use crate::RegistryBackend;
+        let entry = tokio::time::timeout(PROMPTLY, registry.publish(publication))
+            .await
+            .expect("an authenticated upload waited for stalled unauthenticated ones")
+            .unwrap();
+        assert_eq!(entry.vers, version);
+        drop(stalled);
+    }
+
+    /// A summary of `acme/demo@0.1.0` as `host eval` writes it.
+    fn summary_bytes(model: &str) -> Vec<u8> {
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "plugin": "acme/demo", "plugin_version": "0.1.0", "model": model, "split": "test",
+            "examples": 1, "rollouts_per_example": 1, "rollouts": 1, "reward": 1.0,
+            "metrics": [["correct", 1.0]], "avg_at_k": 1.0, "pass_at_k": [[1, 1.0]],
+            "date": "2025-11-28T12:00:00Z", "host_version": "0.1.0"
+        }))
+        .unwrap()
+    }
+
+    async fn http_put(
+        served: &Served,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (u16, String) {
+        let response = reqwest::Client::new()
+            .put(format!("http://{}{path}", served.addr))
+            .query(query)
+            .bearer_auth(&served.token)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    /// A key or signature with a non-ASCII character panicked the decoder: a 500. It is a 400
+    /// naming the query parameter, on both upload routes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn malformed_keys_and_signatures_are_a_400_naming_the_parameter() {
+        let served = serve_registry().await;
+        let packed = demo_package("0.3.0");
+        let version = semver::Version::new(0, 3, 0);
+        let sig = served
+            .key
+            .sign("acme/demo", &version, &crate::package::checksum(&packed));
+        let public = served.key.public_hex();
+        // Same byte length as a good value, a two-byte character in the middle.
+        let bad_key = format!("{}é{}", &public[..30], &public[32..]);
+        let bad_sig = format!("{}€{}", &sig[..60], &sig[63..]);
+        let summary = summary_bytes("tiny");
+        let eval_sig = served.key.sign_eval(
+            "acme/demo",
+            &semver::Version::new(0, 1, 0),
+            &crate::package::checksum(&summary),
+        );
+        for (path, body, sig) in [
+            ("/api/v1/publish", packed.clone(), sig.as_str()),
+            ("/api/v1/evals", summary.clone(), eval_sig.as_str()),
+        ] {
+            let (status, text) = http_put(
+                &served,
+                path,
+                &[("sig", sig), ("key", &bad_key)],
+                body.clone(),
+            )
+            .await;
+            assert_eq!(status, 400, "{path}: {text}");
+            assert!(
+                text.contains("malformed `key`: invalid public key") && text.contains("U+00E9"),
+                "{text}"
+            );
+            let (status, text) =
+                http_put(&served, path, &[("sig", &bad_sig), ("key", &public)], body).await;
+            assert_eq!(status, 400, "{path}: {text}");
+            assert!(
+                text.contains("malformed `sig`: invalid signature") && text.contains("U+20AC"),
+                "{text}"
+            );
+        }
+        // Nothing was stored.
+        let registry = DirRegistry::open(&served.root, false).unwrap();
+        let name: PackageName = "acme/demo".parse().unwrap();
+        assert_eq!(registry.entries(&name).unwrap().len(), 1);
+        assert!(registry.eval_ids(&name).unwrap().is_empty());
+    }
+
+    /// A signature sent with a trailing newline verified, was stored as sent, and its
+    /// evaluation's page answered 500 for good (the value goes into a header). Keys and
+    /// signatures are stored canonical and served as such.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn signatures_are_stored_canonical_and_their_evaluations_served() {
+        let served = serve_registry().await;
+        let public = served.key.public_hex();
+        let loose_key = format!("{}\n", public.to_uppercase());
+        let packed = demo_package("0.4.0");
+        let version = semver::Version::new(0, 4, 0);
+        let sig = served
+            .key
+            .sign("acme/demo", &version, &crate::package::checksum(&packed));
+        let (status, text) = http_put(
+            &served,
+            "/api/v1/publish",
+            &[("sig", &format!("{sig}\n")), ("key", &loose_key)],
+            packed,
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let entry: crate::IndexEntry = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (entry.sig.as_deref(), entry.key.as_deref()),
+            (Some(sig.as_str()), Some(public.as_str()))
+        );
+
+        let summary = summary_bytes("tiny");
+        let id = crate::package::checksum(&summary);
+        let v010 = semver::Version::new(0, 1, 0);
+        let eval_sig = served.key.sign_eval("acme/demo", &v010, &id);
+        let (status, text) = http_put(
+            &served,
+            "/api/v1/evals",
+            &[
+                ("sig", &format!("{}\n", eval_sig.to_uppercase())),
+                ("key", &loose_key),
+            ],
+            summary.clone(),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let response = reqwest::get(format!("http://{}/acme/demo/evals/{id}.json", served.addr))
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let header = |name: &str| response.headers()[name].to_str().unwrap().to_owned();
+        assert_eq!(header("x-rlhost-signature"), eval_sig);
+        assert_eq!(header("x-rlhost-key"), public);
+        assert_eq!(header("x-rlhost-publisher"), "acme");
+        crate::sign::verify_eval(
+            &header("x-rlhost-key"),
+            &header("x-rlhost-signature"),
+            "acme/demo",
+            &v010,
+            &id,
+        )
+        .unwrap();
+        assert_eq!(response.bytes().await.unwrap().as_ref(), summary.as_slice());
+    }
+
+    /// Evaluations stored before values were canonicalised (or edited by hand) still serve:
+    /// a loose signature is served canonical, a value that cannot be a header is left out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stored_values_never_break_the_evaluations_answer() {
+        let served = serve_registry().await;
+        let summary = String::from_utf8(summary_bytes("tiny")).unwrap();
+        let id = crate::package::checksum(summary.as_bytes());
+        let sig = served
+            .key
+            .sign_eval("acme/demo", &semver::Version::new(0, 1, 0), &id);
+        let dir = served.root.join("evals/acme/demo");
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = |sig: &str, key: &str, publisher: &str| {
+            let stored = crate::evals::StoredEval {
+                cksum: id.clone(),
+                publisher: publisher.into(),
+                key: key.into(),
+                sig: sig.into(),
+                summary: summary.clone(),
+            };
+            std::fs::write(
+                dir.join(format!("{id}.json")),
+                serde_json::to_vec(&stored).unwrap(),
+            )
+            .unwrap();
+        };
+        let url = format!("http://{}/acme/demo/evals/{id}.json", served.addr);
+        store(
+            &format!("{sig}\n"),
+            &format!(" {}\r\n", served.key.public_hex()),
+            "acme",
+        );
+        let response = reqwest::get(&url).await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(response.headers()["x-rlhost-signature"], sig.as_str());
+        assert_eq!(
+            response.headers()["x-rlhost-key"],
+            served.key.public_hex().as_str()
+        );
+        store("not\nhex", "zz\u{202E}", "ac\nme");
+        let response = reqwest::get(&url).await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        for left_out in ["x-rlhost-signature", "x-rlhost-key", "x-rlhost-publisher"] {
+            assert!(response.headers().get(left_out).is_none(), "{left_out}");
+        }
+        assert_eq!(response.text().await.unwrap(), summary);
     }
 
     #[test]

@@ -37,8 +37,11 @@ impl TokenStore {
         }
     }
 
-    /// Issues a new token for `owner`, stores its hash, returns the token (shown once).
+    /// Issues a new token for `owner` (a publisher name, `[a-z0-9-]`: the owner of the packages
+    /// it publishes, shown on pages and sent in headers), stores its hash, returns the token
+    /// (shown once).
     pub fn issue(root: &Path, owner: &str) -> Result<String, RegistryError> {
+        crate::name::check_owner(owner)?;
         let mut store = Self::load(root)?;
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw).map_err(|e| RegistryError::Io {
@@ -70,5 +73,25 @@ impl TokenStore {
             .iter()
             .find(|(_, hashes)| hashes.contains(&hash))
             .map(|(owner, _)| owner.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Any string became a token's owner, then an evaluation's publisher: shown on pages and
+    /// sent in a header.
+    #[test]
+    fn tokens_are_issued_for_publisher_names_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in ["acme\u{202E}", "acme\r\nx-evil: 1", "Acme", ""] {
+            let e = TokenStore::issue(dir.path(), bad).unwrap_err().to_string();
+            assert!(e.contains("not a publisher name"), "{e}");
+        }
+        assert!(!dir.path().join("tokens.json").exists());
+        let token = TokenStore::issue(dir.path(), "acme").unwrap();
+        let store = TokenStore::load(dir.path()).unwrap();
+        assert_eq!(store.owner_of(&token), Some("acme"));
     }
 }

@@ -55,7 +55,14 @@ impl TrustStore {
         match pinned.get(owner) {
             Some(keys) => (keys.clone(), false),
             None => {
-                let offered = config.keys.get(owner).cloned().unwrap_or_default();
+                // Pinned canonical (see `crate::sign`); a key that is not one is not pinned.
+                let offered: Vec<String> = config
+                    .keys
+                    .get(owner)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|k| crate::sign::canonical_public_key(k).ok())
+                    .collect();
                 if !offered.is_empty() {
                     pinned.insert(owner.to_owned(), offered.clone());
                 }
@@ -85,20 +92,34 @@ pub fn verify_artifact(
     }
     match (&entry.sig, &entry.key) {
         (Some(sig), Some(key)) => {
-            if !trusted_keys.iter().any(|k| k == key) {
+            // The index comes from the registry: its key is shown only once known to be hex
+            // (a hostile one could carry terminal escapes), and compared however it is spelt.
+            let key =
+                crate::sign::canonical_public_key(key).map_err(|e| RegistryError::Untrusted {
+                    package: package.clone(),
+                    reason: format!("the index's signing key is malformed: {e}"),
+                })?;
+            if !trusted_keys.iter().any(|k| crate::sign::same_key(k, &key)) {
+                let trusted: Vec<String> = trusted_keys
+                    .iter()
+                    .map(|k| {
+                        crate::sign::canonical_public_key(k)
+                            .unwrap_or_else(|_| "(a malformed key)".into())
+                    })
+                    .collect();
                 return Err(RegistryError::Untrusted {
                     package,
                     reason: format!(
                         "signed by key {key}, which is not trusted for this owner (trusted: {})",
-                        if trusted_keys.is_empty() {
+                        if trusted.is_empty() {
                             "none".to_owned()
                         } else {
-                            trusted_keys.join(", ")
+                            trusted.join(", ")
                         }
                     ),
                 });
             }
-            crate::sign::verify(key, sig, &entry.name, &entry.vers, &entry.cksum).map_err(|e| {
+            crate::sign::verify(&key, sig, &entry.name, &entry.vers, &entry.cksum).map_err(|e| {
                 RegistryError::Untrusted {
                     package,
                     reason: e.to_string(),
@@ -110,5 +131,74 @@ pub fn verify_artifact(
             package,
             reason: "is not signed (pass --allow-unsigned to install it anyway)".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{PluginKind, Runtime};
+
+    fn signed_entry(key: &crate::PublisherKey, bytes: &[u8]) -> IndexEntry {
+        let vers = semver::Version::new(0, 1, 0);
+        let cksum = checksum(bytes);
+        IndexEntry {
+            sig: Some(key.sign("acme/demo", &vers, &cksum)),
+            key: Some(key.public_hex()),
+            name: "acme/demo".into(),
+            vers,
+            kind: PluginKind::Environment,
+            abi: "rlhost:env@0.1.0".into(),
+            runtime: Runtime::Wasm,
+            deps: Default::default(),
+            cksum,
+            yanked: false,
+            min_host: None,
+            description: String::new(),
+            capabilities: Vec::new(),
+        }
+    }
+
+    /// A key pinned in another spelling (upper case, a trailing newline from a copy) is the same
+    /// key; a hostile index's key with a non-ASCII character is an error, not a panic, and is
+    /// never echoed.
+    #[test]
+    fn keys_compare_canonically_and_malformed_ones_are_refused() {
+        let key = crate::PublisherKey::generate().unwrap();
+        let bytes = b"package bytes";
+        let entry = signed_entry(&key, bytes);
+        let pinned = format!("{}\n", key.public_hex().to_uppercase());
+        verify_artifact(&entry, bytes, &[pinned], false).unwrap();
+        let mut hostile = entry.clone();
+        hostile.key = Some(format!("\u{1b}[2J{}", &key.public_hex()[5..]));
+        let e = verify_artifact(&hostile, bytes, &[key.public_hex()], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("malformed") && e.contains("U+001B"), "{e}");
+        assert!(!e.contains('\u{1b}'), "{e:?}");
+        let other = crate::PublisherKey::generate().unwrap();
+        let e = verify_artifact(&entry, bytes, &[other.public_hex()], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not trusted for this owner"), "{e}");
+    }
+
+    /// Keys offered by a registry on first use are pinned canonical; malformed ones are not.
+    #[test]
+    fn first_use_pins_canonical_keys_only() {
+        let key = crate::PublisherKey::generate().unwrap();
+        let mut config = RegistryConfig::standard();
+        config.keys.insert(
+            "acme".into(),
+            vec![
+                format!(" {} ", key.public_hex().to_uppercase()),
+                "zz\u{202E}".into(),
+            ],
+        );
+        let mut store = TrustStore::default();
+        let (keys, first) = store.keys_for("http://r", &config, "acme");
+        assert!(first);
+        assert_eq!(keys, vec![key.public_hex()]);
+        assert_eq!(store.registries["http://r"]["acme"], vec![key.public_hex()]);
     }
 }

@@ -31,8 +31,11 @@
 //! - **a lingering close**: a connection that answers before reading the whole request (a 401 or
 //!   413 sent from the headers, a 408) shuts its sending side and reads and discards what the
 //!   client still sends, for a bounded time ([`LINGER`], [`LINGER_BYTES`]), before closing, so the
-//!   client reads the answer instead of a connection reset; such a connection stays busy (never
-//!   closed early to make room) until it closes;
+//!   client reads the answer instead of a connection reset; at the cap, with no connection
+//!   waiting for a head to close instead, the one lingering longest is closed to make room (its
+//!   answer is written and its sending side shut: what it still sends was never going to be
+//!   read), so clients that announce bodies they never send cannot keep a new one out for the
+//!   linger's length;
 //! - graceful shutdown: when the shutdown future resolves the listener closes, idle connections
 //!   close at once, and requests in flight finish.
 //!
@@ -261,6 +264,11 @@ struct Waiting {
     oldest_first: BTreeMap<(std::time::Instant, u64), Arc<Slot>>,
     /// Connection id to its key in `oldest_first`.
     since: HashMap<u64, std::time::Instant>,
+    /// Connections lingering after their last answer ([`LINGER`]), by (since when, id): closed
+    /// to make room only when no waiting connection can be.
+    lingering: BTreeMap<(std::time::Instant, u64), Arc<Slot>>,
+    /// Connection id to its key in `lingering`.
+    lingering_since: HashMap<u64, std::time::Instant>,
 }
 
 /// What one connection shares with the accept loop.
@@ -290,30 +298,40 @@ impl Tracker {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether some connection waits for a request head with nothing of it left unread.
+    /// Whether some connection waits for a request head with nothing of it left unread, or
+    /// lingers after its last answer.
     fn has_evictable(&self) -> bool {
-        self.lock()
-            .oldest_first
-            .values()
-            .any(|slot| slot.drained.load(Ordering::Relaxed))
+        let w = self.lock();
+        !w.lingering.is_empty()
+            || w.oldest_first
+                .values()
+                .any(|slot| slot.drained.load(Ordering::Relaxed))
     }
 
     /// Closes the connection that has waited longest for a request head with nothing of it left
-    /// unread, if there is one.
+    /// unread, else the one lingering longest after its last answer, if there is one.
     fn evict_oldest(&self) -> bool {
         let slot = {
             let mut w = self.lock();
-            let Some(key) = w
+            let waiting = w
                 .oldest_first
                 .iter()
                 .find(|(_, slot)| slot.drained.load(Ordering::Relaxed))
-                .map(|(key, _)| *key)
-            else {
-                return false;
-            };
-            let slot = w.oldest_first.remove(&key).expect("found above");
-            w.since.remove(&slot.id);
-            slot
+                .map(|(key, _)| *key);
+            match waiting {
+                Some(key) => {
+                    let slot = w.oldest_first.remove(&key).expect("found above");
+                    w.since.remove(&slot.id);
+                    slot
+                }
+                None => {
+                    let Some((_, slot)) = w.lingering.pop_first() else {
+                        return false;
+                    };
+                    w.lingering_since.remove(&slot.id);
+                    slot
+                }
+            }
         };
         slot.evict.notify_one();
         true
@@ -337,13 +355,32 @@ impl Slot {
         self.tracker.room.notify_waiters();
     }
 
-    /// The connection carries a request (its head arrived) or is closing: not to be closed to
+    /// The connection carries a request (its head arrived) or is closed: not to be closed to
     /// make room.
     fn busy(&self) {
         let mut w = self.tracker.lock();
         if let Some(old) = w.since.remove(&self.id) {
             w.oldest_first.remove(&(old, self.id));
         }
+        if let Some(old) = w.lingering_since.remove(&self.id) {
+            w.lingering.remove(&(old, self.id));
+        }
+    }
+
+    /// The connection's answer is written and its sending side shut; it lingers to let the
+    /// client read it, and may be closed to make room after every waiting connection.
+    fn lingering(self: &Arc<Self>) {
+        let now = std::time::Instant::now();
+        {
+            let mut w = self.tracker.lock();
+            if let Some(old) = w.since.remove(&self.id) {
+                w.oldest_first.remove(&(old, self.id));
+            }
+            if w.lingering_since.insert(self.id, now).is_none() {
+                w.lingering.insert((now, self.id), self.clone());
+            }
+        }
+        self.tracker.room.notify_waiters();
     }
 }
 
@@ -455,10 +492,11 @@ impl AsyncWrite for LingeringStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         if this.linger.is_none() {
-            // Closing, perhaps lingering for the client to read an answer: keep the slot.
+            // Closing: not to be closed to make room until the answer is on its way.
             this.slot.busy();
             std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
             this.linger = Some((Box::pin(tokio::time::sleep(LINGER)), 0));
+            this.slot.lingering();
         }
         let (deadline, drained) = this.linger.as_mut().expect("set above");
         let mut scratch = [0u8; 16 << 10];
@@ -674,12 +712,18 @@ mod tests {
         body
     }
 
+    /// Answers from the headers alone (as an authentication check does), reading no body.
+    async fn early() -> axum::http::StatusCode {
+        axum::http::StatusCode::UNAUTHORIZED
+    }
+
     async fn slow(body: Bytes) -> Bytes {
         tokio::time::sleep(Duration::from_secs(1)).await;
         body
     }
 
-    /// A server of `/echo` and `/slow` (an echo after a second; bodies up to 1 KiB) on a free loopback port: its address, the
+    /// A server of `/echo`, `/slow` (an echo after a second; bodies up to 1 KiB) and `/early` (a
+    /// 401 without reading the body) on a free loopback port: its address, the
     /// sender that stops it, and its task.
     async fn start(limits: ServeLimits) -> (std::net::SocketAddr, Stop, Server) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -688,6 +732,7 @@ mod tests {
         let router = Router::new()
             .route("/echo", post(echo))
             .route("/slow", post(slow))
+            .route("/early", post(early))
             .layer(axum::extract::DefaultBodyLimit::max(1024));
         let server = tokio::spawn(serve(listener, router, limits, async {
             let _ = rx.await;
@@ -931,6 +976,43 @@ mod tests {
         let most = raise_open_file_limit(u64::MAX).unwrap();
         assert!(most >= now);
         assert_eq!(raise_open_file_limit(0).unwrap(), most);
+    }
+
+    /// Clients that announce a body and never send it are answered from the headers (a 401, as
+    /// the registry's upload routes do) and linger; at the cap they make room for a new client at once,
+    /// not after the linger (the attack: thousands of such clients delayed every real one by
+    /// seconds), and each still reads its answer.
+    #[tokio::test]
+    async fn at_the_cap_a_lingering_connection_makes_room() {
+        let limits = ServeLimits {
+            max_connections: 2,
+            ..Default::default()
+        };
+        let (addr, _stop, _) = start(limits).await;
+        let mut stalled = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"POST /early HTTP/1.1\r\nhost: x\r\ncontent-length: 4000000\r\n\r\n")
+                .await
+                .unwrap();
+            stalled.push(s);
+        }
+        // Both answered and lingering: the cap is reached with nobody waiting for a head.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t = Instant::now();
+        let reply = exchange(addr, ECHO, Duration::from_secs(5)).await;
+        assert!(reply.ends_with("hello"), "{reply}");
+        assert!(
+            t.elapsed() < LINGER / 2,
+            "a new client waited {:?}, the linger is {LINGER:?}",
+            t.elapsed()
+        );
+        for mut s in stalled {
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        }
     }
 
     #[tokio::test]

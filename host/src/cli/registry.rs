@@ -126,7 +126,9 @@ pub(super) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
             let path = home.root().join("trust.json");
             let mut store = rlhost_registry::TrustStore::load(&path)?;
             if let (Some(owner), Some(key)) = (owner, key) {
-                rlhost_registry::sign::verify_key(&key)?;
+                // Pinned in its canonical spelling (lowercase hex), as the registry stores keys.
+                let key = rlhost_registry::sign::canonical_public_key(&key)
+                    .context("--key: not a publisher key")?;
                 store
                     .registries
                     .entry(url.clone())
