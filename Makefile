@@ -69,8 +69,9 @@ plugins: build
 sandbox: setup
 	bash scripts/build-sandbox.sh
 
-## demo: the main job, the most complete user journey that exists today
-demo: plugins sandbox
+## demo: the main job, the most complete user journey that exists today (with the Python
+## reference venv its peer comparisons need: math-verify, transformers)
+demo: plugins sandbox setup-py-reference
 	$(WITH_ENV) HOST=$(HOST) bash scripts/demo.sh
 
 ## bench-rl: host rl against TRL's GRPOTrainer on the CPU (after make demo, which installs arith)
@@ -98,11 +99,12 @@ clippy: setup
 	$(WITH_ENV) cargo clippy --release -p rlhost --all-targets --features cuda -- -D warnings
 	cd plugins && cargo clippy --release --workspace --all-targets -- -D warnings
 
-## test: setup + formatting + lints + build + every test (unit, end-to-end, doc)
+## test: setup + formatting + lints + build + the reference venv + every test (unit, end-to-end,
+## doc): a fresh clone runs every test, none skipped
 # scripts/test.sh runs the workspace's, the plugins' and the Python SDK's tests, each even when an
 # earlier one failed, and prints one line: passed, failed, skipped and ignored. Under CI=true a
 # skipped or ignored test fails the run unless .ci/allowed-skips.toml says why CI cannot run it.
-test: setup fmt-check clippy plugins sandbox
+test: setup fmt-check clippy plugins sandbox setup-py-reference
 	$(WITH_ENV) CARGO_TARGET_DIR=$(abspath $(TARGET_DIR)) bash scripts/test.sh
 
 ## interop: rlhost against a real vLLM server, one line per check (parity, eval, rl with weight

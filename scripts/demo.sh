@@ -57,6 +57,7 @@ if [ -x .venv-ref/bin/python ]; then
   # The reference venv has sympy, so it can also run the native fallback's preload.
   "$HOST" bench sandbox --python .venv-ref/bin/python --native-python .venv-ref/bin/python --scale 0.5
 else
+  echo "(no native sympy preload: .venv-ref is absent; make setup-py-reference builds it)"
   "$HOST" bench sandbox --python python3 --scale 0.5
 fi
 echo
@@ -76,6 +77,7 @@ echo "== host bench generate: rlhost's engine vs transformers generate on the sa
 if [ -x .venv-ref/bin/python ]; then
   "$HOST" bench generate --model "$DEMO/tiny" --repeats 2
 else
+  echo "(no transformers column: .venv-ref, with transformers, is absent; make setup-py-reference builds it)"
   "$HOST" bench generate --model "$DEMO/tiny" --repeats 2 --no-peer
 fi
 echo

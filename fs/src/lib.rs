@@ -1,7 +1,23 @@
-//! File writes that are never seen half-done: every file rlhost writes (checkpoints, models,
-//! results, registry indexes, caches) goes through a temporary file beside it and a rename, so
-//! a reader, or a run that was killed mid-write, sees the old file or the whole new one.
+//! File primitives shared by rlhost's crates.
+//!
+//! - Writes that are never seen half-done ([`write_atomically`]): every file rlhost writes
+//!   (checkpoints, models, results, registry indexes, caches) goes through a temporary file
+//!   beside it and a rename, so a reader, or a run that was killed mid-write, sees the old file
+//!   or the whole new one.
+//! - Bounded reads of files someone else names ([`read`], [`read_to_string`], [`read_prefix`],
+//!   [`RegularFile`]): regular files only, a size limit the caller states ([`FileLimit`]),
+//!   checked before reading and kept while reading, and a deadline on every chunk. Every file a
+//!   request, a config or a flag names is read through them.
+//!
+//! This crate must never grow beyond file primitives: what a file means is its caller's.
 #![deny(missing_docs)]
+
+mod read;
+
+pub use read::{
+    CHUNK, DEFAULT_STALL, FileLimit, ReadError, RegularFile, read, read_optional_text, read_prefix,
+    read_to_string,
+};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -312,7 +312,7 @@ fn installed_plugins(
 ) -> Result<Vec<InstalledPlugin>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     for (record, dir) in crate::plugin::install::installed(home)? {
-        let manifest = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
+        let manifest = crate::plugin::read_manifest(&dir)?;
         let declared = &manifest.plugin.capabilities;
         let unavailable = options.unavailable(declared);
         let capabilities = declared

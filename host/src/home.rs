@@ -206,10 +206,16 @@ impl RlhostHome {
     /// Reads the settings file; a missing file means all defaults.
     pub fn load_settings(&self) -> Result<Settings, HomeError> {
         let path = self.config_path();
-        let text = match std::fs::read_to_string(&path) {
+        // Bounded as every config file is ([`crate::config::CONFIG_FILE`]).
+        let text = match crate::config::read_text(&path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Settings::default()),
-            Err(source) => return Err(HomeError::ReadConfig { path, source }),
+            Err(e) if e.is_not_found() => return Ok(Settings::default()),
+            Err(e) => {
+                return Err(HomeError::ReadConfig {
+                    path,
+                    source: e.into(),
+                });
+            }
         };
         toml::from_str(&text).map_err(|e| HomeError::InvalidConfig {
             path,

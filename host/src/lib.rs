@@ -43,6 +43,7 @@ pub mod device;
 pub mod doctor;
 pub mod engine;
 pub mod eval;
+pub mod heap;
 pub mod home;
 pub mod model;
 pub mod monitor;

@@ -82,14 +82,7 @@ pub(crate) fn side_result(f: impl FnOnce() -> anyhow::Result<()>) -> Option<Stri
 pub(crate) fn measured<R>(f: impl FnOnce() -> R) -> anyhow::Result<(R, Cost)> {
     // Free memory the allocator keeps goes back to the system first, so what the work
     // allocates shows in the resident size even where it reuses freed space.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        unsafe extern "C" {
-            fn malloc_trim(pad: usize) -> std::ffi::c_int;
-        }
-        // SAFETY: glibc's malloc_trim only releases free memory.
-        unsafe { malloc_trim(0) };
-    }
+    crate::heap::release_free_memory();
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| anyhow::anyhow!("cannot reset the peak-memory mark: {e}"))?;
     let (start, _) = rss();

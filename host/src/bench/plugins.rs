@@ -110,8 +110,8 @@ pub async fn run(
 
 /// A plugin folder's runtime, in words (the folder loaded, so its manifest is valid).
 fn runtime_of(dir: &Path) -> String {
-    use rlhost_registry::manifest::{Manifest, Runtime};
-    match Manifest::load(&dir.join("plugin.toml")).map(|m| m.plugin.runtime) {
+    use rlhost_registry::manifest::Runtime;
+    match crate::plugin::read_manifest(dir).map(|m| m.plugin.runtime) {
         Ok(Runtime::Wasm) => "component",
         Ok(Runtime::Extism) => "extism",
         Ok(Runtime::Native) => "native",

@@ -220,6 +220,9 @@ pub fn run(o: &WeightSyncOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Wei
         ..LoraConfig::default()
     };
     lora_cfg.check().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    lora_cfg
+        .check_shape(&cfg)
+        .map_err(|e| anyhow::anyhow!("--lora: {e}"))?;
     let tmp = tempfile::tempdir().context("a scratch folder")?;
     let tok = tmp.path().join("tokenizer");
     // Nothing is generated: the engines need a tokenizer, not the model's.

@@ -334,10 +334,11 @@ pub fn engine_error(e: EngineError, param: &str) -> ApiError {
             message: e.to_string(),
             param: None,
         },
+        // libtorch's text (C++ frames, source paths) is logged, not sent.
         EngineError::Model(m) => ApiError {
             status: 500,
             kind: "internal_error",
-            message: m.to_string(),
+            message: m.client_message("serving the request"),
             param: None,
         },
     }
@@ -364,11 +365,4 @@ pub fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What a caught panic said (its `&str` or `String` payload), for the log.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
-}
+pub use crate::engine::panic_message;

@@ -640,6 +640,16 @@ fn train_memory(a: TrainMemoryArgs) -> anyhow::Result<ExitCode> {
     };
     let precision = crate::device::Precision::for_training(&dtype, device).context("--dtype")?;
     anyhow::ensure!(lora != Some(0), "--lora is a rank: at least 1");
+    if let Some(rank) = lora {
+        // Against the preset's shape before the model is built: a huge rank is refused, not
+        // an allocation that aborts.
+        crate::model::LoraConfig {
+            rank,
+            ..Default::default()
+        }
+        .check_shape(&crate::model::Qwen3Config::preset(preset))
+        .map_err(|e| anyhow::anyhow!("--lora: {e}"))?;
+    }
     anyhow::ensure!(
         !(baseline && model_only),
         "--baseline measures a step: it cannot go with --model-only"

@@ -373,8 +373,11 @@ fn publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
     } = a;
     let home = RlhostHome::from_env()?;
     let reg = registry.open(&home)?;
-    let bytes =
-        std::fs::read(&package).with_context(|| format!("reading {}", package.display()))?;
+    // The registry's own package limit, checked from the size before the file is read.
+    let bytes = rlhost_fs::read(
+        &package,
+        rlhost_fs::FileLimit::new("package", rlhost_registry::package::MAX_PACKED_BYTES),
+    )?;
     let key = PublisherKey::load(&key)?;
     // Sign here, with the publisher's key; the registry only checks.
     let staging = tempfile::tempdir()?;
@@ -542,7 +545,7 @@ fn info(a: InfoArgs) -> anyhow::Result<ExitCode> {
     }
     // What an installed copy says about itself: description, capabilities, datasets.
     if let Ok(dir) = crate::plugin::install::find_installed(&home, base) {
-        let m = rlhost_registry::manifest::Manifest::load(&dir.join("plugin.toml"))?;
+        let m = crate::plugin::read_manifest(&dir)?;
         println!("installed: {}", dir.display());
         println!("  {}", m.plugin.description);
         if !m.plugin.capabilities.is_empty() {

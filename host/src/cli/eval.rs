@@ -13,27 +13,37 @@ use crate::device::{CudaStatus, DeviceSpec, Precision};
 use crate::eval::{EvalOptions, EvalPlan, PassKMode, summarize};
 use crate::rollout::{Generator, InProcess, OpenAiClient, Sampling};
 
-/// Arguments of `host eval`.
+/// Arguments of `host eval`. Flags that configure only one kind of generator (`-m`'s engine,
+/// `-b`'s client) are refused with the other: each flag is honoured or refused, never ignored.
 #[derive(Debug, Args, serde::Serialize)]
+#[command(group(clap::ArgGroup::new("generator").args(["model", "base_url"])))]
 pub struct EvalArgs {
     /// Installed environment plugins, comma-separated (`math500,aime2024,aime2025`).
     plugins: String,
     /// A model to serve in-process: a Hugging Face folder or hub id.
     #[arg(short = 'm', long, conflicts_with = "base_url")]
     model: Option<String>,
-    /// `-m`: a LoRA adapter (a PEFT folder, e.g. `host sft` or `host rl` output) applied to the
-    /// model: the rollouts ask for it. With `-b`, name a server's adapter with
-    /// `--served-model-name` instead.
-    #[arg(long, value_name = "DIR", requires = "model")]
+    /// A LoRA adapter (a PEFT folder, e.g. `host sft` or `host rl` output) applied to the
+    /// model: the rollouts ask for it. With `-m` the engine loads it; with `-b` the server does,
+    /// through `POST /v1/load_lora_adapter` (rlhost's `host inference --enable-lora`, or vLLM
+    /// with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; DIR must be readable by the
+    /// server), under a name of this run's, unloaded at the end. An adapter the server already
+    /// serves is named with `--served-model-name` instead.
+    #[arg(long, value_name = "DIR", requires = "generator")]
     lora: Option<PathBuf>,
     /// An OpenAI-compatible server (`http://127.0.0.1:8000/v1`).
     #[arg(short = 'b', long)]
     base_url: Option<String>,
-    /// Environment variable holding the server's API key.
-    #[arg(short = 'k', long, default_value = "OPENAI_API_KEY")]
+    /// `-b`: environment variable holding the server's API key.
+    #[arg(
+        short = 'k',
+        long,
+        default_value = "OPENAI_API_KEY",
+        conflicts_with = "model"
+    )]
     api_key_var: String,
-    /// Model name sent to the server (default: the first it lists).
-    #[arg(long)]
+    /// `-b`: model name sent to the server (default: the first it lists).
+    #[arg(long, conflicts_with = "model")]
     served_model_name: Option<String>,
     /// Examples per environment (-1: all).
     #[arg(short = 'n', long, default_value_t = 5, allow_negative_numbers = true)]
@@ -71,27 +81,27 @@ pub struct EvalArgs {
     /// Retries of transient server errors per turn.
     #[arg(long, default_value_t = 3)]
     retries: u32,
-    /// Seconds a server request may take.
-    #[arg(long, default_value_t = 600)]
+    /// `-b`: seconds a server request may take.
+    #[arg(long, default_value_t = 600, conflicts_with = "model")]
     request_timeout: u64,
     /// `-m`: tool-call format of the model.
-    #[arg(long, default_value = "hermes")]
+    #[arg(long, default_value = "hermes", conflicts_with = "base_url")]
     tool_call_parser: String,
     /// `-m`: device.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", conflicts_with = "base_url")]
     #[serde(serialize_with = "super::as_text")]
     device: DeviceSpec,
     /// `-m`: `auto`, `f32` or `bf16`.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", conflicts_with = "base_url")]
     dtype: String,
     /// `-m`: sequences decoded together.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, conflicts_with = "base_url")]
     max_batch_size: usize,
     /// `-m`: most tokens per sequence (default: the model's limit).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "base_url")]
     max_model_len: Option<usize>,
-    /// CPU threads for libtorch.
-    #[arg(long)]
+    /// `-m`: CPU threads for libtorch.
+    #[arg(long, conflicts_with = "base_url")]
     threads: Option<usize>,
     /// How later turns' prompts carry the conversation: `as_produced` (the previous turn's token
     /// ids, then the new messages; servers that do not know rlhost's `history_token_ids`
@@ -199,19 +209,9 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
     let home = crate::home::RlhostHome::from_env()?;
-    // The key and the registry are checked before any rollout: a run is not wasted on a typo.
-    anyhow::ensure!(
-        a.publish || !a.registry.is_set(),
-        "--registry names where --publish uploads the summaries: give --publish (and --key) too"
-    );
-    let publisher = match &a.key {
-        Some(key) if a.publish => Some((
-            rlhost_registry::PublisherKey::load(key)
-                .with_context(|| format!("--key {}", key.display()))?,
-            a.registry.open(&home)?,
-        )),
-        _ => None,
-    };
+    // The key, the registry and the token are checked before any rollout: a run is not wasted
+    // on a typo (the registry's own checks follow once the environments are loaded).
+    let publisher = Publisher::open(a, &home)?;
     // Installed plugins only: every name is checked before anything loads, saying exactly how
     // to install a missing one.
     for name in &names {
@@ -235,37 +235,50 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
             .map_err(super::load_failure)?;
         plugins.push((loaded.env, loaded.rewards));
     }
+    let sampling = Sampling {
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: None,
+        seed: Some(a.seed),
+        stop: Vec::new(),
+        chat_template_kwargs: serde_json::Map::new(),
+        history: a.history,
+    };
+    // Each environment's split and examples, and what the registry will check of its summary,
+    // before the model loads and before any rollout.
+    let label = model_label(a);
+    let mut plans = Vec::new();
+    for (i, (name, (env, rewards))) in names.iter().zip(plugins).enumerate() {
+        let split = split_of(a, env.as_ref(), name)?;
+        let plan = EvalPlan {
+            env,
+            rewards,
+            split,
+            num_examples: (a.num_examples >= 0).then_some(a.num_examples as usize),
+            rollouts: *rollouts.get(i).unwrap_or(&rollouts[0]),
+            env_args: a.env_args.clone(),
+        };
+        let examples = rt.block_on(crate::eval::examples(&plan))?;
+        if let Some(p) = &publisher {
+            p.check(&rt, &plan, examples.len(), &label, &sampling)
+                .with_context(|| format!("--publish: the evaluation of {name}"))?;
+        }
+        plans.push((plan, examples));
+    }
     let mut shown = std::collections::BTreeMap::new();
-    let (generator, model_name, port) = generator(a, &rt)?;
+    let target = generator(a, &rt)?;
+    let (generator, model_name, port) = (target.generator, target.name, target.port);
     let options = EvalOptions {
         concurrency: (a.max_concurrent > 0).then_some(a.max_concurrent as usize),
-        sampling: Sampling {
-            max_tokens: a.max_tokens,
-            temperature: a.temperature,
-            top_p: a.top_p,
-            top_k: None,
-            seed: Some(a.seed),
-            stop: Vec::new(),
-            chat_template_kwargs: serde_json::Map::new(),
-            history: a.history,
-        },
+        sampling,
         seed: a.seed,
         retries: a.retries,
         model: model_name.clone(),
     };
     let mut summaries = Vec::new();
     let mut interrupted = false;
-    for (i, (name, (env, rewards))) in names.iter().zip(plugins).enumerate() {
-        let split = split_of(a, env.as_ref(), name)?;
-        let plan = EvalPlan {
-            env: env.clone(),
-            rewards,
-            split: split.clone(),
-            num_examples: (a.num_examples >= 0).then_some(a.num_examples as usize),
-            rollouts: *rollouts.get(i).unwrap_or(&rollouts[0]),
-            env_args: a.env_args.clone(),
-        };
-        let examples = rt.block_on(crate::eval::examples(&plan))?;
+    for (name, (plan, examples)) in names.iter().zip(plans) {
         let total = examples.len() * plan.rollouts;
         let bar = ProgressBar::new(total as u64).with_style(
             ProgressStyle::with_template(
@@ -304,7 +317,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         }
         let mut summary = summarize(
             &plan,
-            &generator.describe(),
+            &label,
             &options.sampling,
             &records,
             a.pass_k_mode,
@@ -315,12 +328,11 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
         if let Some(dir) = &a.save_dir {
             save(&dir.join(name.replace('/', "--")), &records, &summary)?;
         }
-        if let Some((key, registry)) = &publisher {
+        if let Some(p) = &publisher {
             if summary.interrupted {
                 eprintln!("not publishing {name}: the evaluation was interrupted");
             } else {
-                let token_var = a.token_var.as_deref().unwrap_or("RLHOST_REGISTRY_TOKEN");
-                publish(&rt, &summary, key, registry.as_ref(), token_var)
+                p.publish(&rt, &summary)
                     .with_context(|| format!("publishing the evaluation of {name}"))?;
             }
         }
@@ -346,6 +358,7 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     if let Some(dir) = &a.save_dir {
         eprintln!("results saved under {}", dir.display());
     }
+    drop(target.adapter);
     if interrupted {
         eprintln!("interrupted: the summaries cover the rollouts that finished");
         return Ok(ExitCode::from(130));
@@ -358,36 +371,199 @@ fn summary_bytes(summary: &crate::eval::Summary) -> anyhow::Result<Vec<u8>> {
     Ok((serde_json::to_string_pretty(summary)? + "\n").into_bytes())
 }
 
-/// Signs `summary` with `key` and publishes it to `registry`.
-fn publish(
-    rt: &tokio::runtime::Runtime,
-    summary: &crate::eval::Summary,
-    key: &rlhost_registry::PublisherKey,
-    registry: &dyn rlhost_registry::RegistryBackend,
-    token_var: &str,
-) -> anyhow::Result<()> {
-    let bytes = summary_bytes(summary)?;
-    let cksum = rlhost_registry::package::checksum(&bytes);
-    let sig = key.sign_eval(&summary.plugin, &summary.plugin_version, &cksum);
-    let public_key = key.public_hex();
-    let token = std::env::var(token_var).ok();
-    let stored = rt.block_on(
-        registry.publish_eval(rlhost_registry::evals::EvalPublication {
-            summary: &bytes,
-            sig: &sig,
-            public_key: &public_key,
-            token: token.as_deref(),
-        }),
-    )?;
-    eprintln!(
-        "published the evaluation of {}@{} to {} as {} (id {})",
-        summary.plugin,
-        summary.plugin_version,
-        registry.url(),
-        stored.publisher,
-        stored.cksum
-    );
-    Ok(())
+/// The environment variable `--token-var` defaults to.
+const TOKEN_VAR: &str = "RLHOST_REGISTRY_TOKEN";
+
+/// Where `--publish` uploads each summary, and as whom.
+struct Publisher {
+    key: rlhost_registry::PublisherKey,
+    registry: Box<dyn rlhost_registry::RegistryBackend>,
+    /// The publish token (HTTP registries; a folder registry is written directly).
+    token: Option<String>,
+}
+
+impl Publisher {
+    /// `--publish`'s key, registry and token (`None` without `--publish`), each checked before
+    /// anything loads: publishing flags without `--publish` are refused, as is an HTTP registry
+    /// without a token to give it and `--token-var` for a folder registry, which takes none.
+    fn open(a: &EvalArgs, home: &crate::home::RlhostHome) -> anyhow::Result<Option<Self>> {
+        anyhow::ensure!(
+            a.publish || !a.registry.is_set(),
+            "--registry names where --publish uploads the summaries: give --publish (and --key) too"
+        );
+        let (true, Some(key)) = (a.publish, &a.key) else {
+            return Ok(None);
+        };
+        let key = rlhost_registry::PublisherKey::load(key)
+            .with_context(|| format!("--key {}", key.display()))?;
+        let registry = a.registry.open(home)?;
+        let url = registry.url().to_owned();
+        let token = if url.starts_with("http://") || url.starts_with("https://") {
+            let var = a.token_var.as_deref().unwrap_or(TOKEN_VAR);
+            let token = std::env::var(var).ok().filter(|t| !t.trim().is_empty());
+            Some(token.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--publish: the registry {url} takes evaluations with a publish token, and \
+                     ${var} is not set{}: set it to your token (or name the variable that holds \
+                     it with --token-var)",
+                    if a.token_var.is_some() {
+                        " (--token-var)"
+                    } else {
+                        ""
+                    }
+                )
+            })?)
+        } else {
+            if let Some(var) = &a.token_var {
+                anyhow::bail!(
+                    "--token-var {var}: the registry {url} is a folder, written directly: it \
+                     takes no token"
+                );
+            }
+            None
+        };
+        Ok(Some(Self {
+            key,
+            registry,
+            token,
+        }))
+    }
+
+    /// What the registry will check of `plan`'s evaluation that is known before it runs: the
+    /// key is accepted there for some owner, the environment's version is published there,
+    /// and the summary's names and sizes are within the registry's limits (the registry's own
+    /// check, on the summary with its figures still unknown: the model as `model` names it,
+    /// the split, the metric names the environment and its reward plugins declare, the
+    /// counts, the environment arguments).
+    fn check(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        plan: &EvalPlan,
+        examples: usize,
+        model: &str,
+        sampling: &Sampling,
+    ) -> anyhow::Result<()> {
+        let url = self.registry.url();
+        let id = plan.env.id();
+        let mut metrics: Vec<(String, f64)> = Vec::new();
+        let declared = plan.env.info().rubric.iter().map(|w| w.name.clone()).chain(
+            plan.rewards
+                .iter()
+                .flat_map(|r| r.info().metrics.iter().cloned()),
+        );
+        for name in declared {
+            if !metrics.iter().any(|(n, _)| *n == name) {
+                metrics.push((name, 0.0));
+            }
+        }
+        let provisional = rlhost_registry::evals::EvalSummary {
+            plugin: id.name.clone(),
+            plugin_version: id.version.clone(),
+            model: model.to_owned(),
+            split: plan.split.clone(),
+            examples,
+            rollouts_per_example: plan.rollouts,
+            rollouts: examples.saturating_mul(plan.rollouts),
+            reward: 0.0,
+            metrics,
+            avg_at_k: 0.0,
+            pass_at_k: Vec::new(),
+            sampling: rlhost_registry::evals::EvalSampling {
+                temperature: sampling.temperature,
+                top_p: sampling.top_p,
+                max_tokens: sampling.max_tokens,
+                seed: sampling.seed,
+            },
+            env_args: plan.env_args.clone(),
+            date: crate::eval::rfc3339(std::time::SystemTime::now()),
+            host_version: crate::VERSION.to_owned(),
+            interrupted: false,
+        };
+        if let Err(reason) = provisional.check() {
+            let culprit = if reason.starts_with("model") {
+                format!(
+                    " (the summary's model would be {model:?}, {} characters, from -m/-b and \
+                     --lora)",
+                    model.chars().count()
+                )
+            } else if reason.starts_with("split") {
+                " (--split)".to_owned()
+            } else if reason.starts_with("env_args") {
+                " (--env-args)".to_owned()
+            } else if reason.contains("no example") {
+                " (-n and the split's examples)".to_owned()
+            } else {
+                String::new()
+            };
+            anyhow::bail!("{url} would refuse it: {reason}{culprit}");
+        }
+        let public = self.key.public_hex();
+        let config = rt
+            .block_on(self.registry.config())
+            .with_context(|| format!("reading the registry {url}"))?;
+        anyhow::ensure!(
+            config.keys.values().any(|keys| keys.contains(&public)),
+            "--key: {url} accepts this key ({}) for no owner: the registry's operator adds it \
+             to its config.json (`keys`) for the owner you publish as",
+            rlhost_registry::sign::fingerprint(&public)
+        );
+        let name: rlhost_registry::PackageName = id.name.parse()?;
+        let entries = rt
+            .block_on(self.registry.entries(&name))
+            .with_context(|| format!("reading {name}'s versions at {url}"))?;
+        anyhow::ensure!(
+            entries.iter().any(|e| e.vers == id.version),
+            "{url} has no {name}@{}: an evaluation is filed under the environment version it \
+             ran, published there (install {name} from that registry, or publish it there)",
+            id.version
+        );
+        Ok(())
+    }
+
+    /// Signs `summary` and publishes it.
+    fn publish(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        summary: &crate::eval::Summary,
+    ) -> anyhow::Result<()> {
+        let bytes = summary_bytes(summary)?;
+        let cksum = rlhost_registry::package::checksum(&bytes);
+        let sig = self
+            .key
+            .sign_eval(&summary.plugin, &summary.plugin_version, &cksum);
+        let public_key = self.key.public_hex();
+        let stored = rt.block_on(self.registry.publish_eval(
+            rlhost_registry::evals::EvalPublication {
+                summary: &bytes,
+                sig: &sig,
+                public_key: &public_key,
+                token: self.token.as_deref(),
+            },
+        ))?;
+        eprintln!(
+            "published the evaluation of {}@{} to {} as {} (id {})",
+            summary.plugin,
+            summary.plugin_version,
+            self.registry.url(),
+            stored.publisher,
+            stored.cksum
+        );
+        Ok(())
+    }
+}
+
+/// The model a summary names: `-m`'s model on the in-process engine or `-b`'s server, with
+/// `--lora`'s adapter when one is applied (an adapter's evaluation never reads as its base's).
+fn model_label(a: &EvalArgs) -> String {
+    let base = match (&a.model, &a.base_url) {
+        (Some(m), _) => format!("{m} (in-process engine)"),
+        (None, Some(url)) => url.trim_end_matches('/').to_owned(),
+        (None, None) => String::new(),
+    };
+    match &a.lora {
+        Some(dir) => format!("{base} + LoRA {}", dir.display()),
+        None => base,
+    }
 }
 
 /// Runs `plan`'s rollouts on `examples` until they are done or Ctrl-C stops them (the records
@@ -419,16 +595,41 @@ fn until_interrupted(
     })
 }
 
+/// What rollouts are generated with.
+struct Target {
+    generator: Box<dyn Generator>,
+    /// The model requests name.
+    name: String,
+    /// `monitor.prometheus_port`'s server (`-m`).
+    port: Option<crate::monitor::PrometheusPort>,
+    /// `--lora`'s adapter loaded on `-b`'s server, unloaded when dropped.
+    adapter: Option<ServerAdapter>,
+}
+
+/// An adapter this run loaded on a server (`-b --lora`): unloaded when dropped, so the server
+/// is left serving what it served before, whatever ended the run.
+struct ServerAdapter {
+    rt: tokio::runtime::Handle,
+    client: OpenAiClient,
+    name: String,
+}
+
+impl Drop for ServerAdapter {
+    fn drop(&mut self) {
+        if let Err(e) = self.rt.block_on(self.client.unload_adapter(&self.name)) {
+            eprintln!(
+                "warning: the adapter {} loaded on {} for this run could not be unloaded: {e}",
+                self.name,
+                self.client.base_url()
+            );
+        }
+    }
+}
+
 /// The model rollouts are generated with: the engine in process (`-m`, with the Prometheus port
-/// of `monitor.prometheus_port` when set) or a server (`-b`); its name in requests.
-fn generator(
-    a: &EvalArgs,
-    rt: &tokio::runtime::Runtime,
-) -> anyhow::Result<(
-    Box<dyn Generator>,
-    String,
-    Option<crate::monitor::PrometheusPort>,
-)> {
+/// of `monitor.prometheus_port` when set) or a server (`-b`), with `--lora`'s adapter loaded in
+/// either; its name in requests.
+fn generator(a: &EvalArgs, rt: &tokio::runtime::Runtime) -> anyhow::Result<Target> {
     Ok(match (&a.model, &a.base_url) {
         (Some(m), _) => {
             let dir = crate::model::hub::resolve(m)?;
@@ -440,6 +641,16 @@ fn generator(
                     .map_err(|e| anyhow::anyhow!("--dtype: {e}"))?,
             };
             let cfg = crate::model::Qwen3Config::load(&dir)?;
+            // The adapter is read and checked against the model's shape before the model
+            // loads: a wrong folder costs no model load.
+            let adapter = match &a.lora {
+                Some(lora) => Some((
+                    lora,
+                    crate::model::Lora::load_peft(lora, &cfg, tch::Device::Cpu, tch::Kind::Float)
+                        .with_context(|| format!("--lora {}", lora.display()))?,
+                )),
+                None => None,
+            };
             let mut engine_cfg = crate::engine::EngineConfig {
                 max_batch_size: a.max_batch_size,
                 max_model_len: a
@@ -466,11 +677,11 @@ fn generator(
                 },
             )?;
             let mut name = m.clone();
-            if let Some(lora) = &a.lora {
+            if let Some((dir, lora)) = adapter {
                 name = "lora".to_string();
-                let source = crate::engine::AdapterSource::Dir(lora.clone());
+                let source = crate::engine::AdapterSource::Lora(lora);
                 rt.block_on(generator.engine().load_adapter(&name, source, false))
-                    .with_context(|| format!("--lora {}", lora.display()))?;
+                    .with_context(|| format!("--lora {}", dir.display()))?;
             }
             let mut port = None;
             if let Some(p) = a.monitor.prometheus_port {
@@ -482,7 +693,12 @@ fn generator(
                     move || e.info().metrics().render(),
                 )?);
             }
-            (Box::new(generator), name, port)
+            Target {
+                generator: Box::new(generator),
+                name,
+                port,
+                adapter: None,
+            }
         }
         (None, Some(url)) => {
             if a.cache.changed() {
@@ -493,14 +709,49 @@ fn generator(
                 );
             }
             let key = std::env::var(&a.api_key_var).ok();
-            let client = OpenAiClient::new(url, key, Duration::from_secs(a.request_timeout));
-            let name = match &a.served_model_name {
-                Some(n) => n.clone(),
-                None => rt
-                    .block_on(client.first_model())
-                    .with_context(|| format!("asking {url} for its model"))?,
+            let timeout = Duration::from_secs(a.request_timeout);
+            let client = OpenAiClient::new(url, key.clone(), timeout);
+            let (name, adapter) = match (&a.lora, &a.served_model_name) {
+                (Some(_), Some(n)) => anyhow::bail!(
+                    "--served-model-name {n} names a model {url} already serves, and --lora \
+                     loads an adapter there to evaluate instead: give one or the other"
+                ),
+                (Some(dir), None) => {
+                    // The server reads the folder: a path relative to here means nothing there.
+                    let dir = std::path::absolute(dir)
+                        .with_context(|| format!("--lora {}", dir.display()))?;
+                    let name = format!("host-eval-lora-{}", std::process::id());
+                    rt.block_on(client.load_new_adapter(&name, &dir))
+                        .map_err(|e| {
+                            anyhow::anyhow!(
+                                "--lora {}: {url} did not load the adapter: {e}. It loads \
+                                 adapters through POST /v1/load_lora_adapter when started so \
+                                 (host inference --enable-lora; vLLM --enable-lora with \
+                                 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1) and reads the folder by \
+                                 this path",
+                                dir.display()
+                            )
+                        })?;
+                    let adapter = ServerAdapter {
+                        rt: rt.handle().clone(),
+                        client: OpenAiClient::new(url, key, timeout),
+                        name: name.clone(),
+                    };
+                    (name, Some(adapter))
+                }
+                (None, Some(n)) => (n.clone(), None),
+                (None, None) => (
+                    rt.block_on(client.first_model())
+                        .with_context(|| format!("asking {url} for its model"))?,
+                    None,
+                ),
             };
-            (Box::new(client), name, None)
+            Target {
+                generator: Box::new(client),
+                name,
+                port: None,
+                adapter,
+            }
         }
         (None, None) => anyhow::bail!("give a model (-m DIR) or a server (-b URL)"),
     })

@@ -188,8 +188,22 @@ pub(super) fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            // An adapter whose change would overflow is refused before anything is written,
+            // and so is a merge whose result is not a model the engine would serve.
+            crate::engine::check_adapter(&lora)
+                .map_err(|e| anyhow::anyhow!("--adapter {}: refused: {e}", adapter.display()))?;
             m.set_lora(Some(lora));
             m.merge_lora();
+            let merged: std::collections::BTreeMap<String, tch::Tensor> =
+                m.vs.variables().into_iter().collect();
+            crate::engine::check_weights(&merged).map_err(|e| {
+                anyhow::anyhow!(
+                    "merging --adapter {} into --base {} gives weights no engine would serve, \
+                     nothing written: {e}",
+                    adapter.display(),
+                    base.display()
+                )
+            })?;
             rewrite(&base, &out, |tmp| Ok(m.save(tmp)?))?;
             println!(
                 "wrote {}: {} with the adapter {} ({summary}) merged in",

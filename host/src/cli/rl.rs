@@ -47,6 +47,8 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
     }
     let home = crate::home::RlhostHome::from_env()?;
     let (cfg, opts) = crate::rl::config::parse(&a.args, &configs_root(&home)?)?;
+    // What the config alone cannot say, checked against the model before anything starts.
+    crate::rl::run::check_adapters(&cfg)?;
     let out = opts
         .output_dir
         .clone()

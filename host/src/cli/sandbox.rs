@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
 use rlhost_sdk::types::PythonLimits;
 
@@ -12,6 +12,10 @@ use crate::home::RlhostHome;
 use crate::sandbox::{
     NativeOptions, NativeSandbox, PythonMode, SandboxPolicy, WasmSandbox, locate_component,
 };
+
+/// `host sandbox run --file FILE`: a Python script, KBs; 16 MiB (generated code included) and
+/// a regular file only, so a FIFO or `/dev/zero` named by mistake is refused at once.
+const SCRIPT_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("script", 16 << 20);
 
 /// Arguments of `host sandbox`.
 #[derive(Debug, Args)]
@@ -84,10 +88,7 @@ pub(super) fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         json,
     } = args.command;
     if let Some(file) = file {
-        code.push(
-            std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?,
-        );
+        code.push(rlhost_fs::read_to_string(&file, SCRIPT_FILE)?);
     }
     if code.is_empty() {
         bail!("nothing to run: give -c CODE or --file FILE");

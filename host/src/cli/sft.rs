@@ -79,27 +79,23 @@ pub struct SftArgs {
     /// `trainer.data.packing`.
     #[arg(long)]
     packing: bool,
-    /// LoRA: train low-rank adapters of this rank instead of every weight (0: full
-    /// fine-tuning). The output folder is then a PEFT adapter (`adapter_config.json`,
-    /// `adapter_model.safetensors`) for the base model; `host model merge-lora` folds it in.
-    #[arg(long = "lora.rank", default_value_t = 0)]
-    lora_rank: usize,
-    /// LoRA's scale numerator: adapters' outputs are multiplied by `alpha / rank`.
-    #[arg(long = "lora.alpha", default_value_t = 32.0)]
-    lora_alpha: f64,
-    /// Dropout on the adapters' inputs while training (refused with `--ac`: the recomputed
-    /// layers would draw other masks).
-    #[arg(long = "lora.dropout", default_value_t = 0.0)]
-    lora_dropout: f64,
-    /// The projections adapted in every layer (comma-separated; the attention's four by
-    /// default).
-    #[arg(
-        long = "lora.target-modules",
-        value_enum,
-        value_delimiter = ',',
-        default_value = "q_proj,k_proj,v_proj,o_proj"
-    )]
-    lora_target_modules: Vec<crate::model::LoraTarget>,
+    /// LoRA: train low-rank adapters of this rank instead of every weight (unset or 0: full
+    /// fine-tuning; the other `--lora.*` flags need it). The output folder is then a PEFT
+    /// adapter (`adapter_config.json`, `adapter_model.safetensors`) for the base model; `host
+    /// model merge-lora` folds it in. At most min(out, in) of every targeted projection.
+    #[arg(long = "lora.rank")]
+    lora_rank: Option<usize>,
+    /// LoRA's scale numerator: adapters' outputs are multiplied by `alpha / rank` (default 32).
+    #[arg(long = "lora.alpha", allow_negative_numbers = true)]
+    lora_alpha: Option<f64>,
+    /// Dropout on the adapters' inputs while training (default 0; refused with `--ac`: the
+    /// recomputed layers would draw other masks).
+    #[arg(long = "lora.dropout", allow_negative_numbers = true)]
+    lora_dropout: Option<f64>,
+    /// The projections adapted in every layer (comma-separated; default: the attention's four,
+    /// `q_proj,k_proj,v_proj,o_proj`).
+    #[arg(long = "lora.target-modules", value_enum, value_delimiter = ',')]
+    lora_target_modules: Option<Vec<crate::model::LoraTarget>>,
     /// Monitors of the run (TensorBoard, MLflow): `--monitor.tensorboard DIR`,
     /// `--monitor.mlflow.tracking-uri URI`.
     #[command(flatten)]
@@ -119,6 +115,59 @@ fn save(model: &Qwen3, dir: &std::path::Path) -> Result<(), crate::model::ModelE
         }
         None => model.save(dir),
     }
+}
+
+impl SftArgs {
+    /// The adapters the `--lora.*` flags ask for (`None`: full fine-tuning), checked before
+    /// anything is read: LoRA flags without `--lora.rank` are refused (LoRA is off without
+    /// it, so they would be dropped and every weight trained), as are values LoRA cannot take.
+    fn lora(&self) -> anyhow::Result<Option<crate::model::LoraConfig>> {
+        let given: Vec<&str> = [
+            ("--lora.alpha", self.lora_alpha.is_some()),
+            ("--lora.dropout", self.lora_dropout.is_some()),
+            ("--lora.target-modules", self.lora_target_modules.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        let rank = self.lora_rank.unwrap_or(0);
+        if rank == 0 {
+            anyhow::ensure!(
+                given.is_empty(),
+                "{} configure{} LoRA adapters, which are off without --lora.rank (every weight \
+                 would train): give --lora.rank N (at least 1) too, or leave {} out",
+                given.join(", "),
+                if given.len() == 1 { "s" } else { "" },
+                if given.len() == 1 { "it" } else { "them" }
+            );
+            return Ok(None);
+        }
+        let d = crate::model::LoraConfig::default();
+        let cfg = crate::model::LoraConfig {
+            rank,
+            alpha: self.lora_alpha.unwrap_or(d.alpha),
+            dropout: self.lora_dropout.unwrap_or(d.dropout),
+            target_modules: self.lora_target_modules.clone().unwrap_or(d.target_modules),
+            use_rslora: false,
+        };
+        cfg.check().map_err(|e| lora_error(&e))?;
+        if cfg.dropout > 0.0 && self.ac != crate::rl::trainer::Checkpointing::None {
+            anyhow::bail!(
+                "--lora.dropout {} with --ac {:?}: a recomputed layer would draw another dropout \
+                 mask than its first pass (inexact gradients); use one or the other",
+                cfg.dropout,
+                self.ac
+            );
+        }
+        Ok(Some(cfg))
+    }
+}
+
+/// A [`crate::model::LoraConfig`] check's message (`key: reason`) as the flag's
+/// (`--lora.key: reason`).
+fn lora_error(e: &str) -> anyhow::Error {
+    let (key, reason) = e.split_once(": ").unwrap_or(("rank", e));
+    anyhow::anyhow!("--lora.{}: {reason}", key.replace('_', "-"))
 }
 
 pub(super) fn run(a: SftArgs) -> anyhow::Result<ExitCode> {
@@ -147,7 +196,21 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         "cosine" => Schedule::Cosine,
         other => anyhow::bail!("--schedule: constant, linear or cosine, not {other:?}"),
     };
+    let precision = crate::device::Precision::for_training(&a.dtype, device).context("--dtype")?;
+    anyhow::ensure!(a.batch_size > 0, "--batch-size must be at least 1");
+    anyhow::ensure!(
+        a.lr.is_finite() && a.lr > 0.0,
+        "--lr must be a positive number, not {}",
+        a.lr
+    );
+    let lora = a.lora()?;
     let dir = crate::model::hub::resolve(&a.model)?;
+    // The adapters' rank against the model's shape, from its config alone: before the data,
+    // the weights or any adapter is read or allocated.
+    if let Some(l) = &lora {
+        let shape = crate::model::Qwen3Config::load(&dir)?;
+        l.check_shape(&shape).map_err(|e| lora_error(&e))?;
+    }
     let tok = Tokenizer::load(&dir)?;
     let template = ChatTemplate::load(&dir)
         .with_context(|| format!("{} has no chat template", dir.display()))?;
@@ -166,26 +229,10 @@ fn train(a: &SftArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Result
         a.data.display(),
         convs.len()
     );
-    let precision = crate::device::Precision::for_training(&a.dtype, device).context("--dtype")?;
     let mut model = Qwen3::load(&dir, device, precision.kind())?;
-    if a.lora_rank > 0 {
-        if a.lora_dropout > 0.0 && a.ac != crate::rl::trainer::Checkpointing::None {
-            anyhow::bail!(
-                "--lora.dropout {} with --ac {:?}: a recomputed layer would draw another dropout \
-                 mask than its first pass (inexact gradients); use one or the other",
-                a.lora_dropout,
-                a.ac
-            );
-        }
-        let cfg = crate::model::LoraConfig {
-            rank: a.lora_rank,
-            alpha: a.lora_alpha,
-            dropout: a.lora_dropout,
-            target_modules: a.lora_target_modules.clone(),
-            use_rslora: false,
-        };
+    if let Some(cfg) = lora {
         let lora = crate::model::Lora::new(&model.cfg, cfg, device, precision.kind(), a.seed)
-            .map_err(|e| anyhow::anyhow!("--lora.{e}"))?
+            .map_err(|e| lora_error(&e))?
             .with_base(dir.display().to_string());
         model.set_lora(Some(lora));
     }

@@ -17,14 +17,10 @@ pub enum ConfigError {
     /// `@` with nothing after it.
     #[error("`@` must be followed by a TOML file")]
     MissingFile,
-    /// The file cannot be read.
-    #[error("cannot read config {path}: {message}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        message: String,
-    },
+    /// The file cannot be read within its bounds ([`CONFIG_FILE`]): absent, not a regular
+    /// file, too large.
+    #[error(transparent)]
+    Read(#[from] rlhost_fs::ReadError),
     /// The file is not valid TOML.
     #[error("config {path} is not valid TOML: {message}")]
     Toml {
@@ -154,11 +150,19 @@ pub fn expand(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>
     Ok(out)
 }
 
+/// A config file (`@ FILE`, `host rl -c FILE`): hand-written TOML of flags, a few KB. 4 MiB
+/// leaves room for generated ones (long environment mixtures, argument tables) and refuses a
+/// file that cannot be a config before it is read.
+pub const CONFIG_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("config file", 4 << 20);
+
+/// The text of the config file `file` someone named, read bounded ([`CONFIG_FILE`]: a regular
+/// file, at most 4 MiB).
+pub fn read_text(file: &Path) -> Result<String, rlhost_fs::ReadError> {
+    rlhost_fs::read_to_string(file, CONFIG_FILE)
+}
+
 fn read(file: &Path) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(file).map_err(|e| ConfigError::Read {
-        path: file.to_owned(),
-        message: e.to_string(),
-    })?;
+    let text = read_text(file)?;
     text.parse::<toml::Table>().map_err(|e| ConfigError::Toml {
         path: file.to_owned(),
         message: e.to_string(),
@@ -274,5 +278,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/nonexistent.toml"), "{e}");
+    }
+
+    /// `@ FILE` naming a FIFO, a device or a folder is refused at once with the file named
+    /// (reading a FIFO without a writer used to wait forever; `/dev/zero` to fill memory).
+    #[test]
+    fn config_files_that_are_not_regular_files_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.toml");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let zero = dir.path().join("zero.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (path, says) in [
+            (fifo, "FIFO"),
+            (zero, "character device"),
+            (dir.path().to_owned(), "folder"),
+        ] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let arg = path.to_str().unwrap().to_owned();
+            std::thread::spawn(move || {
+                let _ = tx.send(expand_str(&["host", "serve", "@", &arg]).map(|_| ()));
+            });
+            let e = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("reading the config blocked")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(says) && e.contains(path.to_str().unwrap()) && e.contains("config file"),
+                "{e}"
+            );
+        }
+        let big = dir.path().join("big.toml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(CONFIG_FILE.max_bytes + 1)
+            .unwrap();
+        let e = expand_str(&["host", "serve", "@", big.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("over the limit"), "{e}");
     }
 }

@@ -100,6 +100,7 @@ pub struct EngineMetrics {
     pub(super) policy_version: Gauge,
     pub(super) weight_updates: Counter,
     pub(super) weight_update_seconds: Histogram,
+    pub(super) non_finite_samples: Counter,
 }
 
 /// The timeline of one sample, for the request-level histograms.
@@ -272,6 +273,11 @@ impl EngineMetrics {
             l,
             WEIGHT_UPDATE_BUCKETS,
         )?;
+        let non_finite_samples = r.counter(
+            "rlhost:non_finite_samples_total",
+            "Samples ended because the model computed a NaN or an infinity for them (each failed alone, its KV slot scrubbed).",
+            l,
+        )?;
         Ok(Self {
             registry: r,
             running,
@@ -299,6 +305,7 @@ impl EngineMetrics {
             policy_version,
             weight_updates,
             weight_update_seconds,
+            non_finite_samples,
         })
     }
 

@@ -42,7 +42,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use crate::model::checkpoint::read_checkpoint;
+use crate::model::checkpoint::read_checkpoint_for;
 use crate::model::{ChatTemplate, Lora, ModelError, Qwen3, Qwen3Config, Tokenizer};
 use grammar::{GrammarError, GrammarTokens};
 use metrics::{EngineMetrics, SampleTimes};
@@ -318,40 +318,74 @@ impl Completion {
     }
 }
 
-/// Refuses weights that hold a NaN or an infinity, naming the first such tensor (and how many
-/// of its elements are NaN / infinite). A model with one non-finite weight answers garbage for
-/// every request after it, so no path into the engine (`POST /update_weights`, the trainer's
-/// in-process update, loading) may let one through.
+/// The largest magnitude a weight the engine serves may hold: 2^16.
 ///
-/// The test is one sum per floating-point tensor, in the tensor's own dtype (f16 in f32): any
-/// NaN or infinity makes the sum non-finite, and it is one vectorised pass with no temporary
-/// the size of the tensor (`isfinite().all()` allocates one and took 15-20x longer on a 0.6B
-/// checkpoint). Only when a sum is not finite are the NaNs and infinities counted, which also
-/// clears a sum that merely overflowed (finite weights, huge total): the test is exact.
-pub fn check_finite(weights: &BTreeMap<String, Tensor>) -> Result<(), String> {
+/// Why this bound: trained checkpoints and adapters hold weights far below it (Qwen3's largest
+/// are norm gains in the tens; LoRA factors are O(1)), and a weight beyond it is a diverged or
+/// corrupted update. It is f16's range (65,504 rounds to it), so such a weight is not even
+/// representable there, and in bf16 or f32 it turns a normalised activation (|x| ≤ √h · max
+/// gain) into projections of order h · √h · 2^32 — over 2^50 at Qwen3-8B's width — whose
+/// gated product (gate · up) and the next projection leave f32's and bf16's range (3.4e38 ≈
+/// 2^128) within a layer. A 1e30 adapter, the case that poisoned requests before this check,
+/// is refused here with its tensor named. It is a screen, not a proof that nothing overflows:
+/// rows that still compute a NaN or an infinity are failed alone by the engine (their slots
+/// scrubbed), never their neighbours.
+pub const MAX_WEIGHT: f64 = 65_536.0;
+
+/// Refuses weights that hold a NaN, an infinity or a value beyond ±[`MAX_WEIGHT`], naming the
+/// first such tensor (how many of its elements are NaN / infinite, or its largest magnitude). A
+/// model with one non-finite weight answers garbage for every request after it, so no path into
+/// the engine (`POST /update_weights`, the trainer's in-process update, loading, adapters) may
+/// let one through.
+///
+/// The test is one `aminmax` per floating-point tensor, in the tensor's own dtype: one
+/// vectorised pass with no temporary the size of the tensor (`isfinite().all()` allocates one
+/// and took 15-20x longer on a 0.6B checkpoint); a NaN anywhere makes both ends NaN, an
+/// infinity makes one end infinite. Only then are the NaNs and infinities counted, for the
+/// message.
+pub fn check_weights(weights: &BTreeMap<String, Tensor>) -> Result<(), String> {
     tch::no_grad(|| {
         for (name, t) in weights {
-            if !t.is_floating_point() {
+            if !t.is_floating_point() || t.numel() == 0 {
                 continue;
             }
-            let acc = match t.kind() {
-                Kind::Half => Kind::Float,
-                k => k,
-            };
-            if t.sum(acc).double_value(&[]).is_finite() {
-                continue;
-            }
-            let nan = t.isnan().sum(Kind::Int64).int64_value(&[]);
-            let inf = t.isinf().sum(Kind::Int64).int64_value(&[]);
-            if nan + inf > 0 {
+            let (lo, hi) = t.aminmax(None, false);
+            let (lo, hi) = (lo.double_value(&[]), hi.double_value(&[]));
+            if !(lo.is_finite() && hi.is_finite()) {
+                let nan = t.isnan().sum(Kind::Int64).int64_value(&[]);
+                let inf = t.isinf().sum(Kind::Int64).int64_value(&[]);
                 return Err(format!(
                     "tensor `{name}` is not finite: {nan} NaN and {inf} infinite values among its {} elements",
                     t.numel()
                 ));
             }
+            let largest = hi.max(-lo);
+            if largest > MAX_WEIGHT {
+                return Err(format!(
+                    "tensor `{name}` holds a value of magnitude {largest:.4e}, beyond the ±{MAX_WEIGHT} \
+                     a served weight may hold (a diverged or corrupted checkpoint: its products \
+                     would overflow)"
+                ));
+            }
         }
         Ok(())
     })
+}
+
+/// Refuses an adapter whose factors fail [`check_weights`] or whose weight change `scale · B A`
+/// could hold an entry beyond ±[`MAX_WEIGHT`] ([`Lora::largest_change`]): factors of 1e3 each
+/// pass the first test, and their product at rank 16 does not pass the second.
+pub fn check_adapter(lora: &Lora) -> Result<(), String> {
+    check_weights(&lora.tensors())?;
+    match lora.largest_change() {
+        Some((module, bound)) if bound.is_nan() || bound > MAX_WEIGHT => Err(format!(
+            "the weight change of `{module}` (scale {} · rank {} · max|A| · max|B|) may reach \
+             {bound:.4e}, beyond the ±{MAX_WEIGHT} a served weight may hold",
+            lora.scale(),
+            lora.config().rank
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// New weights for a running engine.
@@ -597,25 +631,80 @@ pub struct Engine {
 
 /// End-of-sequence ids from `generation_config.json` (one id or a list), else the tokenizer's.
 fn eos_ids(dir: &Path, tok: &Tokenizer) -> Vec<u32> {
-    let mut ids: Vec<u32> = std::fs::read_to_string(dir.join("generation_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .map(|v| match &v["eos_token_id"] {
-            serde_json::Value::Number(n) => n.as_u64().into_iter().map(|x| x as u32).collect(),
-            serde_json::Value::Array(a) => a
-                .iter()
-                .filter_map(|x| x.as_u64())
-                .map(|x| x as u32)
-                .collect(),
-            _ => Vec::new(),
-        })
-        .unwrap_or_default();
+    // Optional: absent or unreadable (a FIFO, too large: bounded all the same), the
+    // tokenizer's end-of-sequence stands.
+    let path = dir.join("generation_config.json");
+    let mut ids: Vec<u32> =
+        rlhost_fs::read_to_string(&path, crate::model::files::GENERATION_CONFIG)
+            .inspect_err(|e| {
+                if !e.is_not_found() {
+                    tracing::warn!("{e}; using the tokenizer's end-of-sequence");
+                }
+            })
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .map(|v| match &v["eos_token_id"] {
+                serde_json::Value::Number(n) => n.as_u64().into_iter().map(|x| x as u32).collect(),
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .unwrap_or_default();
     if let Some(e) = tok.eos
         && !ids.contains(&e)
     {
         ids.push(e);
     }
     ids
+}
+
+/// What a caught panic said (its `&str` or `String` payload), for the log.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// A blocking task that ended without an answer (it panicked, or was cancelled) while `doing`
+/// something for a request, as one line for the client. The panic's text (`task N panicked
+/// with message ...`, libtorch's C++ frames, source paths) goes to the log, never to the client.
+/// The tasks it serves read files the client named, the only input that reaches them, so the
+/// reason is given as a refusal of that input.
+fn blocking_failed(e: tokio::task::JoinError, doing: &str) -> String {
+    if e.is_panic() {
+        let msg = panic_message(e.into_panic().as_ref());
+        tracing::error!("panic while {doing}: {msg}");
+        format!("{doing} failed on its contents (details in the server's log)")
+    } else {
+        tracing::error!("task cancelled while {doing}: {e}");
+        format!("{doing} was cancelled (the server is shutting down?)")
+    }
+}
+
+#[cfg(test)]
+mod blocking_failed_tests {
+    /// A panic under a request (libtorch's, which carries C++ frames and source paths) reaches
+    /// the client as one line without its text: `task N panicked with message "Torch(...)"`
+    /// did before.
+    #[tokio::test]
+    async fn a_panic_answers_one_line_without_its_text() {
+        let e = tokio::task::spawn_blocking(|| {
+            panic!(
+                "Torch(\"negative dimension\nException raised from at /pytorch/aten/src/x.cpp:1\")"
+            )
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            super::blocking_failed(e, "reading the adapter"),
+            "reading the adapter failed on its contents (details in the server's log)"
+        );
+    }
 }
 
 impl Engine {
@@ -634,7 +723,7 @@ impl Engine {
         }
         let model = Qwen3::load(dir, device, kind)?;
         let weights: BTreeMap<String, Tensor> = model.vs.variables().into_iter().collect();
-        check_finite(&weights).map_err(|e| {
+        check_weights(&weights).map_err(|e| {
             EngineError::Invalid(format!("refusing to serve {}: {e}", dir.display()))
         })?;
         let tokenizer = Tokenizer::load(dir)?;
@@ -787,22 +876,26 @@ impl Engine {
     }
 
     /// Replaces the weights between two decode steps; returns the new policy version. Weights
-    /// with a NaN or an infinity are refused ([`check_finite`]) and the engine keeps serving its
+    /// with a NaN, an infinity or a value beyond [`MAX_WEIGHT`] are refused ([`check_weights`]) and the engine keeps serving its
     /// current ones: nothing changes unless every tensor is present, shaped right and finite.
     pub async fn update_weights(&self, source: WeightSource) -> Result<u64, EngineError> {
         let started = Instant::now();
         let refused = |e: String| EngineError::Invalid(format!("new weights refused: {e}"));
+        let cfg = self.info.shape.0.clone();
         // Read and checked off the engine thread, so decoding goes on meanwhile.
         let weights = tokio::task::spawn_blocking(move || -> Result<_, String> {
             let weights = match source {
-                WeightSource::Dir(dir) => read_checkpoint(&dir).map_err(|e| e.to_string())?,
+                // Names and shapes are checked against the model's from the headers, before any
+                // tensor is read: a folder that claims larger tensors costs a header read.
+                WeightSource::Dir(dir) => read_checkpoint_for(&dir, &cfg)
+                    .map_err(|e| e.client_message("reading the new weights"))?,
                 WeightSource::Tensors(map) => map,
             };
-            check_finite(&weights)?;
+            check_weights(&weights)?;
             Ok(weights)
         })
         .await
-        .map_err(|e| refused(format!("reading the weights failed: {e}")))?
+        .map_err(|e| refused(blocking_failed(e, "reading the new weights")))?
         .map_err(refused)?;
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -850,12 +943,12 @@ impl Engine {
                 AdapterSource::Dir(dir) => (Lora::load_peft(&dir, &cfg, device, kind)?, Some(dir)),
                 AdapterSource::Lora(l) => (l.copied(device, kind), None),
             };
-            check_finite(&lora.tensors())
+            check_adapter(&lora)
                 .map_err(|e| EngineError::Invalid(format!("adapter refused: {e}")))?;
             Ok((lora, path))
         })
         .await
-        .map_err(|e| EngineError::Invalid(format!("reading the adapter failed: {e}")))??;
+        .map_err(|e| EngineError::Invalid(blocking_failed(e, "reading the adapter")))??;
         let (reply, rx) = oneshot::channel();
         let load = AdapterLoad {
             name: name.to_owned(),

@@ -344,7 +344,10 @@ impl Worker {
     /// cached prefix was computed with the old weights: the cache empties, and a chunked
     /// prefill under way starts over.
     fn update(&mut self, weights: BTreeMap<String, Tensor>) -> Result<u64, String> {
-        self.model.assign(weights).map_err(|e| e.to_string())?;
+        // libtorch's text (C++ frames, paths) goes to the log, never to the client.
+        self.model
+            .assign(weights)
+            .map_err(|e| e.client_message("loading the new weights"))?;
         let version = self.info.version.fetch_add(1, Ordering::SeqCst) + 1;
         self.info.metrics.policy_version.set(version as f64);
         self.reset_prefix();
@@ -783,10 +786,15 @@ impl Worker {
         let computed: usize = rest.iter().sum();
         self.info.metrics.iteration_tokens.observe(computed as f64);
         let version = self.info.version();
+        // Keys of a prompt whose logits are not finite may hold a NaN: never cached (its
+        // samples fail at once, in sample_and_advance).
+        let finite = finite_rows(&logits);
         for (k, a) in batch.iter().enumerate() {
             self.count_prompt(a.p.prompt.len(), rest[k]);
             let len = a.p.prompt.len();
-            self.store_prefix(a.p.adapter, &a.p.prompt, len, (base + k) as i64);
+            if finite[k] {
+                self.store_prefix(a.p.adapter, &a.p.prompt, len, (base + k) as i64);
+            }
         }
         // Sample 0 of every request in its prefill slot, then the other samples and the
         // followers in the slots after, each a copy of its prompt's slot.
@@ -864,7 +872,14 @@ impl Worker {
             .prompt_computed
             .fetch_add(take as u64, Ordering::Relaxed);
         let (prompt, done) = (job.p.prompt.clone(), job.done);
-        self.store_prefix(adapter, &prompt, done, staging);
+        // A chunk whose logits are not finite computed a NaN or an infinity: its keys are not
+        // cached, and the job's samples fail at once (sample_and_advance). Later jobs in the
+        // staging slot read only positions they wrote themselves, but it is scrubbed anyway
+        // once the job ends, so nothing non-finite outlives the request that computed it.
+        let finite = finite_rows(&logits)[0];
+        if finite {
+            self.store_prefix(adapter, &prompt, done, staging);
+        }
         if done < len {
             return take;
         }
@@ -876,6 +891,9 @@ impl Worker {
                 .copy_slot(staging, self.running.len() as i64, len as i64);
             self.running
                 .push(new_seq(&request, &job.p.prompt, index, job.kv_version));
+        }
+        if !finite {
+            self.cache.scrub(staging);
         }
         let logits = logits
             .to_kind(Kind::Float)
@@ -946,16 +964,31 @@ impl Worker {
     /// the sequences that finished.
     fn sample_and_advance(&mut self, logits: &Tensor, from: usize) {
         let version = self.info.version();
+        // A row whose logits hold a NaN or an infinity computed one somewhere (weights or an
+        // adapter whose products overflow): it is failed alone, below, and sampled with
+        // nobody: the rows that are finite are sampled as if it were not there.
+        let finite = finite_rows(logits);
+        let sane: Vec<usize> = (0..finite.len()).filter(|&k| finite[k]).collect();
         // Constrained rows only: their grammars' masks (a failed grammar ends its sequence).
-        let masks: Vec<Option<Result<_, GrammarError>>> = self.running[from..]
+        let mut masks: Vec<Option<Result<_, GrammarError>>> = self.running[from..]
             .iter_mut()
-            .map(|s| s.grammar.as_mut().map(SequenceGrammar::mask))
+            .zip(&finite)
+            .map(|(s, &ok)| s.grammar.as_mut().filter(|_| ok).map(SequenceGrammar::mask))
             .collect();
-        let sampled = {
+        let mut sampled: Vec<Option<sampling::Sampled>> = vec![None; finite.len()];
+        if !sane.is_empty() {
+            let rows_logits = if sane.len() == finite.len() {
+                logits.shallow_clone()
+            } else {
+                let idx: Vec<i64> = sane.iter().map(|&k| k as i64).collect();
+                logits.index_select(0, &Tensor::from_slice(&idx).to_device(logits.device()))
+            };
             let mut rows: Vec<sampling::Row<'_>> = self.running[from..]
                 .iter_mut()
                 .zip(&masks)
-                .map(|(s, m)| sampling::Row {
+                .zip(&finite)
+                .filter(|(_, ok)| **ok)
+                .map(|((s, m), _)| sampling::Row {
                     params: &s.request.params,
                     rng: &mut s.rng,
                     seen: &s.ids,
@@ -966,20 +999,52 @@ impl Worker {
                         .map(|m| m.as_slice()),
                 })
                 .collect();
-            sampling::sample(logits, &mut rows)
-        };
+            for (k, s) in sane.iter().zip(sampling::sample(&rows_logits, &mut rows)) {
+                sampled[*k] = Some(s);
+            }
+        }
         // The step's time stamps every token it sampled (vLLM's engine-core timestamp).
         let now = Instant::now();
         let metrics = &self.info.metrics;
-        metrics.generation_tokens.inc_by(sampled.len() as f64);
+        metrics.generation_tokens.inc_by(sane.len() as f64);
         // Sequences still running, for the gauge set before each end is reported.
         let mut live = self.running.len() + self.partial.as_ref().map_or(0, |j| j.p.n);
         let max_len = self.info.config.max_model_len;
         let mut finished: Vec<usize> = Vec::new();
         let mut keep: Vec<usize> = Vec::new();
-        for (k, (s, mask)) in sampled.into_iter().zip(masks).enumerate() {
+        let mut scrub: Vec<usize> = Vec::new();
+        for (k, s) in sampled.into_iter().enumerate() {
+            let mask = masks[k].take();
             let i = from + k;
             let seq = &mut self.running[i];
+            let Some(s) = s else {
+                // Not finite: the sample ends with the reason; its slot is scrubbed before
+                // anyone else decodes in it.
+                let at = seq.ids.len();
+                let with = if seq.request.adapter.is_some() {
+                    "the model with this request's LoRA adapter"
+                } else {
+                    "the model"
+                };
+                let reason = format!(
+                    "{with} computed a NaN or an infinity at position {at} of this sample (its \
+                     weights overflow on this input); the sample ended there, other requests \
+                     are unaffected"
+                );
+                tracing::warn!("request sample {}: {reason}", seq.index);
+                metrics.non_finite_samples.inc();
+                live -= 1;
+                metrics.running.set(live as f64);
+                let end = End {
+                    stop: None,
+                    text: seq.text.take_ready(&seq.request.params.stop, true),
+                    error: Some(reason),
+                };
+                seq.retire(&self.info, FinishReason::Error, now, Some(end));
+                finished.push(i);
+                scrub.push(i);
+                continue;
+            };
             let failed = match (mask, seq.grammar.as_mut()) {
                 (Some(Err(e)), _) => Some(e),
                 (_, Some(g)) if !self.info.eos.contains(&s.token) => g.consume(s.token).err(),
@@ -1081,6 +1146,9 @@ impl Worker {
         }
         // Retire from the back so indices stay valid; the last sequence moves into each hole.
         for &i in finished.iter().rev() {
+            if scrub.contains(&i) {
+                self.cache.scrub(i as i64);
+            }
             let last = self.running.len() - 1;
             self.running.swap_remove(i);
             if i != last {
@@ -1089,4 +1157,10 @@ impl Worker {
             }
         }
     }
+}
+
+/// Which rows of `logits` `[rows, vocab]` are finite everywhere (one read-back of a flag a row).
+fn finite_rows(logits: &Tensor) -> Vec<bool> {
+    let ok = tch::no_grad(|| logits.isfinite().all_dim(-1, false));
+    Vec::<bool>::try_from(ok.to_device(tch::Device::Cpu)).expect("one flag a row")
 }

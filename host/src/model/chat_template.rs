@@ -9,7 +9,7 @@ use std::path::Path;
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 
-use super::ModelError;
+use super::{ModelError, files};
 
 /// A chat template and the special tokens it may refer to.
 pub struct ChatTemplate {
@@ -140,17 +140,18 @@ impl ChatTemplate {
     /// `tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg: serde_json::Value = match std::fs::read_to_string(&cfg_path) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| ModelError::Config {
-                path: cfg_path.clone(),
-                message: e.to_string(),
-            })?,
-            Err(_) => serde_json::Value::Null,
-        };
+        let cfg: serde_json::Value =
+            match files::read_optional_text(&cfg_path, files::TOKENIZER_CONFIG)? {
+                Some(t) => serde_json::from_str(&t).map_err(|e| ModelError::Config {
+                    path: cfg_path.clone(),
+                    message: e.to_string(),
+                })?,
+                None => serde_json::Value::Null,
+            };
         let file = dir.join("chat_template.jinja");
-        let source = match std::fs::read_to_string(&file) {
-            Ok(s) => s,
-            Err(_) => match &cfg["chat_template"] {
+        let source = match files::read_optional_text(&file, files::CHAT_TEMPLATE)? {
+            Some(s) => s,
+            None => match &cfg["chat_template"] {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Array(list) => list
                     .iter()

@@ -90,10 +90,7 @@ impl Qwen3Config {
     /// Reads `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let text = super::files::read_text(&path, super::files::CONFIG)?;
         let mut cfg: Self = serde_json::from_str(&text).map_err(|e| ModelError::Config {
             path: path.clone(),
             message: e.to_string(),

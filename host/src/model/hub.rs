@@ -72,7 +72,7 @@ fn complete(dir: &Path) -> bool {
 
 /// The shard files a `model.safetensors.index.json` names.
 fn shards(index: &Path) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(index).ok()?;
+    let text = rlhost_fs::read_to_string(index, super::files::CHECKPOINT_INDEX).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let mut files: Vec<String> = v["weight_map"]
         .as_object()?

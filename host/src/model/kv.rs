@@ -166,6 +166,19 @@ impl SlotCache {
         freed
     }
 
+    /// Zeroes every position of `slot` in every layer. A slot's positions past its sequence's
+    /// length are read by every decode step whose longest row reaches them (hidden by the
+    /// mask, which a NaN or an infinity survives: `NaN + min = NaN`, `0 · NaN = NaN`), so a
+    /// sequence that computed non-finite keys or values must leave none behind for the next
+    /// occupant. Finite stale keys are harmless: masked, they weigh exactly zero.
+    pub fn scrub(&mut self, slot: i64) {
+        tch::no_grad(|| {
+            for t in self.k.iter().chain(self.v.iter()) {
+                let _ = t.narrow(0, slot, 1).zero_();
+            }
+        });
+    }
+
     /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt).
     pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
         if from == to || len == 0 {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
 
-use super::{ModelError, Qwen3Config, safetensors};
+use super::{ModelError, Qwen3Config, files, safetensors};
 
 /// The file of an adapter's settings in a PEFT folder.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -182,6 +182,33 @@ impl LoraConfig {
         }
         Ok(())
     }
+
+    /// Checks the rank against a model of `model`'s shape, naming the key at fault: an
+    /// adapter's product `B·A` has rank at most min(out, in) of its projection, so a rank above
+    /// that of any targeted projection adds nothing but memory (and a huge one could not be
+    /// allocated). Checked before any tensor is made.
+    pub fn check_shape(&self, model: &Qwen3Config) -> Result<(), String> {
+        // The tightest bound over the targeted projections, which the error states.
+        let tightest = self
+            .target_modules
+            .iter()
+            .map(|&t| (t, t.shape(model)))
+            .min_by_key(|(_, (out, inp))| *out.min(inp));
+        let Some((t, (out, inp))) = tightest else {
+            return Ok(());
+        };
+        let bound = out.min(inp).max(0) as u64;
+        if self.rank as u64 > bound {
+            return Err(format!(
+                "rank: {} is above {bound}, the most this model takes on the projections \
+                 targeted ({}'s weight is {out} x {inp}; a rank above min(out, in) adds \
+                 nothing)",
+                self.rank,
+                t.name()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One projection's adapter.
@@ -301,6 +328,7 @@ impl Lora {
         seed: u64,
     ) -> Result<Self, String> {
         cfg.check()?;
+        cfg.check_shape(model)?;
         tch::manual_seed(seed as i64);
         let r = cfg.rank as i64;
         let layers = (0..model.num_hidden_layers)
@@ -391,6 +419,45 @@ impl Lora {
     /// The factor of an adapter's output (`alpha / rank`).
     pub fn scale(&self) -> f64 {
         self.cfg.scale()
+    }
+
+    /// The largest bound on an entry of one projection's weight change `scale · B A`, with the
+    /// projection's PEFT module name: `scale · rank · max|A| · max|B|` (each entry of `B A` is
+    /// a sum of `rank` products, each at most `max|A| · max|B|`). What the engine compares with
+    /// [`crate::engine::MAX_WEIGHT`] before serving or merging an adapter: the factors can each
+    /// look harmless while their product is not. Not finite when a factor is not.
+    pub fn largest_change(&self) -> Option<(String, f64)> {
+        tch::no_grad(|| {
+            let (scale, rank) = (self.scale(), self.cfg.rank as f64);
+            let largest = |t: &Tensor| {
+                let (lo, hi) = t.aminmax(None, false);
+                let (lo, hi) = (lo.double_value(&[]), hi.double_value(&[]));
+                // NaN compares false: carry it through, so the caller sees a non-finite bound.
+                if lo.is_nan() || hi.is_nan() {
+                    f64::NAN
+                } else {
+                    hi.max(-lo)
+                }
+            };
+            let mut out: Option<(String, f64)> = None;
+            for (i, layer) in self.layers.iter().enumerate() {
+                for (&t, ad) in layer {
+                    if ad.a.numel() == 0 || ad.b.numel() == 0 {
+                        continue;
+                    }
+                    let bound = scale * rank * largest(&ad.a) * largest(&ad.b);
+                    let worse = match &out {
+                        None => true,
+                        Some((_, b)) => bound.is_nan() || (!b.is_nan() && bound > *b),
+                    };
+                    if worse {
+                        let module = format!("base_model.model.model.layers.{i}.{}", t.module());
+                        out = Some((module, bound));
+                    }
+                }
+            }
+            out
+        })
     }
 
     /// Every adapter tensor under its PEFT name (handles to the tensors themselves: an
@@ -571,10 +638,7 @@ impl Lora {
             path: config_path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::Io {
-            path: config_path.clone(),
-            message: e.to_string(),
-        })?;
+        let text = files::read_text(&config_path, files::ADAPTER_CONFIG)?;
         let peft: PeftConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if peft.peft_type != "LORA" {
             return Err(bad(format!(
@@ -639,43 +703,71 @@ impl Lora {
             use_rslora: peft.use_rslora,
         };
         cfg.check().map_err(bad)?;
+        cfg.check_shape(model).map_err(bad)?;
         let weights_path: PathBuf = dir.join(ADAPTER_WEIGHTS);
-        let mut found: BTreeMap<String, Tensor> =
-            safetensors::read(&weights_path)?.into_iter().collect();
+        // Header first: every tensor's name and shape is checked against what the model and the
+        // config imply before a byte of tensor data is read, so a file that claims other or
+        // larger tensors costs one header read, and what is read is what the model needs.
+        let file = safetensors::SafetensorsFile::open(&weights_path, files::ADAPTER_WEIGHTS)?;
         let r = cfg.rank as i64;
-        let mut take = |name: String, shape: [i64; 2]| -> Result<Tensor, ModelError> {
-            let t = found.remove(&name).ok_or_else(|| ModelError::Missing {
+        // (layer, projection, [(A's name, shape), (B's name, shape)]).
+        let mut plan = Vec::new();
+        for i in 0..model.num_hidden_layers as usize {
+            for &t in &cfg.target_modules {
+                let (out, inp) = t.shape(model);
+                let a = (peft_name(i, t, "lora_A"), [r, inp]);
+                let b = (peft_name(i, t, "lora_B"), [out, r]);
+                plan.push((i, t, [a, b]));
+            }
+        }
+        for (name, shape) in plan.iter().flat_map(|(_, _, ab)| ab) {
+            let e = file.entry(name).ok_or_else(|| ModelError::Missing {
                 name: name.clone(),
                 expected: shape.to_vec(),
             })?;
-            if t.size() != shape {
+            if e.shape != shape {
                 return Err(ModelError::Shape {
-                    name,
-                    found: t.size(),
+                    name: name.clone(),
+                    found: e.shape.clone(),
                     expected: shape.to_vec(),
                 });
             }
-            Ok(t.to_device(device).to_kind(kind).set_requires_grad(true))
-        };
-        let mut layers = Vec::new();
-        for i in 0..model.num_hidden_layers as usize {
-            let mut layer = BTreeMap::new();
-            for &t in &cfg.target_modules {
-                let (out, inp) = t.shape(model);
-                let a = take(peft_name(i, t, "lora_A"), [r, inp])?;
-                let b = take(peft_name(i, t, "lora_B"), [out, r])?;
-                layer.insert(t, Adapter { a, b });
-            }
-            layers.push(layer);
         }
-        if !found.is_empty() {
-            let names: Vec<&str> = found.keys().map(String::as_str).take(5).collect();
+        if file.entries().len() > 2 * plan.len() {
+            let known: std::collections::BTreeSet<&str> = plan
+                .iter()
+                .flat_map(|(_, _, ab)| ab.iter().map(|(n, _)| n.as_str()))
+                .collect();
+            let extra: Vec<&str> = file
+                .entries()
+                .iter()
+                .map(|e| e.name.as_str())
+                .filter(|n| !known.contains(n))
+                .collect();
             return Err(ModelError::Unexpected(format!(
                 "{} in {} ({} in all)",
-                names.join(", "),
+                extra[..extra.len().min(5)].join(", "),
                 weights_path.display(),
-                found.len()
+                extra.len()
             )));
+        }
+        let mut layers: Vec<BTreeMap<LoraTarget, Adapter>> = (0..model.num_hidden_layers)
+            .map(|_| BTreeMap::new())
+            .collect();
+        for (i, t, [(a, _), (b, _)]) in &plan {
+            let take = |name: &str| -> Result<Tensor, ModelError> {
+                let e = file.entry(name).expect("checked above");
+                let tensor = file.read(e)?;
+                Ok(tensor
+                    .to_device(device)
+                    .to_kind(kind)
+                    .set_requires_grad(true))
+            };
+            let adapter = Adapter {
+                a: take(a)?,
+                b: take(b)?,
+            };
+            layers[*i].insert(*t, adapter);
         }
         Ok(Self {
             cfg,
@@ -733,6 +825,62 @@ mod tests {
             ..LoraConfig::default()
         };
         assert_eq!((LoraConfig::default().scale(), rs.scale()), (2.0, 8.0));
+    }
+
+    /// A rank above min(out, in) of a targeted projection is refused with the bound, by
+    /// `check_shape` and by `Lora::new` before any tensor is allocated (a rank of 10⁹ would
+    /// otherwise abort on the allocation).
+    #[test]
+    fn ranks_are_bounded_by_the_models_shape() {
+        let tiny = Qwen3Config::preset(Preset::Tiny);
+        let (kv, q) = (
+            LoraTarget::KProj.shape(&tiny),
+            LoraTarget::QProj.shape(&tiny),
+        );
+        let (kv_bound, q_bound) = (kv.0.min(kv.1) as usize, q.0.min(q.1) as usize);
+        assert!(kv_bound < q_bound, "{kv:?} {q:?}");
+        let with = |rank, target_modules| LoraConfig {
+            rank,
+            target_modules,
+            ..LoraConfig::default()
+        };
+        assert_eq!(
+            with(kv_bound, LoraTarget::ALL.to_vec()).check_shape(&tiny),
+            Ok(())
+        );
+        // The tightest bound of the targeted projections is the one stated.
+        let err = with(1_000_000, LoraTarget::ALL.to_vec())
+            .check_shape(&tiny)
+            .unwrap_err();
+        assert!(
+            err.starts_with("rank:")
+                && err.contains(&format!("above {kv_bound},"))
+                && err.contains("k_proj"),
+            "{err}"
+        );
+        assert!(
+            with(kv_bound + 1, vec![LoraTarget::QProj, LoraTarget::KProj])
+                .check_shape(&tiny)
+                .is_err()
+        );
+        // Only the targeted projections bound it.
+        assert_eq!(
+            with(q_bound, vec![LoraTarget::QProj]).check_shape(&tiny),
+            Ok(())
+        );
+        assert!(
+            with(q_bound + 1, vec![LoraTarget::QProj])
+                .check_shape(&tiny)
+                .is_err()
+        );
+        let huge = with(1_000_000_000, vec![LoraTarget::QProj]);
+        let err = Lora::new(&tiny, huge, Device::Cpu, Kind::Float, 0)
+            .err()
+            .expect("refused");
+        assert!(
+            err.starts_with("rank:") && err.contains(&format!("above {q_bound},")),
+            "{err}"
+        );
     }
 
     /// A saved adapter reads back the same (names, shapes, values, settings); settings rlhost

@@ -5,6 +5,7 @@
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod files;
 pub mod hub;
 pub mod kernels;
 pub mod kv;
@@ -89,7 +90,53 @@ pub enum ModelError {
         /// Every place tried and why it did not serve.
         looked: Vec<String>,
     },
-    /// A libtorch error.
+    /// A file someone named could not be read within its bounds (not a regular file, over its
+    /// size limit, stalled): [`files`].
+    #[error(transparent)]
+    Read(#[from] rlhost_fs::ReadError),
+    /// A libtorch error. Its text holds libtorch's internals (C++ frames, source paths): it goes
+    /// to the log, never to a client ([`ModelError::client_message`]).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+}
+
+impl ModelError {
+    /// This error as one line a client may read: everything but a libtorch error is written
+    /// for the person who named the files and says what is wrong with which; a libtorch error
+    /// (its text is C++ internals) is logged here and answered with `doing` and no details.
+    pub fn client_message(&self, doing: &str) -> String {
+        match self {
+            Self::Torch(e) => {
+                tracing::error!("libtorch failed while {doing}: {e}");
+                format!("{doing} failed inside libtorch (details in the server's log)")
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// libtorch's text (C++ frames, source paths) never reaches a client; every other error is
+    /// the client's to read as it is.
+    #[test]
+    fn client_messages_hide_libtorch_and_keep_the_rest() {
+        let torch = ModelError::Torch(tch::TchError::Torch(
+            "shape '[-1]' is invalid\nException raised from at /pytorch/aten/src/ATen/x.cpp:42"
+                .into(),
+        ));
+        let m = torch.client_message("reading the adapter");
+        assert_eq!(
+            m,
+            "reading the adapter failed inside libtorch (details in the server's log)"
+        );
+        let shape = ModelError::Shape {
+            name: "w".into(),
+            found: vec![3],
+            expected: vec![4],
+        };
+        assert_eq!(shape.client_message("reading"), shape.to_string());
+    }
 }

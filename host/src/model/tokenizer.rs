@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::ModelError;
+use super::{ModelError, files};
 
 /// A model's tokenizer.
 pub struct Tokenizer {
@@ -29,15 +29,17 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let file = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| io(&file, e))?;
+        let bytes = rlhost_fs::read(&file, files::TOKENIZER)?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| io(&file, e))?;
         let config = dir.join("tokenizer_config.json");
-        let cfg: serde_json::Value = match std::fs::read_to_string(&config) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| ModelError::Config {
-                path: config.clone(),
-                message: e.to_string(),
-            })?,
-            Err(_) => serde_json::Value::Null,
-        };
+        let cfg: serde_json::Value =
+            match files::read_optional_text(&config, files::TOKENIZER_CONFIG)? {
+                Some(text) => serde_json::from_str(&text).map_err(|e| ModelError::Config {
+                    path: config.clone(),
+                    message: e.to_string(),
+                })?,
+                None => serde_json::Value::Null,
+            };
         let token = |key: &str| -> Option<u32> {
             let v = &cfg[key];
             let name = v.as_str().or_else(|| v["content"].as_str())?;
@@ -135,7 +137,7 @@ pub fn copy_files(from: &Path, to: &Path) -> Result<(), ModelError> {
     for name in TOKENIZER_FILES {
         let src = from.join(name);
         if src.is_file() {
-            let bytes = std::fs::read(&src).map_err(|e| io(&src, e))?;
+            let bytes = rlhost_fs::read(&src, files::TOKENIZER)?;
             let dst = to.join(name);
             rlhost_fs::write_atomically(&dst, &bytes).map_err(|e| io(&dst, e))?;
         }

@@ -205,18 +205,14 @@ impl DataDir {
     /// Reads a file, at most `max_bytes` long.
     pub fn read(&self, relative: &str, max_bytes: u64) -> Result<Vec<u8>, DataAccessError> {
         let path = self.resolve(relative)?;
-        let io = |e: std::io::Error| DataAccessError::Io {
-            path: relative.to_owned(),
-            message: e.to_string(),
-        };
-        let len = std::fs::metadata(&path).map_err(io)?.len();
-        if len > max_bytes {
-            return Err(DataAccessError::Io {
+        // Bounded: a package may carry a FIFO or a device node in its data folder, and the
+        // plugin names the file. The message names it as the plugin did, not by host path.
+        rlhost_fs::read(&path, rlhost_fs::FileLimit::new("data file", max_bytes)).map_err(|e| {
+            DataAccessError::Io {
                 path: relative.to_owned(),
-                message: format!("{len} bytes is over the {max_bytes}-byte limit"),
-            });
-        }
-        std::fs::read(&path).map_err(io)
+                message: e.reason(),
+            }
+        })
     }
 }
 

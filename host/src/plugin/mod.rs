@@ -502,8 +502,8 @@ impl PluginLoader {
             name: dir.display().to_string(),
             version: semver::Version::new(0, 0, 0),
         };
-        let manifest = Manifest::load(&dir.join("plugin.toml"))
-            .map_err(|e| PluginErrorKind::Manifest(e).of(&provisional))?;
+        let manifest =
+            read_manifest(dir).map_err(|e| PluginErrorKind::Manifest(e).of(&provisional))?;
         let id = PluginId {
             name: manifest.full_name(),
             version: manifest.plugin.version.clone(),
@@ -570,13 +570,36 @@ fn kind_words(kind: PluginKind) -> &'static str {
     }
 }
 
+/// `plugin.toml`: a few KB of TOML (name, version, ABI, capabilities, the arguments' schema);
+/// 1 MiB leaves room for long descriptions and argument tables, and refuses a file that cannot
+/// be a manifest before it is read.
+pub const MANIFEST_FILE: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("plugin manifest", 1 << 20);
+
+/// A plugin's artifact (a WebAssembly component or an Extism module): the first-party ones
+/// are a few MB, a Python environment with CPython inside about 100 MB. 1 GiB.
+pub const ARTIFACT_FILE: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("plugin artifact", 1 << 30);
+
+/// Reads and validates `dir/plugin.toml`, bounded ([`MANIFEST_FILE`]: a regular file of at
+/// most 1 MiB; a FIFO or a link to a device where it should be is refused at once).
+pub fn read_manifest(dir: &Path) -> Result<Manifest, ManifestError> {
+    let path = dir.join("plugin.toml");
+    let text =
+        rlhost_fs::read_to_string(&path, MANIFEST_FILE).map_err(|e| ManifestError::Read {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+    Manifest::parse(&text, &path.display().to_string())
+}
+
 impl PluginFolder {
-    /// The artifact's bytes.
+    /// The artifact's bytes, bounded ([`ARTIFACT_FILE`]).
     pub(crate) fn read_artifact(&self) -> Result<Vec<u8>, PluginError> {
-        std::fs::read(&self.artifact).map_err(|source| {
+        rlhost_fs::read(&self.artifact, ARTIFACT_FILE).map_err(|e| {
             PluginErrorKind::Io {
                 path: self.artifact.clone(),
-                source,
+                source: e.into(),
             }
             .of(&self.id)
         })

@@ -102,6 +102,14 @@ pub enum PythonBuildError {
     },
 }
 
+/// One Python source file of a plugin being built: modules are KBs; 64 MiB leaves room for
+/// generated tables and refuses what cannot be a source file before it is read.
+const SOURCE_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("plugin source file", 64 << 20);
+
+/// A local wheel a plugin depends on (hashed to key the cached install): pure-Python wheels
+/// are KBs to tens of MB; 512 MiB.
+const WHEEL_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("wheel", 512 << 20);
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PythonBuildError + '_ {
     move |source| PythonBuildError::Io {
         path: path.to_owned(),
@@ -140,13 +148,13 @@ pub struct Built {
 
 /// `true` when `dir/plugin.toml` declares a Python plugin.
 pub fn is_python_plugin(dir: &Path) -> bool {
-    Manifest::load(&dir.join("plugin.toml")).is_ok_and(|m| m.python.is_some())
+    super::read_manifest(dir).is_ok_and(|m| m.python.is_some())
 }
 
 /// Builds the Python plugin in `dir` into its artifact (`plugin.wasm` unless the manifest says
 /// otherwise), written atomically.
 pub fn build(dir: &Path, options: &BuildOptions) -> Result<Built, PythonBuildError> {
-    let manifest = Manifest::load(&dir.join("plugin.toml"))?;
+    let manifest = super::read_manifest(dir)?;
     let py = manifest
         .python
         .clone()
@@ -198,7 +206,8 @@ pub fn build(dir: &Path, options: &BuildOptions) -> Result<Built, PythonBuildErr
         hash.update(format!("dep {dep}\n"));
     }
     for rel in &sources {
-        let bytes = std::fs::read(dir.join(rel)).map_err(io(&dir.join(rel)))?;
+        let path = dir.join(rel);
+        let bytes = rlhost_fs::read(&path, SOURCE_FILE).map_err(|e| io(&path)(e.into()))?;
         hash.update(format!("file {} {}\n", rel.display(), bytes.len()));
         hash.update(&bytes);
     }
@@ -385,7 +394,7 @@ fn install_dependencies(
         hash.update(d.as_bytes());
         hash.update(b"\n");
         // A local wheel's content, so a rebuilt wheel is installed again.
-        if let Ok(bytes) = std::fs::read(dir.join(d)) {
+        if let Ok(bytes) = rlhost_fs::read(&dir.join(d), WHEEL_FILE) {
             hash.update(Sha256::digest(&bytes));
         }
     }

@@ -273,6 +273,19 @@ async fn train_envs(
     Ok(out)
 }
 
+/// Checks `trainer.model.lora`'s rank against the policy's shape, read from its config alone:
+/// before any weight is loaded, adapter allocated, plugin loaded or file written (a rank above
+/// min(out, in) of a targeted projection adds nothing, and a huge one could not be allocated).
+pub fn check_adapters(cfg: &RlConfig) -> anyhow::Result<()> {
+    let Some(lora) = &cfg.trainer.model.lora else {
+        return Ok(());
+    };
+    let dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
+    let shape = crate::model::Qwen3Config::load(&dir)?;
+    lora.check_shape(&shape)
+        .map_err(|e| anyhow::anyhow!("trainer.model.lora.{e}"))
+}
+
 /// The trainer `host rl` runs: the policy `trainer.model.name` on `trainer.device` in
 /// `trainer.dtype`, with `[trainer]`'s optimiser, loss, micro-batch budget and memory options;
 /// the policy's folder (its tokenizer goes beside the final model) and the run's step count.
@@ -284,6 +297,7 @@ pub fn build_trainer(cfg: &RlConfig) -> anyhow::Result<(Trainer, PathBuf, usize)
         .resolve(crate::device::CudaStatus::probe())
         .context("trainer.device")?;
     let precision = cfg.trainer.precision(device).context("trainer.dtype")?;
+    check_adapters(cfg)?;
     let policy_dir = crate::model::hub::resolve(&cfg.trainer.model.name)?;
     let mut policy = crate::model::Qwen3::load(&policy_dir, device, precision.kind())
         .with_context(|| format!("loading the policy {}", policy_dir.display()))?;

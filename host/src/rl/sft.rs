@@ -44,11 +44,17 @@ pub struct Conversation {
     pub tools: Option<Vec<ToolDef>>,
 }
 
+/// A conversations file (`results.jsonl` of `host eval`, or any JSONL of chats): 10,000
+/// rollouts of 4k-token conversations are about 200 MB; it is read whole, so 8 GiB bounds the
+/// memory a mistaken path (`/dev/zero`, a FIFO, a disk image) could take.
+pub const DATA_FILE: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("conversations file", 8 << 30);
+
 /// Reads conversations from a JSONL file; with `only_correct`, eval rollouts whose `correct`
 /// metric is below 0.5 (or that failed) are skipped.
 pub fn read(path: &Path, only_correct: bool) -> Result<Vec<Conversation>, SftError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| SftError::Io(format!("{}: {e}", path.display())))?;
+    let text =
+        rlhost_fs::read_to_string(path, DATA_FILE).map_err(|e| SftError::Io(e.to_string()))?;
     let mut out = Vec::new();
     for (i, l) in text.lines().enumerate() {
         if l.trim().is_empty() {

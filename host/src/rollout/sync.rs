@@ -227,7 +227,8 @@ impl OpenAiClient {
                 }
                 if let Some(root) = target.root.as_ref().filter(|_| !adapters) {
                     let cfg = Path::new(root).join("config.json");
-                    if let Ok(text) = std::fs::read_to_string(&cfg)
+                    // The path is the remote server's: bounded like any named file.
+                    if let Ok(text) = rlhost_fs::read_to_string(&cfg, crate::model::files::CONFIG)
                         && let Ok(c) = serde_json::from_str::<TieConfig>(&text)
                         && c.tie_word_embeddings
                     {
@@ -313,6 +314,29 @@ impl OpenAiClient {
         };
         self.tracked.store(served, Ordering::SeqCst);
         Ok(served)
+    }
+
+    /// Makes the server load the PEFT folder `dir` (a path the server reads) as a new adapter
+    /// `name`, never in place: an adapter already served under that name is refused by the
+    /// server, not replaced. For `host eval -b --lora`, which asks for it by `name`.
+    pub async fn load_new_adapter(&self, name: &str, dir: &Path) -> Result<(), GenError> {
+        let body = LoadLoraAdapterRequest {
+            lora_name: name.to_owned(),
+            lora_path: dir.to_string_lossy().into_owned(),
+            load_inplace: false,
+        };
+        self.post_ok("/v1/load_lora_adapter", &body).await.map(drop)
+    }
+
+    /// Makes the server stop serving the adapter `name` (`POST /v1/unload_lora_adapter`).
+    pub async fn unload_adapter(&self, name: &str) -> Result<(), GenError> {
+        let body = openai::UnloadLoraAdapterRequest {
+            lora_name: name.to_owned(),
+            lora_int_id: None,
+        };
+        self.post_ok("/v1/unload_lora_adapter", &body)
+            .await
+            .map(drop)
     }
 
     /// After vLLM reloaded weights or an adapter: its cached KV blocks of the old values are

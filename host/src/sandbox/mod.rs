@@ -195,16 +195,18 @@ pub fn locate_component(
     }
 }
 
+/// The sandbox component (CPython and its standard library in WebAssembly): about 100 MB; 1 GiB
+/// refuses what cannot be one before it is read.
+pub const COMPONENT_LIMIT: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("sandbox component", 1 << 30);
+
 /// Checks that `path` holds a WebAssembly component (its header), without compiling it: what a
 /// quick check (`host doctor`, install-time validation) can say about a sandbox found.
 pub fn check_component(path: &std::path::Path) -> Result<(), SandboxError> {
-    use std::io::Read;
     // `\0asm`, then the component encoding's version and layer (core modules have 1, 0, 0, 0).
     const COMPONENT_HEADER: [u8; 8] = [0, b'a', b's', b'm', 0x0d, 0x00, 0x01, 0x00];
-    let mut header = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut header))
-        .map_err(|e| SandboxError::Setup(format!("cannot read {}: {e}", path.display())))?;
+    let header = rlhost_fs::read_prefix(path, 8, COMPONENT_LIMIT)
+        .map_err(|e| SandboxError::Setup(e.to_string()))?;
     match header == COMPONENT_HEADER {
         true => Ok(()),
         false => Err(SandboxError::Setup(format!(

@@ -164,12 +164,8 @@ impl WasmSandbox {
     ) -> Result<Self, SandboxError> {
         let setup =
             |what: &str, e: &dyn std::fmt::Display| SandboxError::Setup(format!("{what}: {e}"));
-        let bytes = std::fs::read(component).map_err(|e| {
-            SandboxError::Setup(format!(
-                "cannot read {}: {e} (build it with `make sandbox`)",
-                component.display()
-            ))
-        })?;
+        let bytes = rlhost_fs::read(component, super::COMPONENT_LIMIT)
+            .map_err(|e| SandboxError::Setup(format!("{e} (build it with `make sandbox`)")))?;
         let mut config = Config::new();
         config
             .epoch_interruption(true)

@@ -402,9 +402,11 @@ async fn load_lora_adapter(State(st): State<Arc<AppState>>, body: Bytes) -> Resp
             policy_version: Some(v),
         })
         .into_response(),
-        Err(crate::engine::EngineError::Model(e)) => {
-            error(ApiError::bad(Some("lora_path".into()), e.to_string()))
-        }
+        // What is wrong with the folder, by file; libtorch's own text only in the log.
+        Err(crate::engine::EngineError::Model(e)) => error(ApiError::bad(
+            Some("lora_path".into()),
+            e.client_message("reading the adapter"),
+        )),
         Err(e) => error(engine_error(e, "lora_name")),
     }
 }

@@ -181,13 +181,11 @@ fn a_missing_plugin_names_the_install_command() {
     assert!(stderr.contains("host env install aime2024"), "{stderr}");
 }
 
+/// `host inference` + `host eval -b` agree with `host eval -m` under greedy decoding; `-b
+/// --lora` on a server without `--enable-lora` is refused before any rollout.
 #[test]
 fn served_and_in_process_evals_agree_under_greedy_decoding() {
-    let common::Workspace {
-        tmp: _tmp,
-        home,
-        model,
-    } = common::workspace(&["math500"], 9);
+    let common::Workspace { tmp, home, model } = common::workspace(&["math500"], 9);
     let args = [
         "eval",
         "math500",
@@ -213,6 +211,26 @@ fn served_and_in_process_evals_agree_under_greedy_decoding() {
 
     let server = common::InferenceServer::start(&model, &[]);
     let served = common::run(common::host(&home).args(args).args(["-b", &server.url]));
+    // `-b --lora DIR` on a server that cannot load adapters (no --enable-lora) is refused
+    // before any rollout, saying why: never the base model evaluated in the adapter's name.
+    let adapter = tmp.path().join("adapter");
+    common::random_lora(&rlhost::model::Qwen3Config::load(&model).unwrap(), 8.0, 3)
+        .save_peft(&adapter, "tiny", None)
+        .unwrap();
+    let save = tmp.path().join("never");
+    let err = common::run_err(
+        common::host(&home)
+            .args(args)
+            .args(["-b", &server.url, "--lora"])
+            .arg(&adapter)
+            .arg("-s")
+            .arg(&save),
+    );
+    assert!(
+        err.contains("--lora") && err.contains("did not load") && err.contains("--enable-lora"),
+        "{err}"
+    );
+    assert!(!save.exists(), "rollouts ran: {err}");
     drop(server);
     let (stdout, stderr) = common::texts(&served);
     assert!(served.status.success(), "{stderr}");
@@ -234,7 +252,10 @@ fn served_and_in_process_evals_agree_under_greedy_decoding() {
 
 /// `host eval -m BASE --lora DIR` evaluates the adapter (its completions differ from the
 /// base's) and agrees, under greedy decoding, with `host eval -b` against `host inference
-/// --enable-lora --lora-modules` naming the adapter; `--lora` without `-m` is refused.
+/// --enable-lora --lora-modules` naming the adapter, and with `host eval -b --lora DIR`, which
+/// has the server load the folder for the run and unload it after (the server lists what it
+/// listed before); each summary names the adapter. `--lora` without `-m` or `-b`, and `-b
+/// --lora` with `--served-model-name`, are refused.
 #[test]
 fn an_adapter_evaluates_in_process_as_on_a_server() {
     let common::Workspace { tmp, home, model } = common::workspace(&["math500"], 9);
@@ -285,15 +306,91 @@ fn an_adapter_evaluates_in_process_as_on_a_server() {
     let server =
         common::InferenceServer::start(&model, &["--enable-lora", "--lora-modules", &module]);
     let (served, over) = eval(&["-b", &server.url, "--served-model-name", "x"], "served");
+    let models = || common::raw_request(&server.url, &models_request(&server.url), vec![]).2;
+    let listed = models();
+    let (loaded, on_server) = eval(&["-b", &server.url, "--lora", &adapter_s], "loaded");
+    assert_eq!(models(), listed, "the run's adapter is unloaded");
+    let err = common::run_err(common::host(&home).args(args).args([
+        "-b",
+        &server.url,
+        "--lora",
+        &adapter_s,
+        "--served-model-name",
+        "x",
+    ]));
+    assert!(
+        err.contains("--served-model-name") && err.contains("--lora"),
+        "{err}"
+    );
     drop(server);
     for (a, b) in with.iter().zip(&over) {
         assert_eq!(a["completion"], b["completion"]);
     }
+    for (a, b) in with.iter().zip(&on_server) {
+        assert_eq!(a["completion"], b["completion"]);
+    }
     assert_eq!(local[0]["reward"], served[0]["reward"]);
+    assert_eq!(local[0]["reward"], loaded[0]["reward"]);
+    for summary in [&local, &loaded] {
+        let label = summary[0]["model"].as_str().unwrap();
+        assert!(label.ends_with(&format!("+ LoRA {adapter_s}")), "{label}");
+    }
     let out = common::run(common::host(&home).args(args).args(["--lora", &adapter_s]));
     let err = common::texts(&out).1;
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("--lora") && err.contains("--model"), "{err}");
+}
+
+/// `GET /v1/models` of the server at `url` (`http://HOST:PORT/v1`), as raw HTTP.
+fn models_request(url: &str) -> String {
+    format!(
+        "GET /v1/models HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        common::addr_of(url)
+    )
+}
+
+/// The flags of the other generator are refused before anything runs, never ignored: `-m`'s
+/// engine flags with `-b`, `-b`'s client flags with `-m` (clap's usage error, exit 2, naming
+/// both). Nothing listens at the URL and no environment is installed: each refusal comes first.
+#[test]
+fn flags_of_the_other_generator_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let save = tmp.path().join("results");
+    let model = tmp.path().join("tiny").display().to_string();
+    let url = "http://127.0.0.1:9/v1";
+    for (generator, flag, value) in [
+        (["-b", url], "--dtype", "f32"),
+        (["-b", url], "--device", "cpu"),
+        (["-b", url], "--tool-call-parser", "hermes"),
+        (["-b", url], "--max-batch-size", "4"),
+        (["-b", url], "--max-model-len", "64"),
+        (["-b", url], "--threads", "1"),
+        (["-m", &model], "--served-model-name", "x"),
+        (["-m", &model], "--request-timeout", "5"),
+        (["-m", &model], "--api-key-var", "KEY"),
+    ] {
+        let out = common::run(
+            common::host(tmp.path())
+                .args(["eval", "math500"])
+                .args(generator)
+                .args([flag, value])
+                .arg("-s")
+                .arg(&save),
+        );
+        let err = common::texts(&out).1;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flag} with {generator:?}: {err}"
+        );
+        let other = if generator[0] == "-b" {
+            "--base-url"
+        } else {
+            "--model"
+        };
+        assert!(err.contains(flag) && err.contains(other), "{err}");
+        assert!(!save.exists(), "{flag}: {err}");
+    }
 }
 
 /// `arith-tools` as a Rust component, an Extism plugin (AssemblyScript) and a Python component,

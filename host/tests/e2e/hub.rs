@@ -740,6 +740,12 @@ fn browser(hub: &Hub, public: &str) {
     }
 }
 
+/// `host eval --publish` runs, signs and uploads a summary whose figures the environment's page
+/// shows. Everything the upload needs that is known before the run is checked before it (each
+/// refusal exits 1 naming the culprit, with no rollout run: no `-s` folder, nothing on the
+/// page): the token of an HTTP registry, `--token-var` with a folder registry (which takes
+/// none), a model name over the registry's 200 characters, a key the registry accepts for no
+/// owner, an environment version the registry does not have, an evaluation of no example.
 #[test]
 fn evaluations_published_by_host_eval_show_their_figures() {
     let hub = Hub::start();
@@ -748,29 +754,36 @@ fn evaluations_published_by_host_eval_show_their_figures() {
     common::tiny_model(&model, 3);
     common::run_ok(&mut hub.remote(&["env", "install", "rlhost/arith"]));
     let save = hub.root.join("eval");
-    let mut eval = hub.remote(&[
-        "eval",
-        "arith",
-        "-m",
-        &s(&model),
-        "--dtype",
-        "f32",
-        "-n",
-        "4",
-        "-r",
-        "2",
-        "--max-tokens",
-        "8",
-        "--temperature",
-        "1.0",
-        "--seed",
-        "7",
-        "-s",
-        &s(&save),
-        "--publish",
-        "--key",
-        &s(&hub.key_file()),
-    ]);
+    let publish_eval = |model: &Path, n: &str, key: &Path, registry: &str| {
+        let mut cmd = host(&hub.home());
+        cmd.env_remove("RLHOST_REGISTRY_TOKEN").args([
+            "eval",
+            "arith",
+            "-m",
+            &s(model),
+            "--dtype",
+            "f32",
+            "-n",
+            n,
+            "-r",
+            "2",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "1.0",
+            "--seed",
+            "7",
+            "-s",
+            &s(&save),
+            "--publish",
+            "--key",
+            &s(key),
+            "--registry",
+            registry,
+        ]);
+        cmd
+    };
+    let mut eval = publish_eval(&model, "4", &hub.key_file(), url);
     // Publishing flags without --publish are refused, not ignored.
     let err = common::run_err(&mut hub.remote(&["eval", "arith", "-m", &s(&model)]));
     assert!(
@@ -785,9 +798,63 @@ fn evaluations_published_by_host_eval_show_their_figures() {
         assert_eq!(out.status.code(), Some(2), "{flag:?}: {err}");
         assert!(err.contains("--publish"), "{flag:?}: {err}");
     }
-    // Without a token the server refuses, and says so.
-    let err = common::run_err(&mut eval);
-    assert!(err.contains("401: a bearer token is required"), "{err}");
+    // Refused before any rollout, each naming what is wrong.
+    let refused = |cmd: &mut Command, wanted: &[&str]| {
+        let err = common::run_err(cmd);
+        for w in wanted {
+            assert!(err.contains(w), "{w:?} not in: {err}");
+        }
+        assert!(!save.exists(), "rollouts ran before: {err}");
+    };
+    // An HTTP registry takes evaluations with a token only.
+    refused(&mut eval, &["RLHOST_REGISTRY_TOKEN", "is not set", url]);
+    refused(
+        publish_eval(&model, "4", &hub.key_file(), url)
+            .env("MY_TOKEN", " ")
+            .args(["--token-var", "MY_TOKEN"]),
+        &["$MY_TOKEN is not set", "--token-var"],
+    );
+    let token = |mut cmd: Command| -> Command {
+        cmd.env("RLHOST_REGISTRY_TOKEN", &hub.token);
+        cmd
+    };
+    // The summary's model (the folder's path and the engine) over the registry's limit.
+    let long = hub.root.join("m".repeat(200));
+    std::os::unix::fs::symlink(&model, &long).unwrap();
+    refused(
+        &mut token(publish_eval(&long, "4", &hub.key_file(), url)),
+        &["model must be 1-200", "characters", "-m/-b"],
+    );
+    // A key the registry accepts for no owner.
+    let stranger = hub.root.join("stranger.key");
+    common::run_ok(host(&hub.home()).args(["registry", "keygen", "--out", &s(&stranger)]));
+    refused(
+        &mut token(publish_eval(&model, "4", &stranger, url)),
+        &["--key", "for no owner"],
+    );
+    // An evaluation of nothing.
+    refused(
+        &mut token(publish_eval(&model, "0", &hub.key_file(), url)),
+        &["no example", "-n"],
+    );
+    // A folder registry: it takes no token, and has no arith of the version installed.
+    let empty = hub.root.join("empty-registry");
+    let empty_key = hub.root.join("empty.key");
+    common::registry_with_key(&hub.home(), &empty, &empty_key, &["rlhost"]);
+    let folder = format!("file://{}", empty.display());
+    refused(
+        publish_eval(&model, "4", &empty_key, &folder).args(["--token-var", "T"]),
+        &["--token-var T", "takes no token"],
+    );
+    refused(
+        &mut publish_eval(&model, "4", &empty_key, &folder),
+        &["has no rlhost/arith@", &version_of("arith").to_string()],
+    );
+    assert_eq!(
+        get_json(url, "/api/v1/packages/rlhost/arith")["evaluations"],
+        serde_json::json!([]),
+        "nothing was published"
+    );
     let out = run(eval.env("RLHOST_REGISTRY_TOKEN", &hub.token));
     let (_, stderr) = texts(&out);
     assert!(out.status.success(), "{stderr}");

@@ -24,6 +24,7 @@ mod math_verify;
 mod metrics;
 mod model;
 mod monitor;
+mod named_files;
 mod pipeline;
 mod python_plugin;
 mod registry;

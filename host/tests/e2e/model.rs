@@ -390,4 +390,21 @@ fn merge_lora_writes_a_plain_model_with_the_adapters_outputs() {
     let err = run_err(&mut merge(&other, &home.path().join("never")));
     assert!(err.contains("--adapter") && err.contains("lora_A"), "{err}");
     assert!(!home.path().join("never").exists());
+    // An adapter whose change would overflow (factors of 1e30, finite each: the merge once
+    // wrote a model of NaNs and exited 0) is refused by name, and nothing is written.
+    let huge = common::random_lora(&cfg, 32.0, 3);
+    tch::no_grad(|| {
+        for t in huge.tensors().values() {
+            let _ = t.shallow_clone().fill_(1e30);
+        }
+    });
+    let huge_dir = home.path().join("huge-adapter");
+    huge.save_peft(&huge_dir, dir.to_str().unwrap(), None)
+        .unwrap();
+    let err = run_err(&mut merge(&huge_dir, &home.path().join("never")));
+    assert!(
+        err.contains("--adapter") && err.contains("refused") && err.contains("beyond"),
+        "{err}"
+    );
+    assert!(!home.path().join("never").exists());
 }

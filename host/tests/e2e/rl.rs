@@ -605,6 +605,62 @@ fn lora_runs_in_process_and_on_remote_servers() {
     assert!(!published.join("model.safetensors").exists());
 }
 
+/// `[trainer.model.lora]`'s rank is bounded by the policy's shape (the bound stated), from flags
+/// (`--trainer.model.lora.rank`, `--model.lora.rank`) or a TOML file alike, and other values LoRA
+/// cannot take are refused by key: all before anything is loaded or written (no output folder;
+/// the plugin is not even installed in this home).
+#[test]
+fn lora_settings_are_checked_before_any_work() {
+    use rlhost::model::{LoraTarget, Qwen3Config};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    common::tiny_model(&model, 2);
+    let (out, inp) = LoraTarget::KProj.shape(&Qwen3Config::load(&model).unwrap());
+    let bound = out.min(inp).to_string();
+    let toml = |name: &str, text: &str| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let huge = toml("huge.toml", "[model.lora]\nrank = 1000000000\n");
+    let negative = toml("negative.toml", "[model.lora]\nalpha = -1.0\n");
+    let unknown = toml("unknown.toml", "[model.lora]\ntarget_modules = [\"qkv\"]\n");
+    let run_dir = tmp.path().join("run");
+    let cases: [(Vec<&str>, Vec<&str>); 5] = [
+        (
+            vec!["--trainer.model.lora.rank", "1000000000"],
+            vec!["trainer.model.lora.rank", "1000000000", &bound, "k_proj"],
+        ),
+        (
+            vec!["--model.lora.rank", "1000000000"],
+            vec!["trainer.model.lora.rank", &bound],
+        ),
+        (
+            vec!["--trainer", "@", &huge],
+            vec!["trainer.model.lora.rank", &bound],
+        ),
+        (
+            vec!["--trainer", "@", &negative],
+            vec!["trainer.model.lora.alpha"],
+        ),
+        (
+            vec!["--trainer", "@", &unknown],
+            vec!["qkv", "target_modules"],
+        ),
+    ];
+    for (extra, wanted) in cases {
+        let err = common::run_err(
+            common::host(tmp.path())
+                .args(rl_args(&model, &run_dir, 1))
+                .args(&extra),
+        );
+        for w in &wanted {
+            assert!(err.contains(w), "{extra:?}: {w:?} not in: {err}");
+        }
+        assert!(!run_dir.exists(), "{extra:?}: the run started");
+    }
+}
+
 /// A `max_tokens` that leaves no room for a prompt in the generators' context is refused
 /// before any rollout, naming the key and the context: the colocated engine's (arith's preset
 /// `inference.max_model_len` of 1,024 here; `max_tokens` above it is refused by the config

@@ -244,6 +244,110 @@ fn teacher_traces_warm_start_a_tiny_model() {
     );
 }
 
+/// LoRA flags without `--lora.rank` are refused, not dropped for full fine-tuning; values LoRA
+/// cannot take (alpha, dropout, targets) and ranks above the model's shape (with the bound) are
+/// refused by flag, as are a zero batch, a learning rate that is not a positive number and a
+/// dtype training does not take. All before any work: the data file does not even exist (it
+/// would be read first otherwise), and `--out` never appears.
+#[test]
+fn settings_are_checked_before_any_work() {
+    use rlhost::model::{LoraTarget, Qwen3Config};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    common::tiny_model(&model, 1);
+    let shape = Qwen3Config::load(&model).unwrap();
+    let bound = |t: LoraTarget| {
+        let (out, inp) = t.shape(&shape);
+        out.min(inp)
+    };
+    let (k_bound, q_bound) = (bound(LoraTarget::KProj), bound(LoraTarget::QProj));
+    let out = tmp.path().join("out");
+    let sft = |extra: &[&str]| {
+        let mut cmd = common::host(tmp.path());
+        cmd.args(["sft", "--steps", "1", "-m"])
+            .arg(&model)
+            .arg("--data")
+            .arg(tmp.path().join("missing.jsonl"))
+            .arg("--out")
+            .arg(&out)
+            .args(extra);
+        cmd
+    };
+    let (k_over, q_over) = ((k_bound + 1).to_string(), (q_bound + 1).to_string());
+    let cases: [(&[&str], &[&str]); 12] = [
+        (
+            &["--lora.alpha", "-1", "--lora.target-modules", "q_proj"],
+            &[
+                "--lora.alpha, --lora.target-modules",
+                "--lora.rank",
+                "every weight",
+            ],
+        ),
+        (
+            &["--lora.dropout", "0.1"],
+            &["--lora.dropout", "--lora.rank"],
+        ),
+        (
+            &["--lora.rank", "0", "--lora.alpha", "8"],
+            &["--lora.alpha", "--lora.rank"],
+        ),
+        (
+            &["--lora.rank", "8", "--lora.alpha", "-1"],
+            &["--lora.alpha:", "positive"],
+        ),
+        (
+            &["--lora.rank", "8", "--lora.alpha", "inf"],
+            &["--lora.alpha:"],
+        ),
+        (
+            &["--lora.rank", "8", "--lora.dropout", "1"],
+            &["--lora.dropout:"],
+        ),
+        (
+            &["--lora.rank", "1000000000"],
+            &["--lora.rank:", "1000000000", &k_bound.to_string(), "k_proj"],
+        ),
+        (
+            // Only the targeted projections bound it: q_proj's bound is above k_proj's.
+            &["--lora.rank", &q_over, "--lora.target-modules", "q_proj"],
+            &["--lora.rank:", &q_bound.to_string(), "q_proj"],
+        ),
+        (
+            &[
+                "--lora.rank",
+                &k_over,
+                "--lora.target-modules",
+                "q_proj,k_proj",
+            ],
+            &["--lora.rank:", &k_bound.to_string(), "k_proj"],
+        ),
+        (&["--batch-size", "0"], &["--batch-size"]),
+        (&["--lr", "NaN"], &["--lr"]),
+        (&["--dtype", "f16"], &["--dtype"]),
+    ];
+    for (extra, wanted) in cases {
+        let err = common::run_err(&mut sft(extra));
+        for w in wanted {
+            assert!(err.contains(w), "{extra:?}: {w:?} not in: {err}");
+        }
+        assert!(!out.exists(), "{extra:?} trained");
+    }
+    // A projection rlhost does not know: clap's usage error, naming it.
+    let failed = common::run(&mut sft(&[
+        "--lora.rank",
+        "8",
+        "--lora.target-modules",
+        "qkv",
+    ]));
+    let err = common::texts(&failed).1;
+    assert_eq!(failed.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("qkv") && err.contains("--lora.target-modules"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
 /// `arith-teacher.py --tool-rate`: the teacher uses the tool on about that share of the
 /// questions, answers the others at once with an estimate (right only when the value is a
 /// multiple of ten), and makes the same choice for a question every time.

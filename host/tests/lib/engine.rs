@@ -417,12 +417,33 @@ fn non_finite_weights_are_refused_on_every_path() {
         "the old weights still serve"
     );
     assert_eq!(e.info().version(), 0, "no update happened");
-    // A sum that overflows is not a non-finite weight.
+    // Magnitudes up to MAX_WEIGHT are weights; beyond it (3e38 in f32 and bf16, 6e4 is still
+    // inside in f16) a tensor is refused by name with its largest magnitude.
+    let max = rlhost::engine::MAX_WEIGHT;
     for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
-        let big = if kind == Kind::Half { 6e4 } else { 3e38 };
+        // f16's largest finite value is 65,504, just under the bound.
+        let edge = if kind == Kind::Half {
+            65_504.0
+        } else {
+            max as f32
+        };
+        let at = Tensor::from_slice(&[edge, -edge, 1.0]).to_kind(kind);
+        let w = std::collections::BTreeMap::from([("at".to_string(), at)]);
+        assert_eq!(rlhost::engine::check_weights(&w), Ok(()), "{kind:?}");
+        let big = if kind == Kind::Half { -6.5e4 } else { 3e38 };
         let huge = Tensor::full([4], big, (kind, Device::Cpu));
+        if kind == Kind::Half {
+            // 6.5e4 is below 2^16: still a weight.
+            let w = std::collections::BTreeMap::from([("huge".to_string(), huge)]);
+            assert_eq!(rlhost::engine::check_weights(&w), Ok(()), "{kind:?}");
+            continue;
+        }
         let w = std::collections::BTreeMap::from([("huge".to_string(), huge)]);
-        assert_eq!(rlhost::engine::check_finite(&w), Ok(()), "{kind:?}");
+        let err = rlhost::engine::check_weights(&w).unwrap_err();
+        assert!(
+            err.contains("`huge`") && err.contains("e38, beyond"),
+            "{err}"
+        );
     }
     // Finite weights still go through.
     let w = rlhost::model::checkpoint::read_checkpoint(&b).unwrap();
@@ -1089,5 +1110,231 @@ fn adapters_are_served_side_by_side_with_the_base_model() {
         done[0].token_ids, expected[1][1],
         "b after an in-place reload"
     );
+    e.shutdown();
+}
+
+// ---- Row isolation: one request never poisons another ----
+
+/// An adapter that passes every load check (finite, its weight change within
+/// `MAX_WEIGHT`: scale 1 · rank 8 · 80 · 80 = 51,200) yet overflows f16's range (65,504) on any
+/// input: `B (A x)` sums rank · 80 · (80 · Σx) over a normalised `x`, some 4e5 at a typical
+/// |Σx| of √hidden. What a diverged policy looks like to an f16 engine.
+fn overflowing_lora(cfg: &rlhost::model::Qwen3Config) -> rlhost::model::Lora {
+    use rlhost::model::{Lora, LoraConfig, LoraTarget};
+    let lora = Lora::new(
+        cfg,
+        LoraConfig {
+            rank: 8,
+            alpha: 8.0,
+            target_modules: LoraTarget::ALL.to_vec(),
+            ..LoraConfig::default()
+        },
+        Device::Cpu,
+        Kind::Float,
+        3,
+    )
+    .unwrap();
+    tch::no_grad(|| {
+        for t in lora.tensors().values() {
+            let _ = t.shallow_clone().fill_(80.0);
+        }
+    });
+    lora
+}
+
+/// What `prompts` give on `e` when submitted together while it sleeps (so they are admitted in
+/// one step, in this order: both runs of the test batch them the same way), `who[i]` the
+/// adapter of prompt `i`: 12 greedy tokens each, but one for the adapter's rows (a poisoned
+/// row ends after its prefill, so the harmless one does too, and both runs decode the same
+/// rows in every step).
+fn together(
+    e: &Engine,
+    rt: &tokio::runtime::Runtime,
+    who: &[Option<&str>],
+    prompts: &[Vec<u32>],
+) -> Vec<Completion> {
+    rt.block_on(e.sleep()).unwrap();
+    let rxs: Vec<_> = who
+        .iter()
+        .zip(prompts)
+        .map(|(w, p)| {
+            let n = if w.is_some() { 1 } else { 12 };
+            e.submit_to(*w, p.clone(), greedy(n), 1).unwrap()
+        })
+        .collect();
+    rt.block_on(e.wake_up()).unwrap();
+    rxs.into_iter()
+        .zip(prompts)
+        .map(|(mut rx, p)| {
+            rt.block_on(rlhost::engine::collect(&mut rx, 1, p.len()))
+                .unwrap()
+                .remove(0)
+        })
+        .collect()
+}
+
+/// A row whose weights overflow (an f16 engine, an adapter that passes the load checks but
+/// whose products leave f16's range) fails alone, with a reason and no tokens after the
+/// overflow, and every other row of its batches (base-model requests prefilled and decoded
+/// with it) gets tokens and log-probs bit-identical to the same batch with a harmless adapter
+/// in its place. Its KV slot is scrubbed: base requests decoded in it afterwards, beside a
+/// longer one (so each step reads its slot past its own length, where the poisoned keys were),
+/// give the model's own greedy tokens with finite log-probs. Its keys never enter the prefix
+/// cache. Weight updates that are not finite are refused before they reach a row
+/// (`non_finite_weights_are_refused_on_every_path`).
+#[test]
+fn a_poisoned_row_fails_alone_and_its_neighbours_are_bit_identical() {
+    use rlhost::engine::AdapterSource;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    tiny(&dir, 41);
+    let cfg = rlhost::model::Qwen3Config::load(&dir).unwrap();
+    let (bad, good) = (tmp.path().join("bad"), tmp.path().join("good"));
+    overflowing_lora(&cfg)
+        .save_peft(&bad, "tiny", None)
+        .unwrap();
+    common::random_lora(&cfg, 8.0, 4)
+        .save_peft(&good, "tiny", None)
+        .unwrap();
+    let rt = rt();
+    let start = |adapter: &Path| {
+        let e = Engine::load(
+            &dir,
+            "tiny",
+            Device::Cpu,
+            Kind::Half,
+            EngineConfig {
+                max_loras: 1,
+                sleep_mode: true,
+                threads: Some(1),
+                kv_cache_tokens: Some(4096),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        rt.block_on(e.load_adapter("x", AdapterSource::Dir(adapter.to_owned()), false))
+            .expect("the adapter passes the load checks");
+        e
+    };
+    let prompts: Vec<Vec<u32>> = [30usize, 9, 61, 17, 44]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(60 + i as u32, n))
+        .collect();
+    let who = [None, None, Some("x"), None, None];
+    let poisoned = start(&bad);
+    let harmless = start(&good);
+    let p_out = together(&poisoned, &rt, &who, &prompts);
+    let h_out = together(&harmless, &rt, &who, &prompts);
+    // The poisoned row: failed, with its reason, and nothing sampled from the overflow.
+    let failed = &p_out[2];
+    assert_eq!(failed.finish_reason, FinishReason::Error, "{failed:?}");
+    let reason = failed.error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("NaN or an infinity") && reason.contains("LoRA adapter"),
+        "{reason}"
+    );
+    assert!(failed.logprobs.iter().all(|l| l.is_finite()), "{failed:?}");
+    assert_eq!(
+        h_out[2].finish_reason,
+        FinishReason::Length,
+        "the harmless adapter runs"
+    );
+    // Every other row: bit for bit what it is beside a harmless adapter.
+    for i in [0, 1, 3, 4] {
+        let (p, h) = (&p_out[i], &h_out[i]);
+        assert_eq!(p.finish_reason, FinishReason::Length, "row {i}: {p:?}");
+        assert_eq!(p.token_ids, h.token_ids, "row {i}: tokens");
+        let bits = |c: &Completion| c.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(p), bits(h), "row {i}: log-probs bit for bit");
+    }
+    assert_eq!(
+        metric(&poisoned, "rlhost:non_finite_samples_total", ""),
+        1.0,
+        "the failure is counted"
+    );
+    // Slots reused: a long base request and short ones beside it, on the poisoned engine, give
+    // the model's greedy tokens (the reference: full forward passes in f16, no cache).
+    let reference = Qwen3::load(&dir, Device::Cpu, Kind::Half).unwrap();
+    let after: Vec<Vec<u32>> = [70usize, 5, 6, 7, 5]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(80 + i as u32, n))
+        .collect();
+    let rxs: Vec<_> = after
+        .iter()
+        .map(|p| poisoned.submit(p.clone(), greedy(12), 1).unwrap())
+        .collect();
+    for (mut rx, p) in rxs.into_iter().zip(&after) {
+        let c = rt
+            .block_on(rlhost::engine::collect(&mut rx, 1, p.len()))
+            .unwrap()
+            .remove(0);
+        assert_eq!(c.finish_reason, FinishReason::Length, "{c:?}");
+        assert!(c.logprobs.iter().all(|l| l.is_finite()), "{c:?}");
+        let ids: Vec<i64> = p.iter().map(|&t| i64::from(t)).collect();
+        let want: Vec<u32> = reference
+            .greedy(&ids, 12)
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        assert_eq!(c.token_ids, want, "a base request in a reused slot");
+    }
+    // The poisoned prompt was never cached: asked again, it is computed again (and fails again).
+    let mut rx = poisoned
+        .submit_to(Some("x"), prompts[2].clone(), greedy(4), 1)
+        .unwrap();
+    let again = rt
+        .block_on(rlhost::engine::collect(&mut rx, 1, prompts[2].len()))
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.finish_reason, FinishReason::Error);
+    assert_eq!(again.cached_tokens, 0, "non-finite keys are never cached");
+    poisoned.shutdown();
+    harmless.shutdown();
+}
+
+/// Adapters whose values would overflow are refused at load, by name, and nothing changes:
+/// one with a NaN, one with factors of 1e30 (the attack that once poisoned its neighbours),
+/// and one whose factors are each modest (1e3) but whose change `scale · B A` is not.
+#[test]
+fn adapters_that_would_overflow_are_refused_at_load() {
+    use rlhost::engine::AdapterSource;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    tiny(&dir, 42);
+    let cfg = rlhost::model::Qwen3Config::load(&dir).unwrap();
+    let e = engine(
+        &dir,
+        EngineConfig {
+            max_loras: 1,
+            ..EngineConfig::default()
+        },
+    );
+    let rt = rt();
+    for (value, what) in [
+        (f32::NAN, "not finite"),
+        (1e30, "beyond"),
+        (1e3, "weight change"),
+    ] {
+        let lora = common::random_lora(&cfg, 8.0, 5);
+        tch::no_grad(|| {
+            for t in lora.tensors().values() {
+                let _ = t.shallow_clone().fill_(f64::from(value));
+            }
+        });
+        let path = tmp.path().join(format!("lora-{value}"));
+        lora.save_peft(&path, "tiny", None).unwrap();
+        match rt.block_on(e.load_adapter("x", AdapterSource::Dir(path), false)) {
+            Err(EngineError::Invalid(m)) => {
+                assert!(
+                    m.contains("adapter refused") && m.contains(what),
+                    "{value}: {m}"
+                )
+            }
+            other => panic!("an adapter of {value}s: {other:?}"),
+        }
+        assert!(e.info().adapters().is_empty(), "nothing was loaded");
+    }
     e.shutdown();
 }

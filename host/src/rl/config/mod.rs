@@ -164,9 +164,10 @@ fn normalise(t: toml::Table) -> toml::Table {
 }
 
 fn read_toml(path: &Path) -> Result<toml::Table, RlConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| RlConfigError::File {
+    // Bounded like every named file: a regular file of at most `config::CONFIG_FILE` bytes.
+    let text = crate::config::read_text(path).map_err(|e| RlConfigError::File {
         path: path.to_owned(),
-        message: e.to_string(),
+        message: e.reason(),
     })?;
     text.parse::<toml::Table>()
         .map(normalise)
