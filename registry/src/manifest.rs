@@ -258,15 +258,21 @@ pub struct PluginSection {
     pub data: Option<PathBuf>,
 }
 
+/// The largest `plugin.toml` read: a manifest is a few KiB of TOML (its README and datasets
+/// are files of their own), so 1 MiB leaves room for long argument lists and refuses a file
+/// that is not a manifest before it fills memory.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 /// Capabilities a plugin may ask for.
 pub const KNOWN_CAPABILITIES: &[&str] = &["sandbox.python"];
 
 impl Manifest {
-    /// Reads and validates `path`.
+    /// Reads (a regular file of at most [`MAX_MANIFEST_BYTES`]) and validates `path`.
     pub fn load(path: &Path) -> Result<Self, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+        let limit = rlhost_fs::FileLimit::new("plugin manifest", MAX_MANIFEST_BYTES);
+        let text = rlhost_fs::read_to_string(path, limit).map_err(|e| ManifestError::Read {
             path: path.to_owned(),
-            source,
+            source: e.into(),
         })?;
         Self::parse(&text, &path.display().to_string())
     }
@@ -702,5 +708,34 @@ capabilities = ["sandbox.python"]
             "runtime = \"wasm\"\nlanguage = \"Py thon\"",
         ));
         assert!(e.contains("plugin.language"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod reading {
+    use super::*;
+
+    /// A `plugin.toml` or a key file that is a device (here a link to /dev/zero, which would
+    /// read forever) or a folder is refused at once, by name, before anything is read.
+    #[test]
+    fn manifests_and_keys_that_are_not_regular_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = dir.path().join("plugin.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let err = Manifest::load(&zero).unwrap_err().to_string();
+        assert!(err.contains("plugin.toml"), "{err}");
+        let key = dir.path().join("publisher.key");
+        std::os::unix::fs::symlink("/dev/zero", &key).unwrap();
+        let err = crate::sign::PublisherKey::load(&key)
+            .err()
+            .expect("a device is no key file")
+            .to_string();
+        assert!(
+            err.contains("publisher.key") && err.contains("not a regular file"),
+            "{err}"
+        );
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        assert!(Manifest::load(&folder).is_err());
     }
 }

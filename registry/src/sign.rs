@@ -171,11 +171,13 @@ impl PublisherKey {
         })
     }
 
-    /// Reads a key file (64 hex digits).
+    /// Reads a key file (64 hex digits; a regular file of at most 4 KiB, so a `--key` naming a
+    /// FIFO or a device fails at once).
     pub fn load(path: &Path) -> Result<Self, SignError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SignError::KeyFile {
+        let limit = rlhost_fs::FileLimit::new("publisher key", 4 << 10);
+        let text = rlhost_fs::read_to_string(path, limit).map_err(|e| SignError::KeyFile {
             path: path.display().to_string(),
-            message: e.to_string(),
+            message: e.reason(),
         })?;
         Ok(Self {
             key: SigningKey::from_bytes(&unhex::<32>(&text, "secret key")?),
