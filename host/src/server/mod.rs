@@ -129,6 +129,9 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
             param: None,
         });
     }
+    // A large body (a request with thousands of tools, say) builds large transients: once the
+    // request is answered and dropped, what they freed goes back to the system.
+    let large = declared.is_some_and(|n| n >= crate::heap::RELEASE_AFTER_BODY_BYTES);
     let res = match std::panic::AssertUnwindSafe(next.run(req))
         .catch_unwind()
         .await
@@ -146,6 +149,9 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
             });
         }
     };
+    if large {
+        crate::heap::release_soon();
+    }
     let status = res.status();
     let is_json = res
         .headers()
