@@ -354,7 +354,20 @@ async fn publish(
     body: Body,
 ) -> Response {
     let prepared = authorise_write(&s, &headers, MAX_UPLOAD_BYTES)
-        .and_then(|owner| Ok((owner, write_query(q)?)));
+        .and_then(|owner| Ok((owner, write_query(q)?)))
+        .and_then(|(owner, q)| {
+            // A signature or key that cannot be one is refused from the query, before the
+            // package is read (whether it verifies needs the package).
+            let malformed = |param: &str, e: crate::sign::SignError| {
+                api_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot publish: malformed `{param}`: {e}"),
+                )
+            };
+            crate::sign::canonical_signature(&q.sig).map_err(|e| malformed("sig", e))?;
+            crate::sign::canonical_public_key(&q.key).map_err(|e| malformed("key", e))?;
+            Ok((owner, q))
+        });
     let (owner, q) = match prepared {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -988,6 +1001,18 @@ mod tests {
                 assert!(headers.contains("www-authenticate: bearer"), "{headers}");
                 assert!(body.contains("token"), "{body}");
             }
+        }
+        // Authenticated, a publish whose signature or key cannot be one is a 400 from the query,
+        // before its (never sent) package is read.
+        for query in ["sig=00&key=00", "sig=zz&key=00"] {
+            let head = format!(
+                "PUT /api/v1/publish?{query} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n",
+                served.token,
+                200u64 << 20
+            );
+            let (status, _, body) = ask_without_body(addr, &head).await;
+            assert_eq!(status, 400, "{query}: {body}");
+            assert!(body.contains("malformed `sig`"), "{query}: {body}");
         }
         // Stalled unauthenticated uploads, more than there are upload turns, stay open while a
         // publisher uploads: the publisher is not kept waiting for them.

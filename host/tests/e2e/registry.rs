@@ -852,9 +852,11 @@ fn the_registry_server_closes_stalled_connections_and_keeps_serving() {
             "16",
         ],
     );
-    // 16 partial headers and 16 partial bodies (authenticated uploads): twice the connection cap.
+    // 16 partial headers and 16 partial bodies (authenticated uploads with a well-formed
+    // signature and key, so only their bodies are left to read): twice the connection cap.
+    let (sig, key) = ("0".repeat(128), format!("01{}", "0".repeat(62)));
     let upload = format!(
-        "PUT /api/v1/publish?sig=00&key=00 HTTP/1.1\r\nhost: x\r\n\
+        "PUT /api/v1/publish?sig={sig}&key={key} HTTP/1.1\r\nhost: x\r\n\
          authorization: Bearer {acme}\r\ncontent-length: 5000\r\n\r\n(zstd"
     );
     let stalled = common::stalled_connections(
