@@ -468,12 +468,7 @@ impl Publisher {
             metrics,
             avg_at_k: 0.0,
             pass_at_k: Vec::new(),
-            sampling: rlhost_registry::evals::EvalSampling {
-                temperature: sampling.temperature,
-                top_p: sampling.top_p,
-                max_tokens: sampling.max_tokens,
-                seed: sampling.seed,
-            },
+            sampling: crate::eval::eval_sampling(sampling),
             env_args: plan.env_args.clone(),
             date: crate::eval::rfc3339(std::time::SystemTime::now()),
             host_version: crate::VERSION.to_owned(),

@@ -829,7 +829,8 @@ impl Worker {
             }
         }
         let index = Tensor::from_slice(&rows).to_device(logits.device());
-        self.sample_and_advance(&logits.index_select(0, &index), base);
+        let finite = rows.iter().map(|&k| finite[k as usize]).collect();
+        self.sample_and_advance(&logits.index_select(0, &index), base, Some(finite));
     }
 
     /// The next chunk (at most `budget` tokens) of the prompt being prefilled in the staging
@@ -898,7 +899,7 @@ impl Worker {
         let logits = logits
             .to_kind(Kind::Float)
             .expand([job.p.n as i64, -1], false);
-        self.sample_and_advance(&logits, base);
+        self.sample_and_advance(&logits, base, Some(vec![finite; job.p.n]));
         take
     }
 
@@ -937,7 +938,7 @@ impl Worker {
             .select(1, 0);
         // The sampler's work is part of the step (its ops use the same threads); the timing
         // ends when the logits are read.
-        self.sample_and_advance(&logits, 0);
+        self.sample_and_advance(&logits, 0, None);
         self.threads.finish(probe);
     }
 
@@ -961,13 +962,14 @@ impl Worker {
     }
 
     /// Samples a token for sequences `from..` (one logits row each), reports them, and retires
-    /// the sequences that finished.
-    fn sample_and_advance(&mut self, logits: &Tensor, from: usize) {
+    /// the sequences that finished. `finite` says which rows' logits are finite when the caller
+    /// already read it (a prefill, which needs it to decide what to cache).
+    fn sample_and_advance(&mut self, logits: &Tensor, from: usize, finite: Option<Vec<bool>>) {
         let version = self.info.version();
         // A row whose logits hold a NaN or an infinity computed one somewhere (weights or an
         // adapter whose products overflow): it is failed alone, below, and sampled with
         // nobody: the rows that are finite are sampled as if it were not there.
-        let finite = finite_rows(logits);
+        let finite = finite.unwrap_or_else(|| finite_rows(logits));
         let sane: Vec<usize> = (0..finite.len()).filter(|&k| finite[k]).collect();
         // Constrained rows only: their grammars' masks (a failed grammar ends its sequence).
         let mut masks: Vec<Option<Result<_, GrammarError>>> = self.running[from..]

@@ -433,15 +433,20 @@ pub fn summarize(
         planned_rollouts: records.len(),
         plugin: env.id().name.clone(),
         plugin_version: env.id().version.clone(),
-        sampling: rlhost_registry::evals::EvalSampling {
-            temperature: sampling.temperature,
-            top_p: sampling.top_p,
-            max_tokens: sampling.max_tokens,
-            seed: sampling.seed,
-        },
+        sampling: eval_sampling(sampling),
         env_args: plan.env_args.clone(),
         date: rfc3339(std::time::SystemTime::now()),
         host_version: crate::VERSION.to_owned(),
+    }
+}
+
+/// What an evaluation's summary records of its sampling (the registry's shape of it).
+pub fn eval_sampling(sampling: &Sampling) -> rlhost_registry::evals::EvalSampling {
+    rlhost_registry::evals::EvalSampling {
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        max_tokens: sampling.max_tokens,
+        seed: sampling.seed,
     }
 }
 

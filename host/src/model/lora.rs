@@ -429,10 +429,10 @@ impl Lora {
     pub fn largest_change(&self) -> Option<(String, f64)> {
         tch::no_grad(|| {
             let (scale, rank) = (self.scale(), self.cfg.rank as f64);
+            // Largest magnitude; a NaN end makes it NaN (`f64::max` would drop it).
             let largest = |t: &Tensor| {
                 let (lo, hi) = t.aminmax(None, false);
                 let (lo, hi) = (lo.double_value(&[]), hi.double_value(&[]));
-                // NaN compares false: carry it through, so the caller sees a non-finite bound.
                 if lo.is_nan() || hi.is_nan() {
                     f64::NAN
                 } else {
@@ -446,13 +446,12 @@ impl Lora {
                         continue;
                     }
                     let bound = scale * rank * largest(&ad.a) * largest(&ad.b);
-                    let worse = match &out {
-                        None => true,
-                        Some((_, b)) => bound.is_nan() || (!b.is_nan() && bound > *b),
-                    };
-                    if worse {
-                        let module = format!("base_model.model.model.layers.{i}.{}", t.module());
-                        out = Some((module, bound));
+                    let module = || format!("base_model.model.model.layers.{i}.{}", t.module());
+                    if bound.is_nan() {
+                        return Some((module(), bound));
+                    }
+                    if out.as_ref().is_none_or(|(_, b)| bound > *b) {
+                        out = Some((module(), bound));
                     }
                 }
             }
