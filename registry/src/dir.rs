@@ -14,6 +14,20 @@ use crate::name::PackageName;
 use crate::package::{self, checksum};
 use crate::sign::PublisherKey;
 
+/// `config.json`: a registry's URL templates and publisher keys (a key takes about 100 bytes).
+const MAX_CONFIG: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("registry config", 4 << 20);
+/// One package's index file: a line per version of under 2 KB, so some 30,000 versions.
+const MAX_INDEX_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("package index", 64 << 20);
+/// A stored evaluation: an accepted summary ([`crate::evals::MAX_EVAL_BYTES`]) with what the
+/// registry adds to it (who, when, the signature), well under twice its size.
+const MAX_STORED_EVAL: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new(
+    "stored evaluation",
+    2 * crate::evals::MAX_EVAL_BYTES as u64,
+);
+/// An artifact: a package as published ([`package::MAX_PACKED_BYTES`]).
+const MAX_ARTIFACT: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("package artifact", package::MAX_PACKED_BYTES);
+
 /// A registry stored in a folder.
 #[derive(Debug, Clone)]
 pub struct DirRegistry {
@@ -52,6 +66,13 @@ impl DirRegistry {
         }
     }
 
+    fn read_error(&self, source: rlhost_fs::ReadError) -> RegistryError {
+        RegistryError::Read {
+            root: self.root.display().to_string(),
+            source,
+        }
+    }
+
     fn corrupt(&self, message: String) -> RegistryError {
         RegistryError::Corrupt {
             root: self.root.display().to_string(),
@@ -75,7 +96,7 @@ impl DirRegistry {
     /// `config.json`.
     pub fn config(&self) -> Result<RegistryConfig, RegistryError> {
         let path = self.root.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| self.io(&path, e))?;
+        let text = rlhost_fs::read_to_string(&path, MAX_CONFIG).map_err(|e| self.read_error(e))?;
         serde_json::from_str(&text).map_err(|e| self.corrupt(format!("config.json: {e}")))
     }
 
@@ -119,10 +140,10 @@ impl DirRegistry {
     pub fn entries(&self, name: &PackageName) -> Result<Vec<IndexEntry>, RegistryError> {
         let full_name = name.as_str();
         let path = self.index_path(name);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(self.io(&path, e)),
+        let text = match rlhost_fs::read_optional_text(&path, MAX_INDEX_FILE) {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => return Err(self.read_error(e)),
         };
         text.lines()
             .filter(|l| !l.trim().is_empty())
@@ -169,7 +190,7 @@ impl DirRegistry {
         let config = self.config()?;
         let rel = config.dl.replace("{cksum}", cksum);
         let path = self.root.join(rel);
-        std::fs::read(&path).map_err(|e| self.io(&path, e))
+        rlhost_fs::read(&path, MAX_ARTIFACT).map_err(|e| self.read_error(e))
     }
 
     /// Publishes a package signed with `key`, whose public half the registry must accept for
@@ -446,12 +467,12 @@ impl DirRegistry {
             return Ok(None);
         }
         let path = self.evals_dir(name).join(format!("{cksum}.json"));
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+        match rlhost_fs::read_optional_text(&path, MAX_STORED_EVAL) {
+            Ok(Some(text)) => serde_json::from_str(&text)
                 .map(Some)
                 .map_err(|e| self.corrupt(format!("evals/{name}/{cksum}.json: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.io(&path, e)),
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.read_error(e)),
         }
     }
 

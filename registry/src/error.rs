@@ -19,6 +19,16 @@ pub enum RegistryError {
         #[source]
         source: std::io::Error,
     },
+    /// A file of the registry (or a client's trust store) could not be read within its limits:
+    /// not a regular file, larger than its kind may be, or a read that stalled.
+    #[error("registry {root}")]
+    Read {
+        /// The registry (or "trust store").
+        root: String,
+        /// Which file and why, by the bounded reader.
+        #[source]
+        source: rlhost_fs::ReadError,
+    },
     /// The registry's data is malformed.
     #[error("registry {root}: {message}")]
     Corrupt {

@@ -29,6 +29,10 @@ pub enum PackageError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A file of the folder could not be read within the package's limits (not a regular
+    /// file, or larger than a package may unpack to).
+    #[error(transparent)]
+    Read(#[from] rlhost_fs::ReadError),
     /// The folder's manifest is invalid.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
@@ -123,8 +127,12 @@ pub fn pack(dir: &Path) -> Result<(Vec<u8>, Manifest), PackageError> {
     let files = package_files(dir, &manifest)?;
     let mut tar = tar::Builder::new(Vec::new());
     tar.mode(tar::HeaderMode::Deterministic);
+    let mut left = MAX_UNPACKED_BYTES;
     for (name, path) in files {
-        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        // What a package may unpack to bounds what packing it may read.
+        let limit = rlhost_fs::FileLimit::new("package file", left);
+        let bytes = rlhost_fs::read(&path, limit)?;
+        left -= bytes.len() as u64;
         let mut header = tar::Header::new_gnu();
         header.set_size(bytes.len() as u64);
         header.set_mode(0o644);

@@ -120,7 +120,9 @@ fn registry_api_error(state: &AppState, e: RegistryError) -> ApiError {
         RegistryError::Malformed { .. } => StatusCode::BAD_REQUEST,
         RegistryError::NotPublished { .. } => StatusCode::NOT_FOUND,
         RegistryError::InvalidEval { .. } => StatusCode::BAD_REQUEST,
-        RegistryError::Package(PackageError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+        RegistryError::Package(PackageError::Io { .. } | PackageError::Read(_)) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
         RegistryError::Package(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };

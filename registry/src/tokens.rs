@@ -16,6 +16,10 @@ pub struct TokenStore {
     pub owners: BTreeMap<String, Vec<String>>,
 }
 
+/// The largest `tokens.json` read: a token's hash and its JSON take under 80 bytes, so this
+/// holds some 200,000 tokens, far more than any registry issues.
+const MAX_TOKENS_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("publish tokens", 16 << 20);
+
 fn path(root: &Path) -> PathBuf {
     root.join("tokens.json")
 }
@@ -23,16 +27,15 @@ fn path(root: &Path) -> PathBuf {
 impl TokenStore {
     /// Reads `<root>/tokens.json` (empty if absent).
     pub fn load(root: &Path) -> Result<Self, RegistryError> {
-        match std::fs::read_to_string(path(root)) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
+        match rlhost_fs::read_optional_text(&path(root), MAX_TOKENS_FILE) {
+            Ok(Some(t)) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
                 root: root.display().to_string(),
                 message: format!("tokens.json: {e}"),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(RegistryError::Io {
+            Ok(None) => Ok(Self::default()),
+            Err(source) => Err(RegistryError::Read {
                 root: root.display().to_string(),
-                path: "tokens.json".into(),
-                source: e,
+                source,
             }),
         }
     }
@@ -93,5 +96,43 @@ mod tests {
         let token = TokenStore::issue(dir.path(), "acme").unwrap();
         let store = TokenStore::load(dir.path()).unwrap();
         assert_eq!(store.owner_of(&token), Some("acme"));
+    }
+
+    /// The registry's own files are read bounded: a `tokens.json` that is a FIFO, a folder or a
+    /// sparse file over its limit is refused at once, by name, where a plain read would hang
+    /// or fill the memory; the trust store likewise.
+    #[test]
+    fn token_and_trust_stores_are_read_bounded() {
+        fn chain(e: &dyn std::error::Error) -> String {
+            let mut out = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                out.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            out
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.json");
+        let trust = dir.path().join("trust.json");
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(&tokens)
+            .arg(&trust)
+            .status()
+            .unwrap();
+        assert!(fifo.success());
+        let e = chain(&TokenStore::load(dir.path()).unwrap_err());
+        assert!(e.contains("tokens.json") && e.contains("FIFO"), "{e}");
+        let e = chain(&crate::TrustStore::load(&trust).unwrap_err());
+        assert!(e.contains("trust.json") && e.contains("FIFO"), "{e}");
+        for path in [&tokens, &trust] {
+            std::fs::remove_file(path).unwrap();
+            let f = std::fs::File::create(path).unwrap();
+            f.set_len((16 << 20) + 1).unwrap();
+        }
+        let e = chain(&TokenStore::load(dir.path()).unwrap_err());
+        assert!(e.contains("publish tokens") && e.contains("tokens.json"), "{e}");
+        let e = chain(&crate::TrustStore::load(&trust).unwrap_err());
+        assert!(e.contains("trust store") && e.contains("trust.json"), "{e}");
     }
 }

@@ -8,6 +8,10 @@ use crate::error::RegistryError;
 use crate::index::{IndexEntry, RegistryConfig};
 use crate::package::checksum;
 
+/// The largest trust store read: a pinned key takes about 100 bytes of JSON, so this holds some
+/// 160,000 of them.
+const MAX_TRUST_STORE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("trust store", 16 << 20);
+
 /// Keys a client has pinned per registry and owner (trust on first use, like SSH).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TrustStore {
@@ -18,16 +22,15 @@ pub struct TrustStore {
 impl TrustStore {
     /// Reads the store (empty when the file does not exist).
     pub fn load(path: &Path) -> Result<Self, RegistryError> {
-        match std::fs::read_to_string(path) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
+        match rlhost_fs::read_optional_text(path, MAX_TRUST_STORE) {
+            Ok(Some(t)) => serde_json::from_str(&t).map_err(|e| RegistryError::Corrupt {
                 root: path.display().to_string(),
                 message: e.to_string(),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(RegistryError::Io {
+            Ok(None) => Ok(Self::default()),
+            Err(source) => Err(RegistryError::Read {
                 root: "trust store".into(),
-                path: path.display().to_string(),
-                source: e,
+                source,
             }),
         }
     }
