@@ -20,10 +20,8 @@ const MAX_CONFIG: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("registry con
 const MAX_INDEX_FILE: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new("package index", 64 << 20);
 /// A stored evaluation: an accepted summary ([`crate::evals::MAX_EVAL_BYTES`]) with what the
 /// registry adds to it (who, when, the signature), well under twice its size.
-const MAX_STORED_EVAL: rlhost_fs::FileLimit = rlhost_fs::FileLimit::new(
-    "stored evaluation",
-    2 * crate::evals::MAX_EVAL_BYTES as u64,
-);
+const MAX_STORED_EVAL: rlhost_fs::FileLimit =
+    rlhost_fs::FileLimit::new("stored evaluation", 2 * crate::evals::MAX_EVAL_BYTES as u64);
 /// An artifact: a package as published ([`package::MAX_PACKED_BYTES`]).
 const MAX_ARTIFACT: rlhost_fs::FileLimit =
     rlhost_fs::FileLimit::new("package artifact", package::MAX_PACKED_BYTES);

@@ -131,7 +131,10 @@ mod tests {
             f.set_len((16 << 20) + 1).unwrap();
         }
         let e = chain(&TokenStore::load(dir.path()).unwrap_err());
-        assert!(e.contains("publish tokens") && e.contains("tokens.json"), "{e}");
+        assert!(
+            e.contains("publish tokens") && e.contains("tokens.json"),
+            "{e}"
+        );
         let e = chain(&crate::TrustStore::load(&trust).unwrap_err());
         assert!(e.contains("trust store") && e.contains("trust.json"), "{e}");
     }
