@@ -208,6 +208,13 @@ fn evaluate(a: &EvalArgs, monitors: &mut crate::monitor::Monitors) -> anyhow::Re
     let env_args: serde_json::Value = serde_json::from_str(&a.env_args)
         .with_context(|| format!("--env-args is not JSON: {}", a.env_args))?;
     anyhow::ensure!(env_args.is_object(), "--env-args must be a JSON object");
+    // An adapter for the model in process (`-m … --lora DIR`) is checked first: settings it
+    // cannot honour (aLoRA, DoRA, …) are refused by name before a plugin or the model loads.
+    if let (Some(m), Some(lora)) = (&a.model, &a.lora) {
+        let cfg = crate::model::Qwen3Config::load(&crate::model::hub::resolve(m)?)?;
+        crate::model::Lora::peft_settings(lora, &cfg)
+            .with_context(|| format!("--lora {}", lora.display()))?;
+    }
     let home = crate::home::RlhostHome::from_env()?;
     // The key, the registry and the token are checked before any rollout: a run is not wasted
     // on a typo (the registry's own checks follow once the environments are loaded).

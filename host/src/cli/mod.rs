@@ -188,7 +188,9 @@ pub fn unknown_subcommand_help(args: &[std::ffi::OsString]) -> Option<String> {
     (!names.is_empty()).then(|| format!("`{}` has: {}", path.join(" "), names.join(", ")))
 }
 
-/// Sets up `tracing` output on stderr: `RLHOST_LOG` if set, else a level from `-v` flags.
+/// Sets up `tracing` output on stderr: `RLHOST_LOG` if set, else a level from `-v` flags;
+/// coloured only on a terminal, and never with `NO_COLOR` set (<https://no-color.org>), so a
+/// piped or redirected log holds no escape codes.
 pub fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     // Extism logs every failing plugin call itself; rlhost reports those failures already, with
@@ -200,10 +202,21 @@ pub fn init_logging(verbose: u8) {
     };
     let filter = EnvFilter::try_from_env("RLHOST_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // A second initialisation (tests calling `run` twice) is harmless: keep the first.
+    let colour = log_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
+}
+
+/// Whether log lines carry ANSI colour codes: on a terminal, unless `NO_COLOR` is set to a
+/// non-empty value.
+fn log_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Starts the monitors `cfg` asks for, for the command `command` writing to `out` (the run's
@@ -241,6 +254,16 @@ pub(crate) fn start_monitors(
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// Colour only on a terminal, and not with a non-empty `NO_COLOR`.
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
+    }
 
     #[test]
     fn command_line_definition_is_consistent() {

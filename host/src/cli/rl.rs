@@ -53,6 +53,7 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
         .output_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("outputs/rl"));
+    check_resumed_adapter(&cfg, &out, opts.resume)?;
     // Started first, so a run that fails from here on is marked FAILED where it is tracked.
     let monitors = std::cell::RefCell::new(super::start_monitors(
         &cfg.monitor,
@@ -64,6 +65,28 @@ pub(super) fn run(a: RlArgs) -> anyhow::Result<ExitCode> {
     let result = train(cfg, &opts, &home, &out, &monitors);
     monitors.into_inner().finish(result.is_err());
     result
+}
+
+/// A run resumed with LoRA restores the adapter of its newest checkpoint under `out`: that
+/// folder's settings are checked before any plugin or model loads, so one rlhost would not
+/// compute as PEFT does (a hand-edited or foreign `adapter_config.json`) is refused by name
+/// at once.
+fn check_resumed_adapter(
+    cfg: &crate::rl::config::RlConfig,
+    out: &std::path::Path,
+    resume: bool,
+) -> anyhow::Result<()> {
+    if !resume || cfg.trainer.model.lora.is_none() {
+        return Ok(());
+    }
+    let Some((_, dir)) = crate::rl::checkpoint::latest_checkpoint(out) else {
+        return Ok(());
+    };
+    let shape =
+        crate::model::Qwen3Config::load(&crate::model::hub::resolve(&cfg.trainer.model.name)?)?;
+    crate::model::Lora::peft_settings(&dir, &shape)
+        .with_context(|| format!("--resume: the adapter of {}", dir.display()))?;
+    Ok(())
 }
 
 /// The run itself, reporting each line to `monitors` as well as the terminal.

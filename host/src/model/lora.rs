@@ -20,6 +20,8 @@ use super::{ModelError, Qwen3Config, files, safetensors};
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// The file of an adapter's tensors in a PEFT folder.
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+/// PEFT's older file of an adapter's tensors: a Python pickle, which rlhost refuses to read.
+pub const ADAPTER_PICKLE: &str = "adapter_model.bin";
 
 /// A linear projection of a decoder layer that LoRA can adapt, by PEFT's `target_modules` name.
 #[derive(
@@ -296,26 +298,6 @@ fn peft_name(layer: usize, target: LoraTarget, part: &str) -> String {
     )
 }
 
-/// The fields of PEFT's `adapter_config.json` rlhost reads and writes; any other field PEFT
-/// writes must hold its default (what rlhost computes), else the adapter is refused.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct PeftConfig {
-    peft_type: String,
-    #[serde(default)]
-    task_type: Option<String>,
-    r: usize,
-    lora_alpha: f64,
-    #[serde(default)]
-    lora_dropout: f64,
-    target_modules: serde_json::Value,
-    #[serde(default)]
-    base_model_name_or_path: Option<String>,
-    #[serde(default)]
-    use_rslora: bool,
-    #[serde(flatten)]
-    rest: BTreeMap<String, serde_json::Value>,
-}
-
 impl Lora {
     /// New adapters for a model of `model`'s shape, initialised as PEFT does by default (`A`
     /// Kaiming-uniform with `a = √5`, i.e. uniform in `±1/√in`; `B` zero), deterministic for a
@@ -582,36 +564,7 @@ impl Lora {
     /// Writes PEFT's two files into the existing folder `dir` (each atomically; other files
     /// stay): a checkpoint's adapter beside its optimiser state.
     pub fn write_peft(&self, dir: &Path, base: &str, kind: Option<Kind>) -> Result<(), ModelError> {
-        let config = PeftConfig {
-            peft_type: "LORA".into(),
-            task_type: Some("CAUSAL_LM".into()),
-            r: self.cfg.rank,
-            lora_alpha: self.cfg.alpha,
-            lora_dropout: self.cfg.dropout,
-            target_modules: serde_json::json!(
-                self.cfg
-                    .target_modules
-                    .iter()
-                    .map(|t| t.name())
-                    .collect::<Vec<_>>()
-            ),
-            base_model_name_or_path: Some(base.to_owned()),
-            use_rslora: self.cfg.use_rslora,
-            rest: [
-                ("bias", serde_json::json!("none")),
-                ("fan_in_fan_out", serde_json::json!(false)),
-                ("inference_mode", serde_json::json!(true)),
-                ("init_lora_weights", serde_json::json!(true)),
-                ("modules_to_save", serde_json::Value::Null),
-                ("layers_to_transform", serde_json::Value::Null),
-                ("use_dora", serde_json::json!(false)),
-                ("rank_pattern", serde_json::json!({})),
-                ("alpha_pattern", serde_json::json!({})),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        };
+        let config = super::peft::written(&self.cfg, base);
         let path = dir.join(ADAPTER_CONFIG);
         let text = serde_json::to_string_pretty(&config).expect("the config serialises");
         rlhost_fs::write_atomically(&path, text.as_bytes()).map_err(|e| ModelError::Io {
@@ -622,87 +575,43 @@ impl Lora {
         safetensors::write(&dir.join(ADAPTER_WEIGHTS), &tensors, kind)
     }
 
-    /// Reads a PEFT LoRA folder for a model of `model`'s shape onto `device` in `kind`. Settings
-    /// rlhost does not compute (DoRA, biases, per-module ranks, saved modules, some layers
-    /// only, other module names) are refused by name, as are missing, misshapen or unexpected
-    /// tensors. The adapters are trainable.
+    /// The settings of the PEFT folder `dir` for a model of `model`'s shape, and the base model
+    /// it names, without reading a tensor: its `adapter_config.json` read as [`super::peft`]
+    /// says (every setting of PEFT's `LoraConfig` honoured or refused by name, `target_modules`
+    /// resolved as PEFT resolves it, the rank checked against the model's shape), and a folder
+    /// whose weights are only in `adapter_model.bin` (a pickle) refused. What a command checks
+    /// before it loads anything else.
+    pub fn peft_settings(
+        dir: &Path,
+        model: &Qwen3Config,
+    ) -> Result<super::peft::PeftSettings, ModelError> {
+        let config_path = dir.join(ADAPTER_CONFIG);
+        let text = files::read_text(&config_path, files::ADAPTER_CONFIG)?;
+        let settings = super::peft::read(&config_path, &text, model)?;
+        // PEFT's older format is a pickle, which can run code when loaded: refused by name.
+        if dir.join(ADAPTER_WEIGHTS).symlink_metadata().is_err()
+            && dir.join(ADAPTER_PICKLE).exists()
+        {
+            return Err(super::peft::AdapterError::Pickle {
+                dir: dir.to_owned(),
+            }
+            .into());
+        }
+        Ok(settings)
+    }
+
+    /// Reads a PEFT LoRA folder for a model of `model`'s shape onto `device` in `kind`: its
+    /// settings as [`Lora::peft_settings`] reads them (DoRA, aLoRA, biases, per-module ranks,
+    /// saved modules, some layers only, modules other than the seven projections refused by
+    /// name), then its tensors, of which missing, misshapen or unexpected ones are refused. The
+    /// adapters are trainable.
     pub fn load_peft(
         dir: &Path,
         model: &Qwen3Config,
         device: Device,
         kind: Kind,
     ) -> Result<Self, ModelError> {
-        let config_path = dir.join(ADAPTER_CONFIG);
-        let bad = |message: String| ModelError::Config {
-            path: config_path.clone(),
-            message,
-        };
-        let text = files::read_text(&config_path, files::ADAPTER_CONFIG)?;
-        let peft: PeftConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if peft.peft_type != "LORA" {
-            return Err(bad(format!(
-                "peft_type {:?}: only LORA adapters are read",
-                peft.peft_type
-            )));
-        }
-        for (key, value) in &peft.rest {
-            let neutral = match key.as_str() {
-                "bias" => value == "none",
-                "use_dora" | "fan_in_fan_out" => value == false,
-                "modules_to_save"
-                | "layers_to_transform"
-                | "layers_pattern"
-                | "loftq_config"
-                | "eva_config"
-                | "corda_config"
-                | "exclude_modules"
-                | "trainable_token_indices"
-                | "layer_replication" => value.is_null() || value == &serde_json::json!({}),
-                "rank_pattern" | "alpha_pattern" => {
-                    value.is_null() || value.as_object().is_some_and(|m| m.is_empty())
-                }
-                // Read-only descriptions, or how an adapter was initialised (its tensors say
-                // the rest).
-                _ => true,
-            };
-            if !neutral {
-                return Err(bad(format!(
-                    "{key} = {value}: not supported (rlhost computes plain LoRA on the named \
-                     projections of every layer)"
-                )));
-            }
-        }
-        let names: Vec<String> = match &peft.target_modules {
-            serde_json::Value::String(s) => vec![s.clone()],
-            serde_json::Value::Array(a) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad("target_modules: a list of names".into()))?,
-            other => return Err(bad(format!("target_modules = {other}: a list of names"))),
-        };
-        let mut targets = Vec::new();
-        for n in &names {
-            let t = LoraTarget::from_name(n).ok_or_else(|| {
-                bad(format!(
-                    "target_modules: {n:?} is not one of {}",
-                    LoraTarget::ALL.map(|t| t.name()).join(", ")
-                ))
-            })?;
-            if !targets.contains(&t) {
-                targets.push(t);
-            }
-        }
-        targets.sort();
-        let cfg = LoraConfig {
-            rank: peft.r,
-            alpha: peft.lora_alpha,
-            dropout: peft.lora_dropout,
-            target_modules: targets,
-            use_rslora: peft.use_rslora,
-        };
-        cfg.check().map_err(bad)?;
-        cfg.check_shape(model).map_err(bad)?;
+        let super::peft::PeftSettings { lora: cfg, base } = Self::peft_settings(dir, model)?;
         let weights_path: PathBuf = dir.join(ADAPTER_WEIGHTS);
         // Header first: every tensor's name and shape is checked against what the model and the
         // config imply before a byte of tensor data is read, so a file that claims other or
@@ -768,11 +677,7 @@ impl Lora {
             };
             layers[*i].insert(*t, adapter);
         }
-        Ok(Self {
-            cfg,
-            layers,
-            base: peft.base_model_name_or_path.filter(|b| !b.is_empty()),
-        })
+        Ok(Self { cfg, layers, base })
     }
 }
 

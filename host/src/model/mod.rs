@@ -10,6 +10,7 @@ pub mod hub;
 pub mod kernels;
 pub mod kv;
 pub mod lora;
+pub mod peft;
 pub mod qwen3;
 pub mod reasoning;
 pub mod safetensors;
@@ -22,6 +23,7 @@ pub use config::{Preset, Qwen3Config};
 pub use kernels::ProductKernel;
 pub use kv::{KvCache, SharedPrefix, SlotCache};
 pub use lora::{Lora, LoraConfig, LoraRows, LoraTarget};
+pub use peft::AdapterError;
 pub use qwen3::{Frame, Packed, Qwen3};
 pub use tokenizer::Tokenizer;
 
@@ -90,6 +92,10 @@ pub enum ModelError {
         /// Every place tried and why it did not serve.
         looked: Vec<String>,
     },
+    /// A PEFT adapter folder rlhost refuses: a setting it does not compute, by name
+    /// ([`peft`]).
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
     /// A file someone named could not be read within its bounds (not a regular file, over its
     /// size limit, stalled): [`files`].
     #[error(transparent)]
@@ -109,6 +115,16 @@ impl ModelError {
             Self::Torch(e) => {
                 tracing::error!("libtorch failed while {doing}: {e}");
                 format!("{doing} failed inside libtorch (details in the server's log)")
+            }
+            // Its causes (the JSON parser's line and column) are the client's to read too.
+            Self::Adapter(e) => {
+                let mut text = e.to_string();
+                let mut cause = std::error::Error::source(e);
+                while let Some(c) = cause {
+                    text = format!("{text}: {c}");
+                    cause = c.source();
+                }
+                text
             }
             other => other.to_string(),
         }

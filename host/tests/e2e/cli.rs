@@ -240,3 +240,53 @@ fn bench_products_measures_each_dtypes_kernels_and_names_the_cpu() {
         }
     }
 }
+
+/// Log lines on a stderr that is not a terminal (piped, or a file) carry no ANSI escape codes:
+/// `host inference` logging at `info` to a file, as `host rl … 2> log` would, writes plain
+/// text (the codes used to land in such logs).
+#[test]
+fn logs_written_off_a_terminal_hold_no_escape_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    crate::common::tiny_model(&model, 6);
+    let cfg = rlhost::model::Qwen3Config::load(&model).unwrap();
+    let adapter = tmp.path().join("adapter");
+    crate::common::random_lora(&cfg, 8.0, 5)
+        .save_peft(&adapter, "tiny", None)
+        .unwrap();
+    let log = tmp.path().join("log");
+    let mut child = std::process::Command::new(crate::common::host_bin())
+        .args([
+            "inference",
+            "--port",
+            "0",
+            "--dtype",
+            "f32",
+            "--enable-lora",
+            "-m",
+        ])
+        .arg(&model)
+        .arg("--lora-modules")
+        .arg(format!("a={}", adapter.display()))
+        .env("RLHOST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The adapter is logged before the server prints its address.
+    let line = crate::common::first_line(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("http://"), "{line}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("INFO") && l.contains("serving adapter a")),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "escape codes in the log: {text:?}"
+    );
+}

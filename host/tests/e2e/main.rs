@@ -25,6 +25,7 @@ mod metrics;
 mod model;
 mod monitor;
 mod named_files;
+mod peft_settings;
 mod pipeline;
 mod python_plugin;
 mod registry;
