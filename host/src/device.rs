@@ -19,6 +19,13 @@ pub enum DeviceError {
         "invalid RLHOST_CPU_BF16={0:?}: expected 0 (act as a CPU without bf16 matrix instructions) or 1 (with them)"
     )]
     InvalidCpuBf16(String),
+    /// `RLHOST_CPU_KERNELS` is set to something other than `auto`, `avx2` or `avx512-bf16`.
+    #[error(
+        "invalid RLHOST_CPU_KERNELS={0:?}: expected auto (what this CPU has), avx2 (bf16 products \
+         widened to f32, as on a CPU without bf16 instructions) or avx512-bf16 (the AVX-512 BF16 \
+         kernels, emulated where this CPU lacks them)"
+    )]
+    InvalidCpuKernels(String),
     /// The precision string is not a known dtype name.
     #[error("invalid dtype {0:?}: expected f32 (float32) or bf16 (bfloat16)")]
     InvalidDtype(String),
@@ -120,7 +127,16 @@ impl CudaStatus {
 
 impl DeviceSpec {
     /// The concrete device, given what CUDA offers. `Auto` never fails.
+    /// On the CPU, [`CPU_KERNELS_ENV`] is checked here, before any work.
     pub fn resolve(self, cuda: CudaStatus) -> Result<tch::Device, DeviceError> {
+        let device = self.resolve_device(cuda)?;
+        if device == tch::Device::Cpu {
+            CpuKernels::from_env()?;
+        }
+        Ok(device)
+    }
+
+    fn resolve_device(self, cuda: CudaStatus) -> Result<tch::Device, DeviceError> {
         match self {
             Self::Cpu => Ok(tch::Device::Cpu),
             Self::Auto if cuda.available() => Ok(tch::Device::Cuda(0)),
@@ -253,6 +269,62 @@ impl CpuBf16 {
             Some(f) => format!("{found}; {CPU_BF16_ENV}={} overrides it", u8::from(f)),
             None => found,
         }
+    }
+}
+
+/// The environment variable that picks which instructions the CPU's bf16 products run on
+/// ([`CpuKernels`]): for running the test suite down the path another kind of CPU takes
+/// (`RLHOST_CPU_BF16=1 RLHOST_CPU_KERNELS=avx512-bf16 make test` on an AVX2 machine runs what
+/// an AVX-512 BF16 CPU runs), and for measuring one path against the other on one machine.
+/// `host doctor` says when it is set; an invalid value is refused when a device is resolved.
+pub const CPU_KERNELS_ENV: &str = "RLHOST_CPU_KERNELS";
+
+/// Which instructions the CPU's bf16 matrix products run on ([`CPU_KERNELS_ENV`]). f32 products
+/// are the same under every value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuKernels {
+    /// What the CPU has: few-row products by AVX-512 BF16 dot products where the CPU has them,
+    /// else widened to f32 in registers; larger ones by libtorch's bf16 BLAS where the CPU has
+    /// bf16 matrix instructions, else widened to f32 for its f32 BLAS.
+    #[default]
+    Auto,
+    /// As on a CPU with AVX2 only, whatever this one has: bf16 operands widened to f32 (the
+    /// few-rows kernel, then the f32 BLAS beyond its rows), and rotary by slices.
+    Avx2,
+    /// As on a CPU with AVX-512 BF16, whatever this one has: few-row products by the AVX-512
+    /// BF16 kernel, on its portable emulation where this CPU lacks the instructions (the same
+    /// results bit for bit, far slower), and larger ones by libtorch's bf16 BLAS (which emulates
+    /// bf16 itself on such a CPU).
+    Avx512Bf16,
+}
+
+impl CpuKernels {
+    /// [`CPU_KERNELS_ENV`]'s value ([`CpuKernels::Auto`] where it is unset or empty); any
+    /// other value than `auto`, `avx2` or `avx512-bf16` is an error naming the variable.
+    pub fn from_env() -> Result<Self, DeviceError> {
+        match std::env::var(CPU_KERNELS_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(Self::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Self::Auto),
+                "avx2" => Ok(Self::Avx2),
+                "avx512-bf16" => Ok(Self::Avx512Bf16),
+                _ => Err(DeviceError::InvalidCpuKernels(v)),
+            },
+            Err(std::env::VarError::NotUnicode(v)) => Err(DeviceError::InvalidCpuKernels(
+                v.to_string_lossy().into_owned(),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for CpuKernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Avx2 => "avx2",
+            Self::Avx512Bf16 => "avx512-bf16",
+        })
     }
 }
 

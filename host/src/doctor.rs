@@ -95,6 +95,9 @@ pub struct CpuDtype {
     pub auto: String,
     /// Why.
     pub why: String,
+    /// What runs a bf16 model's products of few rows on this CPU, and why
+    /// (`RLHOST_CPU_KERNELS`, [`crate::device::CpuKernels`]).
+    pub bf16_products: String,
 }
 
 /// The WebAssembly runtime.
@@ -273,6 +276,11 @@ pub fn collect() -> DoctorReport {
         cpu
     });
     let (auto, why) = crate::device::Precision::auto(tch::Device::Cpu, &bf16);
+    let kernels = crate::device::CpuKernels::from_env().unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        crate::device::CpuKernels::Auto
+    });
+    let bf16_products = bf16_products(kernels);
     DoctorReport {
         rlhost_version: crate::VERSION.to_owned(),
         libtorch,
@@ -282,6 +290,7 @@ pub fn collect() -> DoctorReport {
             bf16,
             auto: auto.to_string(),
             why,
+            bf16_products,
         },
         wasmtime: WasmtimeInfo {
             version: env!("RLHOST_BUILD_WASMTIME_VERSION").to_owned(),
@@ -507,6 +516,7 @@ impl DoctorReport {
             );
         }
         line("torch threads", self.torch_threads.to_string());
+        line("bf16 products (CPU)", self.cpu_dtype.bf16_products.clone());
         line(
             "dtype auto (CPU)",
             format!("{}: {}", self.cpu_dtype.auto, self.cpu_dtype.why),
@@ -590,6 +600,27 @@ impl DoctorReport {
             }
         }
         out
+    }
+}
+
+/// What runs a bf16 model's few-row products on this CPU under `kernels`, and why.
+fn bf16_products(kernels: crate::device::CpuKernels) -> String {
+    use crate::device::{CPU_KERNELS_ENV, CpuKernels};
+    use crate::model::kernels::bf16_dot::Path;
+    let forced = format!("{CPU_KERNELS_ENV}={kernels}");
+    match (crate::model::kernels::bf16_dot_path(), kernels) {
+        (Some(Path::Native), CpuKernels::Auto) => {
+            "AVX-512 BF16 dot products (this CPU has them)".to_owned()
+        }
+        (Some(Path::Native), _) => format!("AVX-512 BF16 dot products ({forced})"),
+        (Some(Path::Emulated), _) => format!(
+            "the AVX-512 BF16 kernel on its emulation, far slower ({forced}; this CPU lacks \
+             the instructions)"
+        ),
+        (None, CpuKernels::Auto) => {
+            "widened to f32 in registers (this CPU has no AVX-512 BF16)".to_owned()
+        }
+        (None, _) => format!("widened to f32 in registers ({forced})"),
     }
 }
 

@@ -5,6 +5,43 @@
 //! and the next such request on another thread's arena takes it higher (a tiny-model server:
 //! 177 MB, then 505, 580, 601 MB after three such requests; `malloc_trim(0)` afterwards: 246 MB).
 //! `host bench` also trims before it measures a resident size.
+//!
+//! `malloc_trim` alone is not enough: it releases the free pages inside every arena but the top
+//! of the main arena only, and another thread's arena gives its top back only on a `free` that
+//! leaves it larger than the trim threshold, which glibc raises to twice the largest mmapped
+//! block freed so far (up to 64 MiB: a 2.4 MB request body is such a block). After nine
+//! requests with 12,000 tools, a tiny-model server that held 182 MB after one small request
+//! held 229-277 MB with the trim alone (its two worker threads' arenas); with every thread on
+//! the main arena ([`one_arena`]) 178-180 MB. Fixing the thresholds instead (which glibc's own
+//! variables can do) maps every large tensor afresh on each step.
+
+/// Puts every thread's allocations in glibc's main arena (`M_ARENA_MAX` = 1), whose top
+/// [`release_free_memory`] gives back whole: for a long-running server, where memory a request
+/// freed must not stay resident (module docs). Small blocks still come from each thread's own
+/// cache without a lock; larger ones take the arena's lock, which the engine's thread, holding
+/// most of them, rarely shares. Call before the server's threads start (a thread keeps the
+/// arena it has). Where the user set `MALLOC_ARENA_MAX` (or `GLIBC_TUNABLES` naming
+/// `glibc.malloc.arena_max`) it is left as set. Elsewhere than glibc, a no-op.
+pub fn one_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let user_set = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+            || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
+        if user_set {
+            tracing::debug!("glibc's arena count left as the environment sets it");
+            return;
+        }
+        const M_ARENA_MAX: std::ffi::c_int = -8;
+        unsafe extern "C" {
+            fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+        }
+        // SAFETY: mallopt sets one of glibc's allocator parameters under its lock; it returns 0
+        // for a value it refuses (1 is in range).
+        if unsafe { mallopt(M_ARENA_MAX, 1) } == 0 {
+            tracing::warn!("glibc refused one malloc arena: freed memory may stay resident");
+        }
+    }
+}
 
 /// Bytes of request body from which a served request is followed by [`release_soon`]: small
 /// requests leave little behind, and a trim walks the heap (milliseconds per GB), so only

@@ -103,6 +103,8 @@ async fn shutdown_signal() {
 }
 
 pub(super) fn run(args: InferenceArgs) -> anyhow::Result<ExitCode> {
+    // A server lives long and serves requests of any size: what they free must not stay resident.
+    crate::heap::one_arena();
     let mut config = args.config;
     if args.no_enable_prefix_caching {
         config.enable_prefix_caching = false;

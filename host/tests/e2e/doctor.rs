@@ -168,3 +168,59 @@ fn the_cpu_bf16_probe_can_be_overridden_and_says_so() {
     ]));
     assert!(err.contains("RLHOST_CPU_BF16"), "{err}");
 }
+
+/// `RLHOST_CPU_KERNELS` picks the path of a bf16 model's products (so the suite can run down the
+/// AVX2 path and the AVX-512 BF16 one on any CPU), `host doctor` says which runs, and a bad value
+/// is a problem naming the variable, refused by `host inference` before it reads a model.
+#[test]
+fn the_cpu_kernels_can_be_chosen_and_doctor_says_which_run() {
+    let home = tempfile::tempdir().unwrap();
+    let native = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .contains(" avx512_bf16");
+    for (value, says) in [
+        (
+            "avx2",
+            "widened to f32 in registers (RLHOST_CPU_KERNELS=avx2)",
+        ),
+        (
+            "avx512-bf16",
+            if native {
+                "AVX-512 BF16 dot products (RLHOST_CPU_KERNELS=avx512-bf16)"
+            } else {
+                "the AVX-512 BF16 kernel on its emulation"
+            },
+        ),
+    ] {
+        let (_, r) = doctor_json(host(home.path()).env("RLHOST_CPU_KERNELS", value));
+        let products = r["cpu_dtype"]["bf16_products"].as_str().unwrap();
+        assert!(products.starts_with(says), "{value}: {products}");
+        assert!(
+            r["problems"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| !p.as_str().unwrap().contains("RLHOST_CPU_KERNELS")),
+            "{r:#}"
+        );
+    }
+    let (code, r) = doctor_json(host(home.path()).env("RLHOST_CPU_KERNELS", "avx1024"));
+    assert_eq!(code, Some(1), "{r:#}");
+    assert!(
+        r["problems"].as_array().unwrap().iter().any(|p| p
+            .as_str()
+            .unwrap()
+            .contains("invalid RLHOST_CPU_KERNELS=\"avx1024\"")),
+        "{r:#}"
+    );
+    let err = common::run_err(
+        host(home.path())
+            .env("RLHOST_CPU_KERNELS", "avx1024")
+            .args(["inference", "--model", "/nonexistent", "--port", "0"]),
+    );
+    assert!(err.contains("invalid RLHOST_CPU_KERNELS"), "{err}");
+    assert!(
+        !err.contains("/nonexistent"),
+        "refused before the model: {err}"
+    );
+}

@@ -9,6 +9,8 @@ pub mod few_rows;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::device::CpuKernels;
+
 /// What runs a matrix product `x Wᵀ` of the model ([`crate::model::Qwen3::product_kernel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProductKernel {
@@ -32,10 +34,40 @@ pub enum ProductKernel {
 
 /// Whether this CPU has bf16 matrix instructions (avx512_bf16, amx_bf16, aarch64 bf16): where
 /// it does not, libtorch's bf16 products are emulated and [`ProductKernel::Widened`] is
-/// faster. What the hardware says, not `RLHOST_CPU_BF16` (which steers `--dtype auto` only).
+/// faster. What the hardware says, not `RLHOST_CPU_BF16` (which steers `--dtype auto` only),
+/// unless [`crate::device::CPU_KERNELS_ENV`] says to act as another kind of CPU.
 pub fn cpu_has_bf16_matrix() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| crate::device::CpuBf16::read_cpu().matrix())
+    *HAS.get_or_init(|| match cpu_kernels() {
+        CpuKernels::Auto => crate::device::CpuBf16::read_cpu().matrix(),
+        CpuKernels::Avx2 => false,
+        CpuKernels::Avx512Bf16 => true,
+    })
+}
+
+/// The bf16 product path [`crate::device::CPU_KERNELS_ENV`] asks for, read once. An invalid
+/// value was refused where the device was resolved (before any work); a library caller that
+/// never resolved one gets [`CpuKernels::Auto`] and a warning naming the variable.
+pub fn cpu_kernels() -> CpuKernels {
+    static KERNELS: std::sync::OnceLock<CpuKernels> = std::sync::OnceLock::new();
+    *KERNELS.get_or_init(|| {
+        CpuKernels::from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; using auto");
+            CpuKernels::Auto
+        })
+    })
+}
+
+/// How bf16 products of few rows run ([`ProductKernel::FewRows`]): by [`bf16_dot`] on the CPU's
+/// instructions or on their emulation, or `None`: widened to f32 in registers by
+/// [`few_rows::matmul_nt_weights`].
+pub fn bf16_dot_path() -> Option<bf16_dot::Path> {
+    match cpu_kernels() {
+        CpuKernels::Auto => bf16_dot::available().then_some(bf16_dot::Path::Native),
+        CpuKernels::Avx2 => None,
+        CpuKernels::Avx512Bf16 if bf16_dot::available() => Some(bf16_dot::Path::Native),
+        CpuKernels::Avx512Bf16 => Some(bf16_dot::Path::Emulated),
+    }
 }
 
 /// Rows up to which a product runs through [`few_rows::matmul_nt`] (where it runs: x86-64 with
@@ -64,11 +96,18 @@ pub fn grad_enabled() -> bool {
 
 /// `x Wᵀ` by the few-rows kernels on libtorch's thread count; `x` `[m, k]` contiguous on the
 /// CPU, `w` `[n, k]` likewise, both f32 or both bf16. bf16 operands go to the bf16 dot-product
-/// kernel ([`bf16_dot`]) where the CPU has AVX-512 BF16; elsewhere bf16 rows are widened to f32
+/// kernel ([`bf16_dot`]) where the CPU has AVX-512 BF16 (or its emulation, where
+/// [`crate::device::CPU_KERNELS_ENV`] asks for it: [`bf16_dot_path`]); elsewhere bf16 rows are widened to f32
 /// (few: a decode step's) and the product runs in f32 on the bf16 weights where they lie
 /// ([`few_rows::matmul_nt_weights`]). Either way the f32 sums of the exact products are rounded
 /// to bf16 once, as libtorch's bf16 `linear` rounds its f32 sums.
 fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
+    few_rows_linear_by(x, w, bf16_dot_path())
+}
+
+/// [`few_rows_linear`] with bf16 products by `bf16` (`None`: widened to f32 in registers); f32
+/// ones ignore it.
+fn few_rows_linear_by(x: &Tensor, w: &Tensor, bf16: Option<bf16_dot::Path>) -> Tensor {
     let (m, k) = x.size2().expect("x is [m, k]");
     let n = w.size()[0];
     let kind = w.kind();
@@ -83,14 +122,14 @@ fn few_rows_linear(x: &Tensor, w: &Tensor) -> Tensor {
     let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
     let threads = tch::get_num_threads().max(1) as usize;
     let (m, k, n) = (m as usize, k as usize, n as usize);
-    if kind == Kind::BFloat16 && bf16_dot::available() {
+    if let Some(path) = bf16.filter(|_| kind == Kind::BFloat16) {
         // SAFETY: `x`, `w` contiguous bf16 CPU tensors of m·k and n·k values, `y` a new f32
-        // one of m·n (checked above).
+        // one of m·n (checked above); `matmul_nt` checks that a Native path can run here.
         unsafe {
             let xs = std::slice::from_raw_parts(x.data_ptr() as *const u16, m * k);
             let ws = std::slice::from_raw_parts(w.data_ptr() as *const u16, n * k);
             let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, m * n);
-            bf16_dot::matmul_nt(xs, ws, ys, m, k, n, threads, bf16_dot::Path::Native);
+            bf16_dot::matmul_nt(xs, ws, ys, m, k, n, threads, path);
         }
         return y.to_kind(kind);
     }
@@ -337,9 +376,19 @@ pub fn shared_prefix_attention(
 mod tests {
     use super::*;
 
-    /// bf16 products of few rows against libtorch's BLAS on the same bf16 tensors (which sums
-    /// in f32 and rounds once, in its own order): within one bf16 rounding step of it, and of
-    /// the f32 product of the same values; the shapes cover the kernel's block edges.
+    /// bf16 products of few rows, down each path a CPU can take (widened to f32 in registers as
+    /// on AVX2; the AVX-512 BF16 kernel on its emulation, and on the instructions where this CPU
+    /// has them), against the f32 product of the same values and libtorch's bf16 BLAS; the
+    /// shapes cover the kernels' block edges.
+    ///
+    /// The bound, from the arithmetic: every product of two bf16 values is exact in f32, so each
+    /// path computes an f32 sum of the k exact products, within `γ_k · S` of the true sum `s`
+    /// (`S` = Σ|x_i w_i|, `γ_k` = k·u₃₂/(1 − k·u₃₂), u₃₂ = 2⁻²⁴: recursive or blocked
+    /// summation in any order), then rounds it to bf16 once (relative error u₁₆ = 2⁻⁸). The f32
+    /// reference is the same f32 sum in the BLAS's order, not rounded. So |ours − f32| ≤
+    /// u₁₆·(|f32| + 2γ_k·S) + 2γ_k·S, and against libtorch's bf16 (an f32 sum rounded once too)
+    /// |ours − blas| ≤ 2·u₁₆·(|f32| + 2γ_k·S) + 2γ_k·S. Nothing floors it: a wrong block edge,
+    /// a dropped product or a second rounding is off by far more.
     #[test]
     fn bf16_few_rows_products_match_the_blas() {
         if !few_rows::available() {
@@ -350,30 +399,38 @@ mod tests {
             return;
         }
         tch::manual_seed(3);
+        let mut paths = vec![None, Some(bf16_dot::Path::Emulated)];
+        if bf16_dot::available() {
+            paths.push(Some(bf16_dot::Path::Native));
+        }
         for (m, k, n) in [(1, 1024, 3072), (7, 1030, 97), (32, 192, 512)] {
             let x = Tensor::randn([m, k], (Kind::BFloat16, Device::Cpu));
             let w =
                 (Tensor::randn([n, k], (Kind::Float, Device::Cpu)) * 0.05).to_kind(Kind::BFloat16);
-            let ours = product(ProductKernel::FewRows, &x, &w);
-            assert_eq!(ours.kind(), Kind::BFloat16);
-            let blas = x.linear::<Tensor>(&w, None);
-            let exact = x
-                .to_kind(Kind::Float)
-                .linear::<Tensor>(&w.to_kind(Kind::Float), None);
-            // One bf16 step at each value's magnitude (8 bits of mantissa), plus a floor for
-            // sums that cancel to near zero.
-            let step = exact.abs().to_kind(Kind::Float) / 128.0 + 1e-3;
-            for (name, other) in [
-                ("libtorch bf16", blas.to_kind(Kind::Float)),
-                ("f32", exact.shallow_clone()),
-            ] {
-                let over = ((ours.to_kind(Kind::Float) - &other).abs() - &step)
-                    .max()
-                    .double_value(&[]);
-                assert!(
-                    over <= 0.0,
-                    "[{m},{k}]x[{n},{k}]: off {name} by {over} more than a step"
-                );
+            let (xf, wf) = (x.to_kind(Kind::Float), w.to_kind(Kind::Float));
+            let exact = xf.linear::<Tensor>(&wf, None);
+            let blas = x.linear::<Tensor>(&w, None).to_kind(Kind::Float);
+            let sum_abs = xf.abs().linear::<Tensor>(&wf.abs(), None);
+            let u16 = 2f64.powi(-8);
+            let ku = k as f64 * 2f64.powi(-24);
+            let gamma = ku / (1.0 - ku);
+            let sums = &sum_abs * (2.0 * gamma);
+            let near_f32 = (exact.abs() + &sums) * u16 + &sums;
+            let near_blas = (exact.abs() + &sums) * (2.0 * u16) + &sums;
+            for path in &paths {
+                let ours = few_rows_linear_by(&x, &w, *path);
+                assert_eq!(ours.kind(), Kind::BFloat16);
+                let ours = ours.to_kind(Kind::Float);
+                for (name, other, bound) in [
+                    ("f32", &exact, &near_f32),
+                    ("libtorch bf16", &blas, &near_blas),
+                ] {
+                    let over = ((&ours - other).abs() - bound).max().double_value(&[]);
+                    assert!(
+                        over <= 0.0,
+                        "{path:?} [{m},{k}]x[{n},{k}]: off {name} by {over} beyond the bound"
+                    );
+                }
             }
         }
     }
