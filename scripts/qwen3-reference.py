@@ -3,8 +3,14 @@
 
   create  --out DIR --seed N [--untied]      a tiny random Qwen3ForCausalLM, save_pretrained
   create-lora --model DIR --out DIR --seed N --rank R --alpha A --targets q_proj,...
+              [--target-modules JSON] [--extra JSON]
                                              a PEFT LoRA adapter on it, A and B random (B not
-                                             zero, unlike a fresh one), save_pretrained
+                                             zero, unlike a fresh one), save_pretrained;
+                                             --target-modules: LoraConfig's target_modules as
+                                             JSON ("all-linear", a regex, a list), over
+                                             --targets; --extra: more LoraConfig fields (JSON
+                                             object; use_bdlora's value is a BdLoraConfig's)
+  lora-fields                                peft's version and LoraConfig's fields (JSON)
   run     --model DIR --inputs FILE --out F [--adapter DIR]
                                              logits, greedy continuation and log-probs (with a
                                              PEFT adapter loaded by peft's PeftModel)
@@ -48,9 +54,24 @@ def create_lora(args):
 
     torch.manual_seed(args.seed)
     model = Qwen3ForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    cfg = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=args.targets.split(","),
-                     init_lora_weights=False, task_type="CAUSAL_LM")
+    targets = json.loads(args.target_modules) if args.target_modules else args.targets.split(",")
+    extra = json.loads(args.extra) if args.extra else {}
+    if extra.get("use_bdlora") is not None:
+        from peft.tuners.lora.config import BdLoraConfig
+
+        extra["use_bdlora"] = BdLoraConfig(**extra["use_bdlora"])
+    cfg = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules=targets,
+                     init_lora_weights=False, task_type="CAUSAL_LM", **extra)
     get_peft_model(model, cfg).save_pretrained(args.out)
+
+
+def lora_fields(args):
+    import dataclasses
+
+    import peft
+    from peft import LoraConfig
+
+    print(json.dumps({"version": peft.__version__, "fields": [f.name for f in dataclasses.fields(LoraConfig)]}))
 
 
 def run(args):
@@ -117,6 +138,9 @@ def main():
     cl.add_argument("--rank", type=int, default=4)
     cl.add_argument("--alpha", type=float, default=8.0)
     cl.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
+    cl.add_argument("--target-modules")
+    cl.add_argument("--extra")
+    sub.add_parser("lora-fields")
     r = sub.add_parser("run")
     r.add_argument("--model", required=True)
     r.add_argument("--inputs", required=True)
@@ -127,7 +151,8 @@ def main():
     t.add_argument("--inputs", required=True)
     t.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"create": create, "create-lora": create_lora, "run": run, "tokenize": tokenize}[args.cmd](args)
+    {"create": create, "create-lora": create_lora, "lora-fields": lora_fields, "run": run,
+     "tokenize": tokenize}[args.cmd](args)
 
 
 if __name__ == "__main__":

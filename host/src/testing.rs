@@ -1,9 +1,12 @@
-//! What rlhost's own tests share with the library: recording that a test skipped its work. A skip
+//! What rlhost's own tests share with the library: recording that a test skipped its work, and
+//! the rounding-error bounds of tests that compare two computations ([`rounding`]). A skip
 //! is printed and appended to the file `$RLHOST_SKIP_LOG` names, one `SKIPPED <test>: <reason>`
 //! line, because cargo hides the output of tests that pass; `make test` (scripts/test-summary.py)
 //! counts those lines as skipped tests and, under `CI=true`, fails the run for any skip that
 //! `.ci/allowed-skips.toml` does not list. A test that cannot do its work here calls [`skip`] and
 //! returns; it never returns quietly.
+
+pub mod rounding;
 
 /// The environment variable naming the file skips are appended to.
 pub const SKIP_LOG_ENV: &str = "RLHOST_SKIP_LOG";

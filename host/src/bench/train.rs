@@ -447,8 +447,9 @@ mod tests {
             .map(|(_, s)| s.iter().product::<i64>())
             .sum();
         assert_eq!(f, 6.0 * n as f64 + 12.0 * 36.0 * 32.0 * 128.0 * 2048.0);
-        // Published: 4.0B parameters (the tied embedding counted once).
-        assert!((n as f64 / 1e9 - 4.02).abs() < 0.03, "{n}");
+        // Published: 4.0B parameters (the tied embedding counted once), a figure rounded to a
+        // tenth: within 0.05B of it.
+        assert!((n as f64 / 1e9 - 4.0).abs() <= 0.05, "{n}");
         // Qwen3-8B's embedding is untied: a look-up, not counted.
         let cfg8 = Qwen3Config::preset(Preset::P8b);
         assert!(!cfg8.tie_word_embeddings);

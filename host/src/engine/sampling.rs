@@ -514,6 +514,7 @@ fn apply_masks(logp: &Tensor, rows: &[Row<'_>]) -> Option<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::rounding::{log_softmax_error, unit_roundoff};
 
     fn run(logits: &[f32], params: &SamplingParams, seen: &[u32], rng: &mut Rng) -> Sampled {
         let t = Tensor::from_slice(logits).unsqueeze(0);
@@ -537,7 +538,9 @@ mod tests {
         let s = run(&[0.0, 3.0, 1.0, 2.0], &p, &[], &mut Rng::new(1));
         assert_eq!(s.token, 1);
         let z: f32 = [0.0f32, 3.0, 1.0, 2.0].iter().map(|x| x.exp()).sum();
-        assert!((s.logprob - (3.0 - z.ln())).abs() < 1e-6);
+        // Two f32 log-softmaxes of 4 logits up to 3 (the sampler's, and this one unshifted).
+        let bound = 2.0 * log_softmax_error(4, 3.0);
+        assert!(f64::from((s.logprob - (3.0 - z.ln())).abs()) <= bound);
         assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3]);
     }
 
@@ -559,11 +562,13 @@ mod tests {
         let mut counts = [0usize; 5];
         let mut rng = Rng::new(7);
         let n = 20_000;
+        // The f32 log-softmax of 5 logits up to 2/0.7 against the f64 one.
+        let bound = log_softmax_error(5, 2.0 / t);
         for _ in 0..n {
             let s = run(&logits, &p, &[], &mut rng);
             counts[s.token as usize] += 1;
             let lp = want[s.token as usize].ln();
-            assert!((f64::from(s.logprob) - lp).abs() < 1e-5);
+            assert!((f64::from(s.logprob) - lp).abs() <= bound);
         }
         for (i, &c) in counts.iter().enumerate() {
             let freq = c as f64 / n as f64;
@@ -660,6 +665,8 @@ mod tests {
         // Tokens 2 and 4 allowed (bits 2 and 4).
         let allowed = [0b10100u32];
         let z: f32 = logits.iter().map(|&x| (x - 200.0).exp()).sum::<f32>().ln() + 200.0;
+        // Two f32 log-softmaxes of 5 logits up to 300 in magnitude.
+        let bound = 2.0 * log_softmax_error(5, 300.0);
         for temperature in [0.0, 1.0] {
             let p = SamplingParams {
                 temperature,
@@ -678,7 +685,11 @@ mod tests {
                 }];
                 let s = sample(&t, &mut rows).remove(0);
                 assert_eq!(s.token, 2, "T={temperature}");
-                assert!((s.logprob - (1.0 - z)).abs() < 1e-3, "{}", s.logprob);
+                assert!(
+                    f64::from((s.logprob - (1.0 - z)).abs()) <= bound,
+                    "{}",
+                    s.logprob
+                );
             }
         }
         // Sampled without truncation: both allowed tokens appear, nothing else.
@@ -752,7 +763,15 @@ mod tests {
         assert_eq!(s.token, 0);
         let shifted = [2.4f32, 1.9, 0.0, 1.0];
         let z: f32 = shifted.iter().map(|x| x.exp()).sum();
-        assert!((s.logprob - (2.4 - z.ln())).abs() < 1e-5, "{}", s.logprob);
+        // Two f32 log-softmaxes of 4 logits up to 3, and the penalties' f32 subtractions
+        // (`u` relative to at most 3, in the token's logit and the normaliser's largest).
+        let u = unit_roundoff(Kind::Float);
+        let bound = 2.0 * log_softmax_error(4, 3.0) + 2.0 * u * 3.0;
+        assert!(
+            f64::from((s.logprob - (2.4 - z.ln())).abs()) <= bound,
+            "{}",
+            s.logprob
+        );
         // A negative penalty favours repeats.
         let neg = SamplingParams {
             frequency_penalty: -1.0,
@@ -768,7 +787,9 @@ mod tests {
         assert_eq!(s.token, 1);
         let biased = [-97.0f32, 2.5, 1.0, 1.0];
         let z: f32 = biased.iter().map(|x| x.exp()).sum();
-        assert!((s.logprob - (2.5 - z.ln())).abs() < 1e-5);
+        // As above, with logits up to 97 in magnitude.
+        let bound = 2.0 * log_softmax_error(4, 97.0) + 2.0 * u * 97.0;
+        assert!(f64::from((s.logprob - (2.5 - z.ln())).abs()) <= bound);
         let forced = SamplingParams {
             temperature: 1.0,
             logit_bias: vec![(2, 100.0)],

@@ -614,6 +614,8 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+    use crate::testing::rounding::gamma;
+    use tch::Kind;
 
     fn series(label: &str, points: Vec<(u64, f64)>, mark: Mark) -> Series {
         Series {
@@ -806,8 +808,10 @@ mod tests {
             )],
         ))
         .unwrap();
+        // One f64 rounding of the padding and one of the sum, against the literals' own.
+        let bound = gamma(3, Kind::Double) * 1.06;
         assert!(
-            (r.start + 0.06).abs() < 1e-12 && (r.end - 1.06).abs() < 1e-12,
+            (r.start + 0.06).abs() <= bound && (r.end - 1.06).abs() <= bound,
             "{r:?}"
         );
         let steps = |points| step_range(&[panel("", vec![series("", points, Mark::PerStep)])]);
@@ -820,8 +824,11 @@ mod tests {
     #[test]
     fn tick_labels_have_the_decimals_the_spacing_needs() {
         for (range, spacing) in [(-0.06..1.06, 0.2), (-0.03..0.53, 0.1), (0.0..0.25, 0.05)] {
+            // A gap between two ticks plotters computes from the range's ends (a few f64
+            // operations each; eight roundings, generously) relative to the ends' magnitude.
+            let bound = gamma(8, Kind::Double) * (f64::abs(range.start) + f64::abs(range.end));
             let got = tick_spacing(&range);
-            assert!((got - spacing).abs() < 1e-9, "{range:?}: {got}");
+            assert!((got - spacing).abs() <= bound, "{range:?}: {got}");
         }
         assert_eq!(tick_label(0.3, 0.1), "0.3");
         assert_eq!(tick_label(0.4, 0.2), "0.4");
@@ -843,7 +850,8 @@ mod tests {
     fn smoothing_is_debiased() {
         let s = smoothed(&[(1, 1.0), (2, 1.0), (3, 0.0), (4, 0.0)]);
         assert_eq!(s[0], (1, 1.0));
-        assert!((s[1].1 - 1.0).abs() < 1e-12);
+        // Six f64 roundings of values up to 1 in a ratio of two numbers near 0.64.
+        assert!((s[1].1 - 1.0).abs() <= gamma(6, Kind::Double) * 2.0);
         assert!(s[2].1 < 1.0 && s[3].1 < s[2].1 && s[3].1 > 0.0, "{s:?}");
     }
 }

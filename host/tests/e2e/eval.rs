@@ -158,14 +158,18 @@ fn scripted_conversations_give_the_exact_math_python_metrics() {
     )
     .unwrap();
     assert_eq!(summary["rollouts"], 8);
-    assert!((summary["reward"].as_f64().unwrap() - 0.725).abs() < 1e-9);
+    // f64 rewards (a rubric's weighted sum of a few metrics, terms up to 1) and their mean
+    // over 8 rollouts: a few dozen roundings of values up to 1 (γ₃₂, generously), and the
+    // literal's own.
+    let bound = rlhost::testing::rounding::gamma(32, tch::Kind::Double);
+    assert!((summary["reward"].as_f64().unwrap() - 0.725).abs() <= bound);
     let lines = results(&save.join("math-python/results.jsonl"));
     assert_eq!(lines.len(), 8);
     // Example 2's tool result is the sandbox's real traceback.
     let tool = first_tool_result(&lines, 2);
     assert!(tool.contains("ZeroDivisionError"), "{tool}");
     let ex2 = lines.iter().find(|l| l["example_index"] == 2).unwrap();
-    assert!((ex2["reward"].as_f64().unwrap() - 0.9).abs() < 1e-9);
+    assert!((ex2["reward"].as_f64().unwrap() - 0.9).abs() <= bound);
     assert!(requests.load(Ordering::SeqCst) >= 14, "retries happened");
 }
 

@@ -319,6 +319,7 @@ fn untie_copies_a_model_with_the_same_outputs() {
             .forward(&ids, &pos, None, None)
     };
     let diff = (logits(&dir) - logits(&out)).abs().max().double_value(&[]);
+    // Exact: the same values in the same ops (an untied head is the embedding's copy).
     assert_eq!(diff, 0.0, "the same weights, the same logits");
     let before = std::fs::read(out.join("config.json")).unwrap();
     let err = run_err(
@@ -371,11 +372,18 @@ fn merge_lora_writes_a_plain_model_with_the_adapters_outputs() {
     let want = tch::no_grad(|| adapted.forward(&ids, &pos, None, None));
     let merged = Qwen3::load(&out, Device::Cpu, Kind::Float).unwrap();
     let got = tch::no_grad(|| merged.forward(&ids, &pos, None, None));
+    // Merged weights round a rank-term sum and two more operations per weight, no more than
+    // the adapter's own path that `logit_error` counts: each side within it of the exact
+    // logits (5 keys).
+    let bound = 2.0 * rlhost::testing::rounding::logit_error(&adapted, 5);
     let d = (&want - &got).abs().max().double_value(&[]);
-    assert!(d <= 1e-5, "merged vs base + adapter: {d}");
     assert!(
-        (&want - &base_logits).abs().max().double_value(&[]) > 1e-3,
-        "the adapter matters"
+        d <= bound,
+        "merged vs base + adapter: {d} (bound {bound:e})"
+    );
+    assert!(
+        (&want - &base_logits).abs().max().double_value(&[]) > 100.0 * bound,
+        "the adapter matters far beyond rounding"
     );
     // Refusals: an existing --out, an adapter for another shape.
     let err = run_err(&mut merge(&adapter, &out));

@@ -336,8 +336,18 @@ async fn math_python_tool_follows_the_seeds_rules_through_the_real_sandbox() {
     assert_eq!(value(&m, "num_turns"), 3.0);
     assert_eq!(value(&m, "num_tool_calls"), 10.0);
     assert_eq!(value(&m, "num_errors"), errors);
+    // The rubric's weighted sum in f64: a product and a sum per metric (γ over twice the
+    // metrics, the weights' own roundings included), plus the hand value's two roundings,
+    // relative to the terms' magnitudes.
     let r = reward(env.as_ref(), &m);
-    assert!((r - (1.0 - 0.1 * errors)).abs() < 1e-12, "reward {r}");
+    let rubric = &env.info().rubric;
+    let terms: f64 = rubric
+        .iter()
+        .map(|w| (w.weight * value(&m, &w.name)).abs())
+        .sum();
+    let bound =
+        rlhost::testing::rounding::gamma(2 * rubric.len() + 2, tch::Kind::Double) * (terms + 1.0);
+    assert!((r - (1.0 - 0.1 * errors)).abs() <= bound, "reward {r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

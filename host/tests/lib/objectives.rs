@@ -7,6 +7,7 @@ use rlhost::engine::{Engine, EngineConfig};
 use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
 use rlhost::rl::loss::{KlReference, LossConfig, LossKind, NormType};
 use rlhost::rl::trainer::{OptimConfig, Sample, Trainer};
+use rlhost::testing::rounding;
 use tch::{Device, Kind, Tensor};
 
 use crate::common;
@@ -142,6 +143,17 @@ fn step_entropy_and_mismatch_kl_match_a_direct_computation() {
     let completions: [&[u32]; 2] = [&[11, 250, 3], &[400, 7]];
     // The policy's log-probs and entropies at each trained token, computed in full.
     let direct = model();
+    // The trainer (the prompt run once, chunked log-probs) and these full passes sum in other
+    // orders: each log-prob within `logprob_error` of the exact one (23 keys), each scaled
+    // logit within `logit_error / T`.
+    let keys = prompt.len() + 3;
+    let lp_bound = 2.0 * rounding::logprob_error(&direct, keys, temperature);
+    let logit_bound = 2.0 * rounding::logit_error(&direct, keys) / temperature;
+    let (vocab, u) = (
+        direct.cfg.vocab_size as usize,
+        rounding::unit_roundoff(Kind::Float),
+    );
+    let mut entropy_bound = 0.0f64;
     let (mut logps, mut entropies) = (Vec::new(), Vec::new());
     for c in completions {
         let ids: Vec<i64> = prompt.iter().chain(c).map(|&t| i64::from(t)).collect();
@@ -156,9 +168,23 @@ fn step_entropy_and_mismatch_kl_match_a_direct_computation() {
         });
         let mut lp = vec![0f32; prompt.len()];
         for p in prompt.len() - 1..ids.len() - 1 {
-            let dist = (logits.get(0).get(p as i64) / temperature).log_softmax(-1, Kind::Float);
+            let z = logits.get(0).get(p as i64) / temperature;
+            let dist = z.log_softmax(-1, Kind::Float);
             lp.push(dist.double_value(&[ids[p + 1]]) as f32);
-            entropies.push(-(dist.exp() * &dist).sum(Kind::Float).double_value(&[]));
+            let h = -(dist.exp() * &dist).sum(Kind::Float).double_value(&[]);
+            entropies.push(h);
+            // The entropy moves with the scaled logits by `Σ_j p_j |log p_j + H|` per unit
+            // of the largest change (its gradient is `−p_j (log p_j + H)`), measured here; its
+            // own rounding on each side: the log-softmax's (`log_softmax_error`, weighted by
+            // `Σ p = 1`) and a `vocab`-term sum of `p·z`-sized terms (`γ_vocab · (H + max|z|)`,
+            // the trainer's `lse − Σ p z` and this `−Σ p log p` alike).
+            let sensitivity = (dist.exp() * (&dist + h).abs())
+                .sum(Kind::Double)
+                .double_value(&[]);
+            let zmax = z.abs().max().double_value(&[]);
+            let lsm = rounding::log_softmax_error(vocab, zmax);
+            let own = lsm + (rounding::gamma(vocab, Kind::Float) + lsm + 2.0 * u) * (h + zmax);
+            entropy_bound = entropy_bound.max(sensitivity * logit_bound + 2.0 * own);
         }
         logps.push(lp);
     }
@@ -194,23 +220,34 @@ fn step_entropy_and_mismatch_kl_match_a_direct_computation() {
         let stats = trainer.train_step(&samples(shift)).unwrap();
         assert_eq!(stats.tokens, 5);
         assert_eq!(stats.shared_tokens, prompt.len() - 1, "{stats:?}");
+        // A mean of five per-token entropies, each within `entropy_bound`; the mean's own
+        // rounding `γ_5` relative to entropies of at most `ln vocab`.
+        let bound = entropy_bound + rounding::gamma(5, Kind::Float) * (vocab as f64).ln();
         assert!(
-            (stats.entropy - want_entropy).abs() < 1e-4,
-            "{} vs {want_entropy}",
+            (stats.entropy - want_entropy).abs() <= bound,
+            "{} vs {want_entropy} (bound {bound:e})",
             stats.entropy
         );
-        // k3 at d = shift on every token: exp(d) - d - 1.
+        // k3 at d = shift on every token: exp(d) - d - 1. The trainer's d is `shift` plus its
+        // log-prob's distance from this one (`lp_bound`) plus the f32 rounding of the stored
+        // `lp - shift` (`u` relative to at most |lp| + shift ≈ ln vocab + 1, twice for margin);
+        // k3 has slope `e^d − 1` and its own rounding (expm1, a difference, the mean: 4u
+        // relative to `e^d + |d| + 1`); the ratio `e^d` has slope `e^d`.
         let d = f64::from(shift);
+        let dd = lp_bound + 2.0 * u * ((vocab as f64).ln() + 1.0 + d);
         let want_kl = d.exp() - d - 1.0;
+        let kl_bound = (d + dd).exp_m1() * dd + 4.0 * u * ((d + dd).exp() + d + dd + 1.0);
         assert!(
-            (stats.mismatch_kl - want_kl).abs() < 1e-4
+            (stats.mismatch_kl - want_kl).abs() <= kl_bound
                 && stats.loss_stats.mismatch_kl == stats.mismatch_kl,
-            "{stats:?} vs {want_kl}"
+            "{stats:?} vs {want_kl} (bound {kl_bound:e})"
         );
+        let ratio_bound = d.exp() * dd.exp_m1() + 4.0 * u * (d + dd).exp();
         assert!(
-            (stats.loss_stats.ratio_mean - d.exp()).abs() < 1e-4,
-            "{stats:?}"
+            (stats.loss_stats.ratio_mean - d.exp()).abs() <= ratio_bound,
+            "{stats:?} (bound {ratio_bound:e})"
         );
+        // Exact: without a reference the KL is never computed.
         assert_eq!(stats.loss_stats.kl, 0.0);
     }
     let with_kl = |reference| {
@@ -230,10 +267,16 @@ fn step_entropy_and_mismatch_kl_match_a_direct_computation() {
     };
     assert!(with_kl(KlReference::Initial).has_reference());
     assert!(!with_kl(KlReference::Sampler).has_reference());
-    // With the reference still equal to the policy, the step's KL to it is 0.
+    // With the reference still equal to the policy, the step's KL to it is 0, up to the
+    // rounding of the two passes' log-probs: k3 at |d| ≤ `lp_bound` is at most
+    // `e^d − d − 1 ≈ d²/2`, and its f32 evaluation (`exp`, a difference, the mean) errs by 4u.
     let mut t = with_kl(KlReference::Initial);
     let stats = t.train_step(&samples(0.0)).unwrap();
-    assert!(stats.loss_stats.kl.abs() < 1e-6, "{stats:?}");
+    let bound = lp_bound.exp() - lp_bound - 1.0 + 4.0 * u;
+    assert!(
+        stats.loss_stats.kl.abs() <= bound,
+        "{stats:?} (bound {bound:e})"
+    );
     // A refused loss config fails Trainer::new, naming the key.
     let e = Trainer::new(
         model(),

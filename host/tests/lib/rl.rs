@@ -6,11 +6,14 @@
 //! (per group) and merging a rollout's turns into one sample change nothing: the same loss,
 //! gradient norm and updated weights as every per-turn sample run in full.
 
+use std::collections::BTreeMap;
+
 use rlhost::engine::{Engine, EngineConfig, SamplingParams, WeightSource};
 use rlhost::model::{Preset, Qwen3, Qwen3Config, tiny_tokenizer};
 use rlhost::rl::loss::{AdvantageKind, LossConfig, NormType, advantages};
 use rlhost::rl::trainer::{Objective, OptimConfig, Sample, StepStats, Trainer};
-use tch::{Device, Kind};
+use rlhost::testing::rounding;
+use tch::{Device, Kind, Tensor};
 
 use crate::common;
 
@@ -139,6 +142,12 @@ pub(crate) fn grpo_on_even_first_tokens(
             rewards_all.extend(rewards);
         }
         means.push(rewards_all.iter().sum::<f64>() / rewards_all.len() as f64);
+        // The sampler's log-probs (the engine's kernels, one position per row) and the
+        // trainer's (a full pass) sum in different orders: within twice `logprob_error` (a
+        // 6-token prompt and the sampled token); the ratio `e^d` then within `e^d − 1` of 1,
+        // plus its own rounding (`exp`, and the mean of 32: γ₃₃ relative).
+        let d = 2.0 * rounding::logprob_error(&trainer.model, 7, trainer.temperature);
+        let ratio_bound = d.exp_m1() + rounding::gamma(33, Kind::Float) * d.exp();
         let stats = trainer.train_step(&samples).unwrap();
         // Groups of one reward have advantage 0 and are skipped (trainer.skip_zero_advantage)
         // unless the objective gives them a gradient (a KL term); a step of nothing else
@@ -157,8 +166,8 @@ pub(crate) fn grpo_on_even_first_tokens(
         if step == 0 && !stats.skipped {
             // Same weights on both sides: the importance ratio is 1 and nothing is clipped.
             assert!(
-                (stats.loss_stats.ratio_mean - 1.0).abs() < 1e-3,
-                "{stats:?}"
+                (stats.loss_stats.ratio_mean - 1.0).abs() <= ratio_bound,
+                "{stats:?} (bound {ratio_bound:e})"
             );
             assert_eq!(stats.loss_stats.clipped_frac, 0.0);
         }
@@ -379,46 +388,30 @@ fn shared_prefix_training_is_exact() {
     samples.push(early);
     for objective in [Objective::Policy, Objective::Likelihood] {
         let (mut full, mut shared) = (trainer(false), trainer(true));
-        let a = full.step_with(&samples, objective).unwrap();
-        let b = shared.step_with(&samples, objective).unwrap();
-        assert_eq!(a.micro_batches, 1);
-        // The early-trained row limits the shared prefix to the 29 inputs before its first
-        // trained target.
-        assert_eq!((a.shared_tokens, b.shared_tokens), (0, 29 * 7));
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1.0),
-            "{objective:?}: loss {} vs {}",
-            a.loss,
-            b.loss
-        );
-        assert!(
-            (a.grad_norm - b.grad_norm).abs() <= 1e-4 * a.grad_norm,
-            "{objective:?}"
-        );
-        // Adam's first update is about ±lr per element whatever the gradient's size, so float
-        // noise in near-zero gradients shows as small differences: bound them well below lr,
-        // then check that the next step sees the same loss.
-        let (wa, wb) = (full.weights(), shared.weights());
-        for (name, t) in &wa {
-            let d = (t - &wb[name]).abs().max().double_value(&[]);
-            assert!(d < 1e-4, "{objective:?}: {name} differs by {d}");
+        let mut check = SameStep::new(|| trainer(false), &samples, objective, optim());
+        for step in 0..2 {
+            let a = full.step_with(&samples, objective).unwrap();
+            let b = shared.step_with(&samples, objective).unwrap();
+            assert_eq!(a.micro_batches, 1);
+            // The early-trained row limits the shared prefix to the 29 inputs before its first
+            // trained target.
+            assert_eq!((a.shared_tokens, b.shared_tokens), (0, 29 * 7));
+            check.assert(
+                &format!("{objective:?}, step {step}"),
+                (&full, &a),
+                (&mut shared, &b),
+            );
+            check.advance(&full);
         }
-        let a = full.step_with(&samples, objective).unwrap();
-        let b = shared.step_with(&samples, objective).unwrap();
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-4 * a.loss.abs().max(1.0),
-            "{objective:?}: second loss {} vs {}",
-            a.loss,
-            b.loss
-        );
     }
     // Without the early-trained row the rows share the whole 48-token head (and still agree).
     samples.pop();
     let (mut full, mut shared) = (trainer(false), trainer(true));
+    let check = SameStep::new(|| trainer(false), &samples, Objective::Policy, optim());
     let a = full.train_step(&samples).unwrap();
     let b = shared.train_step(&samples).unwrap();
     assert_eq!(b.shared_tokens, 48 * 6);
-    assert!((a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1.0));
+    check.assert("the whole head shared", (&full, &a), (&mut shared, &b));
 }
 
 /// A batch with nothing to learn from (every group filtered out, or every token masked) leaves
@@ -453,11 +446,6 @@ fn a_batch_without_trained_tokens_changes_nothing() {
     }
 }
 
-/// Asserts that two trainers took the same step: loss and gradient norm to 1e-5 relative, and
-/// every weight to 1e-5 (1% of the learning rate), but for at most one element in 1,000 of a
-/// tensor, within lr / 2: Adam's first update is `lr · g / (|g| + 1e-8)`, so float noise in a
-/// gradient near zero (~1e-9) moves its element by a good part of lr. A real difference moves
-/// many elements.
 /// How far apart two f32 computations of one step's loss may be when they only order their
 /// sums differently (packed or padded rows, shared prompts or not, checkpointing): the loss
 /// is a mean of per-token terms `A · r`, `r = e^(logp - old)`, with |A| ≤ 1 in every sample of
@@ -474,31 +462,288 @@ fn loss_tolerance() -> f64 {
     2.0 * 1.05 * gamma
 }
 
-fn assert_same_step(what: &str, (a, sa): (&Trainer, &StepStats), (b, sb): (&Trainer, &StepStats)) {
-    assert!(!sa.skipped && !sb.skipped, "{what}");
-    assert_eq!(sa.tokens, sb.tokens, "{what}: trained tokens");
-    assert!(
-        (sa.loss - sb.loss).abs() <= loss_tolerance(),
-        "{what}: loss {} vs {} (bound {:e})",
-        sa.loss,
-        sb.loss,
-        loss_tolerance()
-    );
-    assert!(
-        (sa.grad_norm - sb.grad_norm).abs() <= 1e-5 * sa.grad_norm,
-        "{what}: grad norm {} vs {}",
-        sa.grad_norm,
-        sb.grad_norm
-    );
-    let (wa, wb) = (a.weights(), b.weights());
-    for (name, t) in &wa {
-        let d = (t - &wb[name]).abs();
-        let max = d.max().double_value(&[]);
-        let off = d.gt(1e-5).sum(Kind::Int64).int64_value(&[]);
+/// A trainer's parameters, Adam moments and step count, by name (f64 copies).
+struct AdamState {
+    weights: BTreeMap<String, Tensor>,
+    m: BTreeMap<String, Tensor>,
+    v: BTreeMap<String, Tensor>,
+}
+
+impl AdamState {
+    /// `t`'s state now (its moments through a checkpoint in `dir`, the only way out).
+    fn of(t: &Trainer, dir: &std::path::Path) -> Self {
+        t.save(dir).unwrap();
+        let wide = |x: &Tensor| x.to_kind(Kind::Double);
+        let weights = t
+            .weights()
+            .iter()
+            .map(|(k, v)| (k.clone(), wide(v)))
+            .collect();
+        let (mut m, mut v) = (BTreeMap::new(), BTreeMap::new());
+        let mut weights: BTreeMap<String, Tensor> = weights;
+        let state = dir.join("optimizer.safetensors");
+        for (name, x) in rlhost::model::safetensors::read(&state).unwrap() {
+            if let Some(p) = name.strip_suffix(".exp_avg") {
+                m.insert(p.to_owned(), wide(&x));
+            } else if let Some(p) = name.strip_suffix(".exp_avg_sq") {
+                v.insert(p.to_owned(), wide(&x));
+            } else if let Some(p) = name.strip_suffix(".master") {
+                // Mixed precision: the f32 master weights the optimiser steps.
+                weights.insert(p.to_owned(), wide(&x));
+            }
+        }
+        Self { weights, m, v }
+    }
+
+    /// Asserts that this state, one AdamW step after `start` (the optimiser's step `t`, at
+    /// learning rate `lr`, with `optim`'s betas and decay), is that step of the gradient its
+    /// first moment holds, element by element: `v = β2·v₀ + (1 − β2)·(s·g)²` within 6
+    /// roundings, `w = w₀·(1 − lr·λ) − lr/c1 · m / (√v/√c2 + ε)` within 10 (each operation and
+    /// each scalar's rounding to f32). Returns that (clipped) gradient `s·g` by name, each
+    /// with the elementwise bound of its recovery from the f32 moment.
+    fn assert_step_from(
+        &self,
+        start: &AdamState,
+        optim: &OptimConfig,
+        t: i32,
+        lr: f64,
+        what: &str,
+    ) -> BTreeMap<String, (Tensor, Tensor)> {
+        let [b1, b2] = optim.betas;
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        let decay = 1.0 - lr * optim.weight_decay;
+        let g4 = rounding::gamma(4, Kind::Float);
+        let g6 = rounding::gamma(6, Kind::Float);
+        let g10 = rounding::gamma(10, Kind::Float);
+        let mut out = BTreeMap::new();
+        for (name, w0) in &start.weights {
+            let (m0, v0) = (&start.m[name], &start.v[name]);
+            let (w, m, v) = (&self.weights[name], &self.m[name], &self.v[name]);
+            if w.equal(w0) && m.equal(m0) && v.equal(v0) {
+                // No gradient reached it: the optimiser left it alone.
+                out.insert(name.clone(), (m0.zeros_like(), m0.zeros_like()));
+                continue;
+            }
+            // The gradient from the first moment: m = fl(lerp(m₀, g, 1 − β1)), four
+            // roundings (the weight's to f32 among them) relative to |m₀| + (1 − β1)(|g| +
+            // |m₀|); divided by 1 − β1 to recover g.
+            let g = (m - m0 * b1) / (1.0 - b1);
+            let e = (g.abs() + m0.abs() * ((2.0 - b1) / (1.0 - b1))) * g4;
+            let v_want = v0 * b2 + g.square() * (1.0 - b2);
+            let v_err = &v_want * g6 + (g.abs() * &e * 2.0 + e.square()) * (1.0 - b2);
+            let worst = ((v - &v_want).abs() / (v_err + f64::MIN_POSITIVE))
+                .max()
+                .double_value(&[]);
+            assert!(
+                worst <= 1.0,
+                "{what}: {name}'s second moment is off by {worst} of its bound"
+            );
+            let update = m / (v.sqrt() / c2.sqrt() + 1e-8) * (-lr / c1);
+            let w_want = w0 * decay + &update;
+            let w_err = (w0.abs() + update.abs()) * g10;
+            let worst = ((w - &w_want).abs() / (w_err + f64::MIN_POSITIVE))
+                .max()
+                .double_value(&[]);
+            assert!(
+                worst <= 1.0,
+                "{what}: {name} is off AdamW's step by {worst} of its bound"
+            );
+            out.insert(name.clone(), (g, e));
+        }
+        out
+    }
+}
+
+/// The distance of two clipped gradients ([`AdamState::assert_step_from`]'s) and the bound of
+/// that distance's error from their recovery.
+fn gradient_distance(
+    a: &BTreeMap<String, (Tensor, Tensor)>,
+    b: &BTreeMap<String, (Tensor, Tensor)>,
+) -> (f64, f64) {
+    let (mut diff, mut recovered) = (0.0, 0.0);
+    for (name, (g, e)) in a {
+        let (h, f) = &b[name];
+        diff += (g - h).square().sum(Kind::Double).double_value(&[]);
+        recovered += e.square().sum(Kind::Double).double_value(&[])
+            + f.square().sum(Kind::Double).double_value(&[]);
+    }
+    (diff.sqrt(), recovered.sqrt())
+}
+
+/// The clipping factor a step with gradient norm `norm` applies (`max_norm / (norm + 1e-6)`
+/// when above `max_norm`, else 1), and by how much more it may differ relative between two
+/// steps on either side of the threshold (the `+ 1e-6`).
+fn clipping(optim: &OptimConfig, norm: f64) -> (f64, f64) {
+    match optim.max_norm {
+        c if c > 0.0 && norm > c => (c / (norm + 1e-6), 1e-6 / c),
+        c if c > 0.0 => (1.0, 1e-6 / c),
+        _ => (1.0, 0.0),
+    }
+}
+
+/// The state two trainers start a step from, to check that they take the same step when they
+/// differ only in how they compute it (packed or padded rows, shared prompts or not,
+/// checkpointing, skipped samples, merged turns). [`SameStep::assert`] bounds the differences
+/// of the step's loss, gradient and gradient norm by f32 arithmetic and checks that each
+/// trainer's moments and weights are the AdamW step of its own gradient, then gives the second
+/// trainer the first one's state, and [`SameStep::advance`] makes that the next step's start:
+/// every step compared starts from one state and differs by rounding alone. (Trainers left to
+/// drift apart could not be compared by any bound: Adam's first step moves each weight by about
+/// ±lr whatever its gradient's size, so a gradient element of 1e-9 that rounding flips moves
+/// its weight by 2·lr, and the next step's gradients by what that does.)
+struct SameStep<F: Fn() -> Trainer> {
+    /// A trainer of the configuration compared, at the initial weights.
+    fresh: F,
+    /// The step's samples with every advantage made positive (the gradient's scale).
+    positive: Vec<Sample>,
+    objective: Objective,
+    optim: OptimConfig,
+    /// The longest sample and the samples' tokens (the gradient's sums).
+    keys: usize,
+    tokens: usize,
+    /// The start: a checkpoint of it (none: the initial weights), its state, Adam's steps.
+    checkpoint: Option<tempfile::TempDir>,
+    start: AdamState,
+    adam_steps: i32,
+    /// The gradient norm at the start with every advantage positive.
+    scale: f64,
+}
+
+impl<F: Fn() -> Trainer> SameStep<F> {
+    /// Steps of `objective` on `samples` by trainers made as `fresh` makes one, with `optim`.
+    fn new(fresh: F, samples: &[Sample], objective: Objective, optim: OptimConfig) -> Self {
+        let positive = samples
+            .iter()
+            .map(|s| Sample {
+                advantage: s.advantage.abs(),
+                ..s.clone()
+            })
+            .collect();
+        let t = fresh();
+        let weights: BTreeMap<String, Tensor> = t
+            .weights()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_kind(Kind::Double)))
+            .collect();
+        let zeros = || -> BTreeMap<String, Tensor> {
+            weights
+                .iter()
+                .map(|(k, v)| (k.clone(), v.zeros_like()))
+                .collect()
+        };
+        let mut check = Self {
+            fresh,
+            positive,
+            objective,
+            optim,
+            keys: samples.iter().map(|s| s.ids.len()).max().unwrap_or(0),
+            tokens: samples.iter().map(|s| s.ids.len()).sum(),
+            checkpoint: None,
+            start: AdamState {
+                m: zeros(),
+                v: zeros(),
+                weights,
+            },
+            adam_steps: 0,
+            scale: 0.0,
+        };
+        check.scale = check.gradient_scale();
+        check
+    }
+
+    /// The scale of the step's gradient for its rounding: the gradient norm, at the start, of
+    /// the same samples with every advantage positive. Rounding errors are relative to the
+    /// magnitudes of the terms summed (each token's `A · ∇r`); advantages of both signs cancel
+    /// in the gradient, not in its error, so the gradient itself is no scale for them.
+    fn gradient_scale(&self) -> f64 {
+        let mut t = (self.fresh)();
+        if let Some(dir) = &self.checkpoint {
+            t.restore(dir.path()).unwrap();
+        }
+        t.step_with(&self.positive, self.objective)
+            .unwrap()
+            .grad_norm
+    }
+
+    /// Asserts that `a` and `b`, both started from this start, took the same step (below), then
+    /// gives `b` `a`'s state.
+    ///
+    /// - The loss: within [`loss_tolerance`].
+    /// - The gradient: each trainer's is within `γ̃_N · scale` of the exact one (normwise; `N`
+    ///   the roundings along a gradient element's path, `rounding::gradient_roundings`), so
+    ///   the two within twice that. It is read from Adam's first moment, `m = β1·m₀ + (1 −
+    ///   β1)·s·g` (`s` the clipping factor `max_norm / ‖g‖` when clipped, which at most doubles
+    ///   a relative difference), up to the f32 rounding of `m` (4 roundings).
+    /// - The gradient norm: the gradients' difference, plus each side's f32 norm of its largest
+    ///   tensor (`γ_n / 2` relative, a sum of `n` squares in any order) and the square root.
+    /// - Each trainer's second moment and weights are the AdamW step of its own gradient:
+    ///   `v = β2·v₀ + (1 − β2)·(s·g)²` within 6 roundings, `w = w₀·(1 − lr·λ) − lr/c1 · m /
+    ///   (√v/√c2 + ε)` within 10 (each operation and each scalar's rounding to f32), element by
+    ///   element. Its weights then follow from its gradient, so two trainers whose gradients
+    ///   agree took the same step — which comparing their weights could not show, as Adam's ε
+    ///   turns a rounding-sized gradient near zero into a move of up to lr.
+    fn assert(
+        &self,
+        what: &str,
+        (a, sa): (&Trainer, &StepStats),
+        (b, sb): (&mut Trainer, &StepStats),
+    ) {
+        assert!(!sa.skipped && !sb.skipped, "{what}");
+        assert_eq!(sa.tokens, sb.tokens, "{what}: trained tokens");
         assert!(
-            max < 5e-4 && off <= t.numel() as i64 / 1_000,
-            "{what}: {name} differs by up to {max} ({off} elements over 1e-5)"
+            (sa.loss - sb.loss).abs() <= loss_tolerance(),
+            "{what}: loss {} vs {} (bound {:e})",
+            sa.loss,
+            sb.loss,
+            loss_tolerance()
         );
+        let rank = a.model.lora().map_or(0, |l| l.config().rank);
+        let batches = sa.micro_batches.max(sb.micro_batches);
+        let n = rounding::gradient_roundings(&a.model.cfg, self.keys, rank, self.tokens, batches);
+        let grad_bound = 2.0 * rounding::gamma_likely(n, Kind::Float) * self.scale;
+        let largest = self
+            .start
+            .weights
+            .values()
+            .map(|w| w.numel())
+            .max()
+            .unwrap();
+        let u = rounding::unit_roundoff(Kind::Float);
+        let norm_error = rounding::gamma(largest, Kind::Float) / 2.0 + 2.0 * u;
+        let norm_bound = grad_bound + norm_error * (sa.grad_norm + sb.grad_norm);
+        assert!(
+            (sa.grad_norm - sb.grad_norm).abs() <= norm_bound,
+            "{what}: grad norm {} vs {} (bound {norm_bound:e})",
+            sa.grad_norm,
+            sb.grad_norm
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+        let (xa, xb) = (AdamState::of(a, &da), AdamState::of(b, &db));
+        let (t, o) = (self.adam_steps + 1, &self.optim);
+        let ga = xa.assert_step_from(&self.start, o, t, sa.lr, &format!("{what} (a)"));
+        let gb = xb.assert_step_from(&self.start, o, t, sb.lr, &format!("{what} (b)"));
+        let (diff, recovered) = gradient_distance(&ga, &gb);
+        // Clipping: `s·g` moves by at most `2s·‖Δg‖`, and by `jump` relative where one side
+        // clips and the other does not.
+        let ((s_a, jump), (s_b, _)) = (clipping(o, sa.grad_norm), clipping(o, sb.grad_norm));
+        let s = s_a.max(s_b);
+        let bound = 2.0 * s * grad_bound + jump * s * sa.grad_norm + recovered;
+        assert!(
+            diff <= bound,
+            "{what}: the clipped gradients differ by {diff} (bound {bound:e}, scale {})",
+            self.scale
+        );
+        b.restore(&da).unwrap();
+    }
+
+    /// Makes `a`'s state (after the step just checked) the next step's start.
+    fn advance(&mut self, a: &Trainer) {
+        let dir = tempfile::tempdir().unwrap();
+        self.start = AdamState::of(a, dir.path());
+        self.checkpoint = Some(dir);
+        self.adam_steps += 1;
+        self.scale = self.gradient_scale();
     }
 }
 
@@ -591,9 +836,11 @@ fn merged_turns_train_exactly_as_per_turn_samples() {
             };
             let what = format!("{norm_type:?}, share {share}");
             let (mut a, mut b) = (trainer(), trainer());
+            let mut check = SameStep::new(trainer, &per_turn, Objective::Policy, optim());
             let sa = a.train_step(&per_turn).unwrap();
             let sb = b.train_step(&merged).unwrap();
-            assert_same_step(&what, (&a, &sa), (&b, &sb));
+            check.assert(&what, (&a, &sa), (&mut b, &sb));
+            check.advance(&a);
             // Rollouts of 57 and 58 tokens; their per-turn samples hold 142 and 145 tokens.
             assert_eq!(sample_tokens, 142 + 145);
             let want = if share {
@@ -607,10 +854,7 @@ fn merged_turns_train_exactly_as_per_turn_samples() {
             // The next step agrees too.
             let sa = a.train_step(&per_turn).unwrap();
             let sb = b.train_step(&merged).unwrap();
-            assert!(
-                (sa.loss - sb.loss).abs() <= 1e-4 * sa.loss.abs().max(1e-3),
-                "{what}"
-            );
+            check.assert(&format!("{what}, step 1"), (&a, &sa), (&mut b, &sb));
         }
     }
     let whole: Vec<Sample> = merged
@@ -633,9 +877,11 @@ fn merged_turns_train_exactly_as_per_turn_samples() {
         );
         t.train_step(samples).unwrap().loss
     };
+    // Beyond what rounding could do to the loss ([`loss_tolerance`]): the comparisons above
+    // would have told the two apart.
     let (exact, wrong) = (loss(&merged), loss(&whole));
     assert!(
-        (exact - wrong).abs() > 1e-3 * exact.abs(),
+        (exact - wrong).abs() > loss_tolerance(),
         "one sequence per rollout should change the loss: {exact} vs {wrong}"
     );
 }
@@ -667,9 +913,10 @@ fn per_group_shared_prompts_are_exact() {
         let trainer = |share: bool| prefix_trainer(&dir, budget, share);
         let what = format!("{objective:?}, budget {budget}");
         let (mut full, mut shared) = (trainer(false), trainer(true));
+        let check = SameStep::new(|| trainer(false), &samples, objective, optim());
         let a = full.step_with(&samples, objective).unwrap();
         let b = shared.step_with(&samples, objective).unwrap();
-        assert_same_step(&what, (&full, &a), (&shared, &b));
+        check.assert(&what, (&full, &a), (&mut shared, &b));
         assert_eq!((a.shared_tokens, a.computed_tokens), (0, total), "{what}");
         assert_eq!(b.computed_tokens, total - b.shared_tokens, "{what}");
         if budget == 4096 {
@@ -741,6 +988,12 @@ fn activation_checkpointing_is_exact() {
             (format!("{memory:?}"), trainer(memory))
         })
         .collect();
+        let mut check = SameStep::new(
+            || trainer(MemoryOptions::default()),
+            &samples,
+            objective,
+            optim(),
+        );
         for step in 0..2 {
             let a = plain.step_with(&samples, objective).unwrap();
             assert!(a.shared_tokens > 0 && a.grad_norm > 0.0);
@@ -748,8 +1001,9 @@ fn activation_checkpointing_is_exact() {
             for (what, t) in &mut runs {
                 let b = t.step_with(&samples, objective).unwrap();
                 let what = format!("{what}, {objective:?}, budget {budget}, step {step}");
-                assert_same_step(&what, (&plain, &a), (t, &b));
+                check.assert(&what, (&plain, &a), (t, &b));
             }
+            check.advance(&plain);
         }
     }
 }
@@ -832,11 +1086,13 @@ fn packed_training_is_exact() {
             t
         };
         let (mut padded, mut packed) = (trainer(false), trainer(true));
+        let mut check = SameStep::new(|| trainer(false), &samples, objective, optim());
         for step in 0..2 {
             let a = padded.step_with(&samples, objective).unwrap();
             let b = packed.step_with(&samples, objective).unwrap();
             let what = format!("{what}, step {step}");
-            assert_same_step(&what, (&padded, &a), (&packed, &b));
+            check.assert(&what, (&padded, &a), (&mut packed, &b));
+            check.advance(&padded);
             assert_eq!(share, b.shared_tokens > 0, "{what}");
             // Packed rows have no padding (shared prompts of different lengths still do).
             assert!(b.padding_tokens < a.padding_tokens, "{what}");
@@ -893,6 +1149,7 @@ fn zero_advantage_samples_are_skipped_exactly() {
             t
         };
         let (mut all, mut lean) = (trainer(false), trainer(true));
+        let mut check = SameStep::new(|| trainer(false), &samples, Objective::Policy, optim());
         for step in 0..2 {
             let a = all.step_with(&samples, Objective::Policy).unwrap();
             let mut b = lean.step_with(&samples, Objective::Policy).unwrap();
@@ -904,7 +1161,8 @@ fn zero_advantage_samples_are_skipped_exactly() {
                 assert!(b.tokens < a.tokens, "{what}");
             }
             b.tokens = a.tokens;
-            assert_same_step(&what, (&all, &a), (&lean, &b));
+            check.assert(&what, (&all, &a), (&mut lean, &b));
+            check.advance(&all);
         }
     }
     // Nothing but advantage 0: no update, and the step counts.
@@ -934,7 +1192,6 @@ fn zero_advantage_samples_are_skipped_exactly() {
 fn lora_trains_the_adapters_alone_and_resumes_exactly() {
     use rlhost::model::{Lora, LoraConfig, LoraTarget};
     use rlhost::rl::trainer::{Checkpointing, MemoryOptions};
-    use tch::Tensor;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 15);
@@ -976,10 +1233,17 @@ fn lora_trains_the_adapters_alone_and_resumes_exactly() {
     let ckpt = tmp.path().join("ckpt");
     let mut losses = Vec::new();
     let mut second = None;
+    let mut check = SameStep::new(
+        || trainer(Checkpointing::None, false),
+        &samples,
+        Objective::Likelihood,
+        optim(),
+    );
     for step in 0..3 {
         let a = plain.step_with(&samples, Objective::Likelihood).unwrap();
         let b = lean.step_with(&samples, Objective::Likelihood).unwrap();
-        assert_same_step(&format!("lora, step {step}"), (&plain, &a), (&lean, &b));
+        check.assert(&format!("lora, step {step}"), (&plain, &a), (&mut lean, &b));
+        check.advance(&plain);
         losses.push(a.loss);
         match step {
             0 => plain.save(&ckpt).unwrap(),
@@ -1011,16 +1275,24 @@ fn lora_trains_the_adapters_alone_and_resumes_exactly() {
 }
 
 /// Mixed precision (`trainer.dtype = "bf16"`): bf16 weights and activations, f32 master weights
-/// and moments. Its step follows the f32 step (same loss to bf16's precision, updates pointing
-/// the same way), the bf16 weights are the master weights rounded, gradients of several
-/// micro-batches are summed in f32 (one micro-batch or four: the same step to bf16 rounding),
-/// and a checkpoint resumes it exactly, master weights included.
+/// and moments. Its step follows the f32 step to bf16's precision — log-probs within bf16's
+/// rounding of the f32 model's, the loss and gradient as far from the f32 step's as those
+/// log-probs allow — with the bf16 weights its master weights rounded, the masters AdamW's step
+/// of its gradient; gradients of several micro-batches are summed in f32 (one micro-batch or
+/// seven: the same step to bf16 rounding); and a checkpoint resumes it exactly, master weights
+/// included.
 #[test]
 fn mixed_precision_follows_f32_and_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("init");
     save_tiny(&dir, 14);
-    let samples = grouped_samples(&[]);
+    // On-policy samples of the f32 model (its own log-probs as the sampler's): a step's ratios
+    // are `e^d`, `d` the distance of its log-probs from the f32 model's.
+    let f32_model = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let samples: Vec<Sample> = grouped_samples(&[])
+        .into_iter()
+        .map(|s| on_policy(&f32_model, s, 0.8))
+        .collect();
     let trainer = |kind: Kind, budget: usize| {
         Trainer::new(
             Qwen3::load(&dir, Device::Cpu, kind).unwrap(),
@@ -1032,7 +1304,10 @@ fn mixed_precision_follows_f32_and_resumes_exactly() {
         )
         .unwrap()
     };
-    let before = trainer(Kind::Float, 4096).weights();
+    let states = tempfile::tempdir().unwrap();
+    let state = |t: &Trainer, name: &str| AdamState::of(t, &states.path().join(name));
+    let start32 = state(&trainer(Kind::Float, 4096), "start32");
+    let start16 = state(&trainer(Kind::BFloat16, 4096), "start16");
     let mut f32_ = trainer(Kind::Float, 4096);
     let mut bf16 = trainer(Kind::BFloat16, 4096);
     let mut split = trainer(Kind::BFloat16, 100);
@@ -1040,27 +1315,117 @@ fn mixed_precision_follows_f32_and_resumes_exactly() {
     let b = bf16.train_step(&samples).unwrap();
     let c = split.train_step(&samples).unwrap();
     assert_eq!((b.micro_batches, c.micro_batches), (1, 7));
-    assert!(
-        (a.loss - b.loss).abs() <= 0.02 * a.loss.abs().max(1e-2),
-        "loss f32 {} vs bf16 {}",
-        a.loss,
-        b.loss
-    );
-    assert!((a.grad_norm - b.grad_norm).abs() <= 0.05 * a.grad_norm);
-    assert!((b.grad_norm - c.grad_norm).abs() <= 0.02 * b.grad_norm);
-    // The updates (weights after − before) point the same way: cosine over all parameters.
-    let (wa, wb) = (f32_.weights(), bf16.weights());
-    let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
-    for (name, w0) in &before {
-        let da = &wa[name] - w0;
-        let db = wb[name].to_kind(Kind::Float) - w0;
-        dot += (&da * &db).sum(Kind::Double).double_value(&[]);
-        na += (&da * &da).sum(Kind::Double).double_value(&[]);
-        nb += (&db * &db).sum(Kind::Double).double_value(&[]);
-        assert_eq!(wb[name].kind(), Kind::BFloat16, "{name}");
+    // How far each step's log-probs are from the f32 model's, as the step measures them:
+    // `(e^d − 1)² ≤ 2·k3(d)·e^max(d,0)` (`k3(d) = e^d − d − 1`, what `mismatch_kl` averages)
+    // makes `ε = √(2·ratio_max·mismatch_kl)` a bound on the root mean square of `r − 1` over the
+    // trained tokens; each k3 rounds by at most `2u·|d|` in f32 (added, at the largest `|d|`
+    // the checks below allow).
+    let u = rounding::unit_roundoff(Kind::Float);
+    let k3 = |d: f64| d.exp() - d - 1.0;
+    let keys = samples.iter().map(|s| s.ids.len()).max().unwrap();
+    // The f32 step's log-probs are its model's to f32 rounding (two computations of each);
+    // the bf16 steps' within bf16's rounding of them (`rounding::bf16_logprob_error`).
+    let d32 = 2.0 * rounding::logprob_error(&f32_model, keys, 0.8);
+    let d16 = rounding::bf16_logprob_error(&f32_model, 0.8) + d32 / 2.0;
+    for (x, d) in [(&a, d32), (&b, d16), (&c, d16)] {
+        assert!(
+            x.mismatch_kl <= k3(d) + 4.0 * u * (d.exp() + d + 1.0)
+                && x.loss_stats.ratio_max <= d.exp() * (1.0 + 4.0 * u),
+            "log-probs further from the f32 model's than rounding allows ({d:e}): {x:?}"
+        );
     }
-    let cosine = dot / (na.sqrt() * nb.sqrt());
-    assert!(cosine > 0.9, "update cosine f32 vs bf16: {cosine}");
+    let eps = |x: &StepStats, d: f64| {
+        (2.0 * x.loss_stats.ratio_max * (x.mismatch_kl + 2.0 * u * d)).sqrt()
+    };
+    let (ea, eb, ec) = (eps(&a, d32), eps(&b, d16), eps(&c, d16));
+    // The loss is the token mean of `−min(r, C)·A` (truncated IS; `r` is far below its clip
+    // here): two steps' losses differ by at most `√(mean A²) · √(mean (r − r')²)` (Cauchy–
+    // Schwarz) ≤ `√(mean A²) · (ε + ε')`, plus their f32 sums ([`loss_tolerance`]).
+    let trained = |s: &Sample| s.mask.iter().filter(|&&m| m).count() as f64;
+    let tokens: f64 = samples.iter().map(trained).sum();
+    let mean_a2: f64 = samples
+        .iter()
+        .map(|s| f64::from(s.advantage).powi(2) * trained(s))
+        .sum::<f64>()
+        / tokens;
+    for (what, x, y, bound) in [
+        ("f32 vs bf16", &a, &b, mean_a2.sqrt() * (ea + eb)),
+        ("1 vs 7 micro-batches", &b, &c, mean_a2.sqrt() * (eb + ec)),
+    ] {
+        let bound = bound + loss_tolerance();
+        assert!(
+            (x.loss - y.loss).abs() <= bound,
+            "{what}: loss {} vs {} (bound {bound:e})",
+            x.loss,
+            y.loss
+        );
+    }
+    // The gradients: bf16's within `rounding::bf16_gradient_error` of the f32 step's relative
+    // to the terms' scale (the gradient norm with every advantage positive,
+    // [`SameStep::gradient_scale`]), the f32 step's within its chain bound (as in
+    // [`SameStep::assert`]).
+    let positive: Vec<Sample> = samples
+        .iter()
+        .map(|s| Sample {
+            advantage: s.advantage.abs(),
+            ..s.clone()
+        })
+        .collect();
+    let scale = trainer(Kind::Float, 4096)
+        .train_step(&positive)
+        .unwrap()
+        .grad_norm;
+    let computed = samples.iter().map(|s| s.ids.len()).sum();
+    let n32 = rounding::gradient_roundings(&f32_model.cfg, keys, 0, computed, 1);
+    let e32 = rounding::gamma_likely(n32, Kind::Float);
+    let e16 = |micro_batches| rounding::bf16_gradient_error(&f32_model.cfg, micro_batches);
+    let largest = start32.weights.values().map(|w| w.numel()).max().unwrap();
+    let norm_error = rounding::gamma(largest, Kind::Float) / 2.0 + 2.0 * u;
+    let (x32, x16, xs) = (state(&f32_, "a"), state(&bf16, "b"), state(&split, "c"));
+    let o = optim();
+    let g32 = x32.assert_step_from(&start32, &o, 1, a.lr, "f32");
+    let g16 = x16.assert_step_from(&start16, &o, 1, b.lr, "bf16");
+    let gs = xs.assert_step_from(&start16, &o, 1, c.lr, "bf16, 7 micro-batches");
+    for (what, (x, gx), (y, gy), bound) in [
+        (
+            "f32 vs bf16",
+            (&a, &g32),
+            (&b, &g16),
+            (e32 + e16(1)) * scale,
+        ),
+        (
+            "1 vs 7 micro-batches",
+            (&b, &g16),
+            (&c, &gs),
+            (e16(1) + e16(7)) * scale,
+        ),
+    ] {
+        let norm_bound = bound + norm_error * (x.grad_norm + y.grad_norm);
+        assert!(
+            (x.grad_norm - y.grad_norm).abs() <= norm_bound,
+            "{what}: grad norm {} vs {} (bound {norm_bound:e})",
+            x.grad_norm,
+            y.grad_norm
+        );
+        // The clipped gradients the moments hold ([`SameStep::assert`]'s clipping argument).
+        let ((sx, jump), (sy, _)) = (clipping(&o, x.grad_norm), clipping(&o, y.grad_norm));
+        let s = sx.max(sy);
+        let (diff, recovered) = gradient_distance(gx, gy);
+        let bound = 2.0 * s * bound + jump * s * x.grad_norm + recovered;
+        assert!(
+            diff <= bound,
+            "{what}: the clipped gradients differ by {diff} (bound {bound:e})"
+        );
+    }
+    // Exact: the bf16 weights are the master weights rounded (one rounding of the same f32
+    // values, whichever way).
+    for (name, w) in bf16.weights() {
+        assert_eq!(w.kind(), Kind::BFloat16, "{name}");
+        assert!(
+            w.equal(&x16.weights[&name].to_kind(Kind::BFloat16)),
+            "{name} is not its master weights rounded"
+        );
+    }
     // A bf16 checkpoint holds the master weights: resuming continues exactly.
     bf16.train_step(&samples).unwrap();
     let ckpt = tmp.path().join("ckpt");
@@ -1074,6 +1439,26 @@ fn mixed_precision_follows_f32_and_resumes_exactly() {
     for (name, t) in &wx {
         assert!(t.equal(&wy[name]), "{name} differs after resuming");
     }
+}
+
+/// `s` with the log-probs of `model` at `temperature` as its sampler's (a full forward pass):
+/// an on-policy sample of the f32 model.
+fn on_policy(model: &Qwen3, mut s: Sample, temperature: f64) -> Sample {
+    let ids: Vec<i64> = s.ids.iter().map(|&t| i64::from(t)).collect();
+    let n = ids.len() as i64;
+    let logits = tch::no_grad(|| {
+        model.forward(
+            &Tensor::from_slice(&ids[..ids.len() - 1]).unsqueeze(0),
+            &Tensor::arange(n - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0),
+            None,
+            None,
+        )
+    });
+    let targets = Tensor::from_slice(&ids[1..]).unsqueeze(0);
+    let lp = Qwen3::token_logprobs(&logits, &targets, temperature).squeeze_dim(0);
+    let lp: Vec<f32> = Vec::try_from(lp).unwrap();
+    s.old_logprobs = std::iter::once(0.0).chain(lp).collect();
+    s
 }
 
 /// A LoRA trainer with a KL penalty to the initial policy keeps no copy of the model: its
