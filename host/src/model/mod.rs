@@ -117,15 +117,7 @@ impl ModelError {
                 format!("{doing} failed inside libtorch (details in the server's log)")
             }
             // Its causes (the JSON parser's line and column) are the client's to read too.
-            Self::Adapter(e) => {
-                let mut text = e.to_string();
-                let mut cause = std::error::Error::source(e);
-                while let Some(c) = cause {
-                    text = format!("{text}: {c}");
-                    cause = c.source();
-                }
-                text
-            }
+            Self::Adapter(e) => crate::error_chain(e),
             other => other.to_string(),
         }
     }

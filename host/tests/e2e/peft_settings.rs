@@ -102,27 +102,9 @@ fn model_and_adapter(root: &Path) -> (PathBuf, PathBuf) {
     (model, good)
 }
 
-/// `POST url` with a JSON body: status and body.
+/// `POST url` with a JSON body: status and body (the inference tests' helper).
 fn post(url: &str, body: &Value) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let r = reqwest::Client::new()
-            .post(url)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}")),
-        )
-    })
+    crate::inference::rt().block_on(crate::inference::post(&reqwest::Client::new(), url, body))
 }
 
 /// Over HTTP: each refused folder is a 400 on `lora_path` whose one-line message names the
